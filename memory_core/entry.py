@@ -1,0 +1,81 @@
+"""One memory: the `Entry` value, its types and tier, and its validity window.
+
+Entries are frozen values; every change makes a new one (`dataclasses.replace`). Times are aware UTC
+datetimes truncated to whole seconds, so what is rendered to the file is exactly what is held here.
+"""
+
+from __future__ import annotations
+
+import secrets as _random
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+TYPES = ("rule", "identity", "instruction", "preference", "fact", "context")
+RESIDENT_TYPES = frozenset({"rule", "identity", "instruction", "preference"})
+#: Types no automatic path may change (besides pinned entries): only the user can.
+PROTECTED_TYPES = frozenset({"rule", "identity"})
+SOURCES = ("user", "tool", "extract", "replay", "dream", "manual", "import")
+
+#: An entry's text may not be longer than this (characters); longer input is rejected, not cut.
+MAX_TEXT_CHARS = 2000
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def as_utc(when: datetime) -> datetime:
+    """Normalise a datetime to aware UTC with whole seconds (naive input is taken as UTC)."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).replace(microsecond=0)
+
+
+def new_id() -> str:
+    """A fresh entry id: 16 lowercase hex characters (64 random bits), never reused."""
+    return _random.token_hex(8)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A memory line. `extra` keeps metadata keys this version does not know, in file order."""
+
+    id: str
+    text: str
+    type: str = "fact"
+    subject: str | None = None
+    valid_from: datetime | None = None
+    valid_to: datetime | None = None
+    at: datetime | None = None
+    supersedes: tuple[str, ...] = ()
+    confidence: float | None = None
+    hits: int = 0
+    last: datetime | None = None
+    pinned: bool = False
+    source: str | None = None
+    origin: str | None = None  # `from`: the raw message id it was learned from
+    scope: str | None = None  # "p2p" or "g:<chat_id>"
+    extra: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def resident(self) -> bool:
+        """Tier is derived, never stored: pinned or a resident type."""
+        return self.pinned or self.type in RESIDENT_TYPES
+
+    @property
+    def protected(self) -> bool:
+        """Pinned entries, rules and identities are changed by the user only."""
+        return self.pinned or self.type in PROTECTED_TYPES
+
+    def current(self, now: datetime) -> bool:
+        """Valid at `now`: valid_from <= now < valid_to, missing bounds open."""
+        if self.valid_from is not None and now < self.valid_from:
+            return False
+        return not (self.valid_to is not None and now >= self.valid_to)
+
+    @property
+    def superseded(self) -> bool:
+        return self.valid_to is not None
+
+    def with_changes(self, **changes: object) -> Entry:
+        return replace(self, **changes)  # type: ignore[arg-type]

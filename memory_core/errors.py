@@ -1,0 +1,47 @@
+"""The small error tree of the memory library.
+
+    LucidError
+     ├── InvalidInput        bad input from a person or a program (clear message, nothing written)
+     │    └── ImportFormatError   a line of an import file (carries the line number)
+     ├── NotFound            an id or namespace that does not exist
+     ├── LeaseLost           the writer's lease expired or its fencing token is stale: nothing written
+     ├── ConcurrentEdit      the files changed under the writer (a hand edit) and retries ran out
+     └── StoreError          the disk or git refused (ENOSPC, permissions): nothing torn, nothing lost
+
+Adapters translate library errors at their boundary into these; the CLI prints one line and exits non-zero.
+"""
+
+from __future__ import annotations
+
+
+class LucidError(Exception):
+    """Base class of every error the memory library raises on purpose."""
+
+
+class InvalidInput(LucidError):
+    """Input that cannot be accepted as given; the message says why."""
+
+
+class ImportFormatError(InvalidInput):
+    """A line of an import file is not valid; nothing of the file was applied."""
+
+    def __init__(self, line_no: int, reason: str) -> None:
+        super().__init__(f"line {line_no}: {reason}")
+        self.line_no = line_no
+        self.reason = reason
+
+
+class NotFound(LucidError):
+    """The entry, message or namespace asked for does not exist."""
+
+
+class LeaseLost(LucidError):
+    """The writer no longer holds the namespace: its write was refused (fencing)."""
+
+
+class ConcurrentEdit(LucidError):
+    """The namespace kept changing under the writer; the batch was not applied."""
+
+
+class StoreError(LucidError):
+    """The file system or git failed; the previous state of every file is intact."""
