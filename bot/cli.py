@@ -1,0 +1,304 @@
+"""The `lucid` command: one entry point for people and scripts (DESIGN §10).
+
+Every subcommand takes `--data DIR`; memory commands take `--user/--persona/--tenant` and `--json`.
+Errors become one clear line on stderr and a non-zero exit; `--json` output is a stable contract.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from memory_core.entry import TYPES, Entry
+from memory_core.errors import LucidError
+from memory_core.importer import parse_import
+from memory_core.lineformat import format_time, parse_time
+from memory_core.namespace import Namespace
+from memory_core.ops import Forget, Pin, Remember, entry_to_json
+from memory_core.store import ARCHIVE, MEMORY
+from workers.runtime import Runtime, build
+from workers.settings import Settings
+
+log = logging.getLogger("lucid")
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Runtime], int]] = {}
+
+
+def command(name: str) -> Callable[[Callable[[argparse.Namespace, Runtime], int]], Callable[..., int]]:
+    def register(fn: Callable[[argparse.Namespace, Runtime], int]) -> Callable[..., int]:
+        COMMANDS[name] = fn
+        return fn
+
+    return register
+
+
+def _ns(args: argparse.Namespace) -> Namespace:
+    return Namespace.of(args.tenant, args.user, args.persona)
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(data, ensure_ascii=False, indent=2))
+    else:
+        print(text)
+
+
+def _short(entry_id: str | None) -> str:
+    return (entry_id or "")[:8]
+
+
+# ------------------------------------------------------------------------------------------ memory
+
+
+@command("remember")
+def cmd_remember(args: argparse.Namespace, rt: Runtime) -> int:
+    op = Remember(text=args.text, type=args.type, subject=args.subject, source="user", pinned=args.pin)
+    outcome = rt.writer.submit(_ns(args), [op])[0]
+    text = f"{outcome.status} {outcome.id or ''}".strip()
+    if outcome.superseded:
+        text += f" (supersedes {', '.join(outcome.superseded)})"
+    if outcome.detail and not outcome.ok:
+        text += f": {outcome.detail}"
+    _emit(args, outcome.to_json(), text)
+    return 0 if outcome.ok else 3
+
+
+@command("forget")
+def cmd_forget(args: argparse.Namespace, rt: Runtime) -> int:
+    outcome = rt.writer.submit(_ns(args), [Forget(id=args.id)])[0]
+    _emit(args, outcome.to_json(), f"{outcome.status} {args.id}" + (f": {outcome.detail}" if outcome.detail else ""))
+    return 0 if outcome.ok else 3
+
+
+@command("pin")
+def cmd_pin(args: argparse.Namespace, rt: Runtime) -> int:
+    outcome = rt.writer.submit(_ns(args), [Pin(id=args.id, pinned=not args.unpin)])[0]
+    _emit(args, outcome.to_json(), f"{outcome.status} {args.id}" + (f": {outcome.detail}" if outcome.detail else ""))
+    return 0 if outcome.ok else 3
+
+
+def describe(entry: Entry, now: datetime) -> str:
+    bits = [entry.type]
+    if entry.subject:
+        bits.append(entry.subject)
+    if entry.pinned:
+        bits.append("pinned")
+    if entry.valid_from:
+        bits.append(f"from {format_time(entry.valid_from)}")
+    if entry.valid_to:
+        bits.append(f"until {format_time(entry.valid_to)}")
+    if entry.supersedes:
+        bits.append("supersedes " + ",".join(_short(s) for s in entry.supersedes))
+    if entry.hits:
+        bits.append(f"hits {entry.hits}")
+    mark = "" if entry.current(now) else "  [history]"
+    return f"  {_short(entry.id)}  {entry.text}   ({' · '.join(bits)}){mark}"
+
+
+@command("show")
+def cmd_show(args: argparse.Namespace, rt: Runtime) -> int:
+    book, _ = rt.writer.snapshot(_ns(args))
+    now = rt.clock()
+    entries = book.entries() if args.all else book.current(now)
+    archived = book.archived() if args.all else []
+    problems = book.problems()
+    data = {
+        "namespace": str(_ns(args)),
+        "results": [{**entry_to_json(e), "current": e.current(now), "archived": False} for e in entries]
+        + [{**entry_to_json(e), "current": False, "archived": True} for e in archived],
+        "problems": [{"line": line, "problem": why} for line, why in problems],
+    }
+    for r in data["results"]:
+        r.setdefault("score", None)
+    lines = [f"{_ns(args)}"]
+    for tier in ("resident", "recall"):
+        chosen = [e for e in entries if ("resident" if e.resident else "recall") == tier]
+        lines.append(f"{tier.capitalize()} ({len(chosen)})")
+        lines.extend(describe(e, now) for e in chosen)
+    if archived:
+        lines.append(f"Archived ({len(archived)})")
+        lines.extend(describe(e, now) for e in archived)
+    for line, why in problems:
+        lines.append(f"! unreadable line kept as is ({why}): {line[:120]}")
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+@command("history")
+def cmd_history(args: argparse.Namespace, rt: Runtime) -> int:
+    rows = rt.store.history(_ns(args), limit=args.limit)
+    _emit(args, {"results": rows}, "\n".join(f"{r['rev'][:10]}  {r['time']}  {r['message']}" for r in rows))
+    return 0
+
+
+@command("undo")
+def cmd_undo(args: argparse.Namespace, rt: Runtime) -> int:
+    ns = _ns(args)
+    message, files = rt.store.revert(ns, args.rev)
+
+    def change(book: Any, snap: Any) -> dict[str, str]:
+        return {name: text for name, text in files.items() if text or snap.files.get(name) is not None}
+
+    report = rt.writer.transact(ns, change, message)
+    rev = report.revision if report else None
+    _emit(args, {"message": message, "revision": rev}, f"{message} → {rev[:10] if rev else 'nothing to undo'}")
+    return 0
+
+
+@command("import")
+def cmd_import(args: argparse.Namespace, rt: Runtime) -> int:
+    path = Path(args.file)
+    try:
+        data = sys.stdin.buffer.read() if args.file == "-" else path.read_bytes()
+    except OSError as exc:
+        raise LucidError(f"cannot read {args.file}: {exc.strerror}") from exc
+    plan = parse_import(data, _ns(args), upsert=args.upsert)
+    counts: dict[str, int] = {}
+    done = 0
+    for ns, ops in plan.ops.items():
+        for start in range(0, len(ops), args.batch):
+            chunk = ops[start : start + args.batch]
+            for outcome in rt.writer.submit(ns, chunk, timeout=600):
+                key = outcome.status.split(":")[0] if outcome.ok else outcome.status
+                counts[key] = counts.get(key, 0) + 1
+            done += len(chunk)
+            if not args.quiet and not args.json:
+                _progress(done, plan.total)
+    if not args.quiet and not args.json and plan.total:
+        print(file=sys.stderr)
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    _emit(
+        args,
+        {"messages": plan.messages, "facts": plan.facts, "namespaces": len(plan.ops), "outcomes": counts},
+        f"imported {plan.messages} message(s) and {plan.facts} fact(s) into {len(plan.ops)} namespace(s): {summary}",
+    )
+    return 0
+
+
+def _progress(done: int, total: int) -> None:
+    width = 30
+    filled = int(width * done / total) if total else width
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+    sys.stderr.flush()
+
+
+# ------------------------------------------------------------------------------------------ demo
+
+
+@command("demo")
+def cmd_demo(args: argparse.Namespace, rt: Runtime) -> int:
+    """The seed's story: 余杭区 → 西湖区 (supersede) → current value → back to 余杭区."""
+    ns = _ns(args)
+    start = rt.settings.now or datetime(2026, 6, 1, 9, 0, tzinfo=parse_time("2026-01-01").tzinfo)
+    steps = [
+        (start, "我在余杭区", "the user says where they are"),
+        (start + timedelta(days=19), "我在西湖区", "they moved: the old line is kept, with a valid-to time"),
+        (start + timedelta(days=40), "我在余杭区", "and back again: another supersede"),
+    ]
+    for i, (when, text, why) in enumerate(steps, start=1):
+        rt.writer.clock = lambda when=when: when
+        outcome = rt.writer.submit(ns, [Remember(text=text, source="user")])[0]
+        print(f"{i}. {format_time(when)}  remember {text!r}: {outcome.status}"
+              + (f" (supersedes {', '.join(outcome.superseded)})" if outcome.superseded else "") + f"  — {why}")
+        if i == 2:
+            book, _ = rt.writer.snapshot(ns)
+            current = [e.text for e in book.current(when) if e.subject == "所在地"]
+            print(f"   where is the user now? {' / '.join(current)}")
+    root = rt.store.path(ns)
+    print(f"\n$ cat {root / MEMORY}\n")
+    print((root / MEMORY).read_text("utf-8"))
+    print(f"$ git -C {root} log --oneline\n")
+    for row in rt.store.history(ns):
+        print(f"{row['rev'][:7]} {row['message']}")
+    if (root / ARCHIVE).exists():
+        pass
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ parser
+
+
+def _common(p: argparse.ArgumentParser, memory: bool = True) -> None:
+    p.add_argument("--data", help="data directory (default: $LUCID_DATA or ./lucid-data)")
+    if memory:
+        p.add_argument("--user", default="default", help="user id (default: default)")
+        p.add_argument("--persona", default="default", help="persona (default: default)")
+        p.add_argument("--tenant", default="default", help="tenant (default: default)")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lucid", description="Lucid: a chat bot whose memory is plain Markdown.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("remember", help="write one memory through the single writer")
+    p.add_argument("text")
+    p.add_argument("--type", default="fact", choices=TYPES)
+    p.add_argument("--subject", help="attribute for contradiction handling, e.g. 所在地")
+    p.add_argument("--pin", action="store_true", help="pin it (always resident)")
+    _common(p)
+
+    p = sub.add_parser("show", help="the namespace's entries (current, or with history)")
+    p.add_argument("--all", action="store_true", help="include superseded and archived entries")
+    _common(p)
+
+    p = sub.add_parser("forget", help="delete one entry (git history keeps it)")
+    p.add_argument("id")
+    _common(p)
+
+    p = sub.add_parser("pin", help="pin an entry so it is always resident")
+    p.add_argument("id")
+    p.add_argument("--unpin", action="store_true", help="unpin instead")
+    _common(p)
+
+    p = sub.add_parser("history", help="git history of the namespace")
+    p.add_argument("--limit", type=int, default=50)
+    _common(p)
+
+    p = sub.add_parser("undo", help="revert one commit of the namespace (default: the last)")
+    p.add_argument("rev", nargs="?", default="HEAD")
+    _common(p)
+
+    p = sub.add_parser("import", help="bulk-load JSON Lines of messages and facts")
+    p.add_argument("file", help="a .jsonl file, or - for standard input")
+    p.add_argument("--upsert", action="store_true", help="send facts through the upsert rules")
+    p.add_argument("--batch", type=int, default=2000, help="ops per write batch")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _common(p)
+
+    p = sub.add_parser("demo", help="a scripted story: remember → supersede → recall, printing the files")
+    _common(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        overrides: dict[str, Any] = {}
+        if getattr(args, "data", None):
+            overrides["data_dir"] = Path(args.data)
+        elif args.command == "demo":
+            overrides["data_dir"] = Path(tempfile.mkdtemp(prefix="lucid-demo-"))
+            print(f"(demo data directory: {overrides['data_dir']})\n")
+        settings = Settings.from_env(**overrides)
+        runtime = build(settings)
+        return COMMANDS[args.command](args, runtime)
+    except LucidError as exc:
+        print(f"lucid: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

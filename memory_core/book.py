@@ -1,0 +1,378 @@
+"""The working copy of one namespace's memory during a write batch, and the upsert rules.
+
+A `Book` holds MEMORY.md and ARCHIVE.md as parsed values, applies operations to them (pure: no disk, no
+clock of its own — `now` is passed in) and renders them back. Lines it cannot read are carried through
+verbatim. The rules (DESIGN §4), with the reference system's holes closed:
+
+- duplicates are decided over all current entries, not the first match in file order;
+- a same-subject statement supersedes: the old entry gets `vt`, the new one `sup`; nothing is deleted;
+- pinned entries, rules and identities are never changed by an automatic source;
+- every text that will be stored passes the secret check here, at the lowest layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from . import similarity
+from .entry import MAX_TEXT_CHARS, RESIDENT_TYPES, TYPES, Entry, new_id
+from .lineformat import (
+    Item,
+    MemoryFile,
+    Section,
+    Unparsed,
+    empty_archive_file,
+    empty_memory_file,
+    parse_time,
+)
+from .ops import Edit, Forget, Op, Outcome, Pin, Put, Remember, Touch, entry_from_json
+from .secretscan import contains_secret
+from .subjects import canonical_subject, recognise
+
+#: Sources that a person speaks through; every other source is automatic and may not touch protected entries.
+USER_SOURCES = frozenset({"user", "manual"})
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _subject_key(subject: str | None) -> str | None:
+    if not subject:
+        return None
+    return canonical_subject(subject) or None
+
+
+@dataclass
+class _Slot:
+    """A position in a file: an entry id or a verbatim line, with the section it was found in."""
+
+    section: str
+    entry_id: str | None = None
+    line: Unparsed | None = None
+
+
+@dataclass
+class _Side:
+    """One file (MEMORY.md or ARCHIVE.md) as an ordered list of slots plus an id → entry map."""
+
+    preamble: tuple[str, ...]
+    headings: dict[str, str]
+    section_order: list[str]
+    slots: list[_Slot] = field(default_factory=list)
+    entries: dict[str, Entry] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, doc: MemoryFile) -> _Side:
+        side = cls(doc.preamble, {}, [])
+        for sec in doc.sections:
+            if sec.name not in side.headings:
+                side.headings[sec.name] = sec.heading
+                side.section_order.append(sec.name)
+            for it in sec.items:
+                if isinstance(it, Entry):
+                    if it.id in side.entries:  # the same id twice in one file: keep the second verbatim
+                        side.slots.append(_Slot(sec.name, line=Unparsed(f"- {it.text}", "duplicate id")))
+                        continue
+                    side.entries[it.id] = it
+                    side.slots.append(_Slot(sec.name, entry_id=it.id))
+                else:
+                    side.slots.append(_Slot(sec.name, line=it))
+        return side
+
+    def add(self, entry: Entry, section: str) -> None:
+        self.entries[entry.id] = entry
+        self.slots.append(_Slot(section, entry_id=entry.id))
+
+    def remove(self, entry_id: str) -> Entry | None:
+        entry = self.entries.pop(entry_id, None)
+        if entry is not None:
+            self.slots = [s for s in self.slots if s.entry_id != entry_id]
+        return entry
+
+    def render(self, placement: dict[str, str] | None = None) -> MemoryFile:
+        """Group slots by section; `placement` maps an entry's tier to the section it must live in."""
+        grouped: dict[str, list[Item]] = {name: [] for name in self.section_order}
+        for slot in self.slots:
+            if slot.entry_id is not None:
+                entry = self.entries[slot.entry_id]
+                name = slot.section
+                if placement is not None:
+                    name = placement["resident" if entry.resident else "recall"]
+                grouped.setdefault(name, []).append(entry)
+            elif slot.line is not None:
+                grouped.setdefault(slot.section, []).append(slot.line)
+        sections = []
+        for name, items in grouped.items():
+            heading = self.headings.get(name) or f"## {name.capitalize()}"
+            sections.append(Section(name, heading, tuple(items)))
+        return MemoryFile(self.preamble, tuple(sections))
+
+
+class Book:
+    """MEMORY.md + ARCHIVE.md of one namespace, as a mutable working copy for one batch."""
+
+    def __init__(self, memory: MemoryFile | None = None, archive: MemoryFile | None = None) -> None:
+        memory = memory if memory is not None and memory.sections else _with_sections(memory)
+        self.memory = _Side.load(memory)
+        self.archive = _Side.load(archive if archive is not None and archive.sections else empty_archive_file())
+        for name in ("resident", "recall"):
+            if name not in self.memory.headings:
+                self.memory.headings[name] = f"## {name.capitalize()}"
+                self.memory.section_order.insert(0 if name == "resident" else 1, name)
+        self._normalise_hand_moves()
+        self.changed = False
+
+    # ------------------------------------------------------------------------------------------ reading
+
+    def entries(self) -> list[Entry]:
+        return list(self.memory.entries.values())
+
+    def archived(self) -> list[Entry]:
+        return list(self.archive.entries.values())
+
+    def get(self, entry_id: str) -> Entry | None:
+        return self.memory.entries.get(entry_id) or self.archive.entries.get(entry_id)
+
+    def current(self, now: datetime) -> list[Entry]:
+        return [e for e in self.memory.entries.values() if e.current(now)]
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        for side in (self.memory, self.archive):
+            for slot in side.slots:
+                if slot.line is not None and slot.line.problem:
+                    out.append((slot.line.line, slot.line.problem))
+        return out
+
+    def memory_file(self) -> MemoryFile:
+        return self.memory.render({"resident": "resident", "recall": "recall"})
+
+    def archive_file(self) -> MemoryFile:
+        return self.archive.render()
+
+    # ------------------------------------------------------------------------------------------ writing
+
+    def apply(self, op: Op, now: datetime) -> Outcome:
+        if isinstance(op, Remember):
+            return self._remember(op, now)
+        if isinstance(op, Forget):
+            return self._forget(op)
+        if isinstance(op, Pin):
+            return self._pin(op)
+        if isinstance(op, Edit):
+            return self._edit(op, now)
+        if isinstance(op, Touch):
+            return self._touch(op)
+        if isinstance(op, Put):
+            return self._put(op)
+        return Outcome(op.op_id, "rejected:unsupported")
+
+    def replace_entry(self, entry: Entry) -> None:
+        """Swap in a new value for an existing entry (dreaming, hit feedback)."""
+        if entry.id in self.memory.entries:
+            self.memory.entries[entry.id] = entry
+        elif entry.id in self.archive.entries:
+            self.archive.entries[entry.id] = entry
+        else:
+            raise KeyError(entry.id)
+        self.changed = True
+
+    def add_entry(self, entry: Entry) -> None:
+        self.memory.add(entry, "resident" if entry.resident else "recall")
+        self.changed = True
+
+    def move_to_archive(self, entry_id: str) -> None:
+        entry = self.memory.remove(entry_id)
+        if entry is not None:
+            self.archive.add(entry, self.archive.section_order[0])
+            self.changed = True
+
+    def _reject_text(self, op_id: str, text: str) -> Outcome | None:
+        if not text.strip():
+            return Outcome(op_id, "rejected:empty", detail="nothing to remember")
+        if len(text) > MAX_TEXT_CHARS:
+            return Outcome(op_id, "rejected:too_long", detail=f"over {MAX_TEXT_CHARS} characters")
+        if contains_secret(text):
+            return Outcome(op_id, "rejected:secret", detail="looks like a secret; not stored")
+        return None
+
+    def _remember(self, op: Remember, now: datetime) -> Outcome:
+        text = op.text.strip()
+        rejected = self._reject_text(op.op_id, text)
+        if rejected:
+            return rejected
+        if op.type not in TYPES:
+            return Outcome(op.op_id, "rejected:bad_type", detail=f"type must be one of {', '.join(TYPES)}")
+        subject = _subject_key(op.subject)
+        if subject is None:
+            found = recognise(text)
+            if found is not None:
+                subject = _subject_key(found.subject)
+        automatic = op.source not in USER_SOURCES
+        current = self.current(now)
+
+        # 1. The same text again: nothing to do.
+        for e in current:
+            if similarity.same_text(e.text, text):
+                return Outcome(op.op_id, "unchanged", id=e.id)
+
+        # 2. Same subject, different value: supersede every current holder of the subject.
+        if subject is not None:
+            holders = [e for e in current if _subject_key(e.subject) == subject]
+            if holders:
+                if automatic and any(e.protected for e in holders):
+                    return Outcome(op.op_id, "rejected:protected", detail="a pinned entry holds this subject")
+                for old in holders:
+                    self.memory.entries[old.id] = old.with_changes(valid_to=now)
+                entry = self._new_entry(op, text, subject, now, supersedes=tuple(e.id for e in holders))
+                self.add_entry(entry)
+                return Outcome(op.op_id, "superseded", id=entry.id, superseded=tuple(e.id for e in holders))
+
+        # 3. Near duplicate (best match over all current entries): update in place, keeping metadata.
+        best = self._best_match(text, current)
+        if best is not None:
+            old, relation = best
+            if relation == "contained":  # the new text says less than what is stored
+                return Outcome(op.op_id, "unchanged", id=old.id)
+            if automatic and old.protected:
+                return Outcome(op.op_id, "rejected:protected", id=old.id, detail="pinned entries change by hand")
+            updated = old.with_changes(
+                text=text,
+                subject=subject or old.subject,
+                pinned=old.pinned or op.pinned,
+                confidence=op.confidence if op.confidence is not None else old.confidence,
+            )
+            self.memory.entries[old.id] = updated
+            self.changed = True
+            return Outcome(op.op_id, "updated", id=old.id)
+
+        entry = self._new_entry(op, text, subject, now)
+        self.add_entry(entry)
+        return Outcome(op.op_id, "added", id=entry.id)
+
+    def _new_entry(
+        self, op: Remember, text: str, subject: str | None, now: datetime, supersedes: tuple[str, ...] = ()
+    ) -> Entry:
+        return Entry(
+            id=self._fresh_id(),
+            text=text,
+            type=op.type,
+            subject=subject,
+            valid_from=now if supersedes else None,
+            at=now,
+            supersedes=supersedes,
+            confidence=round(op.confidence, 2) if op.confidence is not None else None,
+            pinned=op.pinned,
+            source=op.source,
+            origin=op.origin,
+            scope=op.scope,
+        )
+
+    def _fresh_id(self) -> str:
+        while True:
+            ident = new_id()
+            if self.get(ident) is None:
+                return ident
+
+    @staticmethod
+    def _best_match(text: str, current: Iterable[Entry]) -> tuple[Entry, str] | None:
+        """The most similar current entry: `contains` (old ⊂ new), `contained` (new ⊂ old) or `similar`."""
+        norm = similarity.normalise(text)
+        best: tuple[float, Entry, str] | None = None
+        for e in current:
+            other = similarity.normalise(e.text)
+            if len(norm) >= 4 and len(other) >= 4 and (other in norm or norm in other):
+                relation = "contains" if other in norm else "contained"
+                score = 2.0  # a substring beats any Jaccard score
+            else:
+                score = similarity.jaccard(text, e.text)
+                relation = "similar"
+                if score < similarity.DUPLICATE:
+                    continue
+            if best is None or score > best[0] or (score == best[0] and (e.at or _EPOCH) > (best[1].at or _EPOCH)):
+                best = (score, e, relation)
+        return (best[1], best[2]) if best else None
+
+    def _forget(self, op: Forget) -> Outcome:
+        removed = self.memory.remove(op.id) or self.archive.remove(op.id)
+        if removed is None:
+            return Outcome(op.op_id, "rejected:not_found", detail=f"no entry {op.id}")
+        self.changed = True
+        return Outcome(op.op_id, "forgotten", id=op.id)
+
+    def _pin(self, op: Pin) -> Outcome:
+        entry = self.memory.entries.get(op.id)
+        if entry is None:
+            return Outcome(op.op_id, "rejected:not_found", detail=f"no current entry {op.id}")
+        if entry.pinned == op.pinned:
+            return Outcome(op.op_id, "unchanged", id=op.id)
+        self.memory.entries[op.id] = entry.with_changes(pinned=op.pinned)
+        self.changed = True
+        return Outcome(op.op_id, "updated", id=op.id)
+
+    def _edit(self, op: Edit, now: datetime) -> Outcome:
+        entry = self.memory.entries.get(op.id)
+        if entry is None:
+            return Outcome(op.op_id, "rejected:not_found", detail=f"no current entry {op.id}")
+        if op.source not in USER_SOURCES and entry.protected:
+            return Outcome(op.op_id, "rejected:protected", id=op.id)
+        text = op.text.strip()
+        rejected = self._reject_text(op.op_id, text)
+        if rejected:
+            return rejected
+        if text == entry.text:
+            return Outcome(op.op_id, "unchanged", id=op.id)
+        self.memory.entries[op.id] = entry.with_changes(text=text)
+        self.changed = True
+        return Outcome(op.op_id, "updated", id=op.id)
+
+    def _touch(self, op: Touch) -> Outcome:
+        at = parse_time(op.at)
+        touched = 0
+        for ident in op.ids:
+            entry = self.memory.entries.get(ident)
+            if entry is None:
+                continue
+            last = entry.last if entry.last is not None and entry.last > at else at
+            self.memory.entries[ident] = entry.with_changes(hits=entry.hits + 1, last=last)
+            touched += 1
+        if touched:
+            self.changed = True
+        return Outcome(op.op_id, "updated" if touched else "unchanged", detail=f"{touched} touched")
+
+    def _put(self, op: Put) -> Outcome:
+        try:
+            entry = entry_from_json(op.entry)
+        except (KeyError, ValueError, TypeError) as exc:
+            return Outcome(op.op_id, "rejected:invalid", detail=str(exc))
+        rejected = self._reject_text(op.op_id, entry.text)
+        if rejected:
+            return rejected
+        if entry.type not in TYPES:
+            return Outcome(op.op_id, "rejected:bad_type", detail=f"type must be one of {', '.join(TYPES)}")
+        existing = self.get(entry.id)
+        if existing is not None:
+            if existing == entry:
+                return Outcome(op.op_id, "unchanged", id=entry.id)
+            self.replace_entry(entry)
+            return Outcome(op.op_id, "updated", id=entry.id)
+        self.add_entry(entry)
+        return Outcome(op.op_id, "added", id=entry.id)
+
+    def _normalise_hand_moves(self) -> None:
+        """A line a person moved under Resident counts as pinned; one moved out of it is unpinned."""
+        for slot in self.memory.slots:
+            if slot.entry_id is None:
+                continue
+            entry = self.memory.entries[slot.entry_id]
+            if slot.section == "resident" and not entry.resident:
+                self.memory.entries[entry.id] = entry.with_changes(pinned=True)
+            elif slot.section == "recall" and entry.pinned and entry.type not in RESIDENT_TYPES:
+                self.memory.entries[entry.id] = entry.with_changes(pinned=False)
+
+
+def _with_sections(memory: MemoryFile | None) -> MemoryFile:
+    if memory is None:
+        return empty_memory_file()
+    base = empty_memory_file()
+    return MemoryFile(memory.preamble or base.preamble, base.sections)

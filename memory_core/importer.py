@@ -1,0 +1,185 @@
+"""`lucid import`: JSON Lines of messages and facts → ops per namespace (DESIGN §10).
+
+The whole file is validated before anything is applied, so a bad line (invalid UTF-8, malformed JSON, a
+missing field) is reported with its line number and the rest of the file is not half-applied.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .entry import MAX_TEXT_CHARS, TYPES, new_id
+from .errors import ImportFormatError
+from .lineformat import parse_time
+from .namespace import Namespace
+from .ops import Op, Put, Record, Remember
+
+_FACT_FIELDS = {
+    "kind", "id", "text", "type", "subject", "valid_from", "valid_to", "supersedes", "hits", "pinned",
+    "confidence", "at", "last", "from", "scope", "user", "persona", "tenant", "source",
+}
+_MESSAGE_FIELDS = {
+    "kind", "id", "ts", "speaker", "text", "chat", "chat_type", "role", "session", "user", "persona", "tenant",
+}
+
+
+@dataclass(frozen=True)
+class ImportPlan:
+    ops: dict[Namespace, list[Op]]
+    messages: int
+    facts: int
+
+    @property
+    def total(self) -> int:
+        return self.messages + self.facts
+
+
+def parse_import(data: bytes, default: Namespace, upsert: bool = False) -> ImportPlan:
+    """Validate every line of a JSON Lines import and turn it into ops, grouped by namespace."""
+    ops: dict[Namespace, list[Op]] = {}
+    messages = facts = 0
+    for line_no, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ImportFormatError(line_no, f"not valid UTF-8 (byte {exc.start})") from exc
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ImportFormatError(line_no, f"not valid JSON: {exc.msg} (column {exc.colno})") from exc
+        if not isinstance(obj, dict):
+            raise ImportFormatError(line_no, "each line must be a JSON object")
+        try:
+            ns = _namespace(obj, default)
+            kind = obj.get("kind")
+            if kind == "message":
+                op: Op = _message(obj)
+                messages += 1
+            elif kind == "fact":
+                op = _fact(obj, upsert)
+                facts += 1
+            else:
+                raise ValueError(f"kind must be 'message' or 'fact', got {kind!r}")
+        except (ValueError, TypeError) as exc:
+            raise ImportFormatError(line_no, str(exc)) from exc
+        ops.setdefault(ns, []).append(op)
+    return ImportPlan(ops, messages, facts)
+
+
+def _namespace(obj: dict[str, Any], default: Namespace) -> Namespace:
+    parts = []
+    for name, fallback in (("tenant", default.tenant), ("user", default.user), ("persona", default.persona)):
+        value = obj.get(name, fallback)
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{name} must be a non-empty string")
+        parts.append(value)
+    return Namespace.of(*parts)
+
+
+def _str(obj: dict[str, Any], key: str, required: bool = False, limit: int = 500) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise ValueError(f"missing {key!r}")
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{key!r} must be a string")
+    if len(value) > limit:
+        raise ValueError(f"{key!r} is longer than {limit} characters")
+    return value
+
+
+def _time(obj: dict[str, Any], key: str) -> str | None:
+    value = _str(obj, key)
+    if value is None:
+        return None
+    try:
+        parse_time(value)
+    except ValueError as exc:
+        raise ValueError(f"{key!r} is not an ISO time: {value!r}") from exc
+    return value
+
+
+def _unknown(obj: dict[str, Any], allowed: set[str]) -> None:
+    extra = set(obj) - allowed
+    if extra:
+        raise ValueError(f"unknown field(s): {', '.join(sorted(extra))}")
+
+
+def _message(obj: dict[str, Any]) -> Record:
+    _unknown(obj, _MESSAGE_FIELDS)
+    ident = _str(obj, "id", required=True, limit=200)
+    ts = _time(obj, "ts")
+    if ts is None:
+        raise ValueError("missing 'ts'")
+    text = _str(obj, "text", required=True, limit=100_000) or ""
+    chat_type = _str(obj, "chat_type") or "p2p"
+    if chat_type not in ("p2p", "group"):
+        raise ValueError("chat_type must be 'p2p' or 'group'")
+    return Record(
+        message={
+            "id": ident,
+            "ts": ts,
+            "speaker": _str(obj, "speaker") or "",
+            "text": text,
+            "chat": _str(obj, "chat") or "",
+            "chat_type": chat_type,
+            "role": _str(obj, "role") or "user",
+            "session": _str(obj, "session") or "",
+        }
+    )
+
+
+def _fact(obj: dict[str, Any], upsert: bool) -> Op:
+    _unknown(obj, _FACT_FIELDS)
+    text = _str(obj, "text", required=True, limit=MAX_TEXT_CHARS) or ""
+    if not text.strip():
+        raise ValueError("'text' is empty")
+    kind = _str(obj, "type") or "fact"
+    if kind not in TYPES:
+        raise ValueError(f"type must be one of {', '.join(TYPES)}")
+    confidence = obj.get("confidence")
+    if confidence is not None and (
+        not isinstance(confidence, int | float) or isinstance(confidence, bool) or not 0 <= confidence <= 1
+    ):
+        raise ValueError("confidence must be a number within 0..1")
+    hits = obj.get("hits", 0)
+    if not isinstance(hits, int) or isinstance(hits, bool) or hits < 0:
+        raise ValueError("hits must be a non-negative integer")
+    pinned = obj.get("pinned", False)
+    if not isinstance(pinned, bool):
+        raise ValueError("pinned must be true or false")
+    supersedes = obj.get("supersedes") or []
+    if not isinstance(supersedes, list) or not all(isinstance(s, str) for s in supersedes):
+        raise ValueError("supersedes must be a list of ids")
+    scope = _str(obj, "scope")
+    ident = _str(obj, "id", limit=64)
+    if ident is not None and not all(ch.isalnum() or ch in "_.:-" for ch in ident):
+        raise ValueError("id may hold letters, digits and _.:- only")
+    if upsert:
+        return Remember(
+            text=text, type=kind, subject=_str(obj, "subject"), source=_str(obj, "source") or "import",
+            origin=_str(obj, "from"), scope=scope, confidence=confidence, pinned=pinned,
+        )
+    entry = {
+        "id": ident or new_id(),
+        "text": text,
+        "type": kind,
+        "subject": _str(obj, "subject"),
+        "valid_from": _time(obj, "valid_from"),
+        "valid_to": _time(obj, "valid_to"),
+        "at": _time(obj, "at"),
+        "last": _time(obj, "last"),
+        "supersedes": supersedes,
+        "confidence": confidence,
+        "hits": hits,
+        "pinned": pinned,
+        "source": _str(obj, "source") or "import",
+        "from": _str(obj, "from"),
+        "scope": scope,
+    }
+    return Put(entry=entry)

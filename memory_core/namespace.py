@@ -1,0 +1,66 @@
+"""A namespace is (tenant, user, persona): the unit of isolation, locking and storage.
+
+Path components come from the outside world (Feishu ids, CLI flags), so each is validated: a component
+matching `[A-Za-z0-9_-]{1,128}` is used as is, anything else is replaced by a stable hash, so that nothing
+from a message ever reaches a path unchecked and `../` can never escape the data directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_SAFE = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
+
+
+def safe_component(value: str) -> str:
+    """`value` if it is a safe path component, else `h-` + a hash of it (stable, collision-resistant)."""
+    if _SAFE.match(value) and value not in (".", ".."):
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"h-{digest}"
+
+
+@dataclass(frozen=True, order=True)
+class Namespace:
+    tenant: str
+    user: str
+    persona: str
+
+    @classmethod
+    def of(cls, tenant: str = "default", user: str = "default", persona: str = "default") -> Namespace:
+        return cls(safe_component(tenant), safe_component(user), safe_component(persona))
+
+    def path(self, data_dir: Path) -> Path:
+        return data_dir / self.tenant / self.user / self.persona
+
+    @property
+    def key(self) -> str:
+        """A short, stable key for Redis keys and job ids (letters, digits, `-` only)."""
+        return hashlib.sha1(f"{self.tenant}/{self.user}/{self.persona}".encode()).hexdigest()[:16]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.user}/{self.persona}"
+
+    @classmethod
+    def parse(cls, text: str) -> Namespace:
+        """Inverse of `str()`: `tenant/user/persona`."""
+        parts = text.split("/")
+        if len(parts) != 3:
+            raise ValueError(f"a namespace is tenant/user/persona, got {text!r}")
+        return cls.of(*parts)
+
+
+def list_namespaces(data_dir: Path) -> list[Namespace]:
+    """Every namespace that has a MEMORY.md or a raw archive under `data_dir`."""
+    found: list[Namespace] = []
+    if not data_dir.is_dir():
+        return found
+    for tenant in sorted(p for p in data_dir.iterdir() if p.is_dir() and _SAFE.match(p.name)):
+        for user in sorted(p for p in tenant.iterdir() if p.is_dir()):
+            for persona in sorted(p for p in user.iterdir() if p.is_dir()):
+                if (persona / "MEMORY.md").exists() or (persona / "raw").is_dir():
+                    found.append(Namespace(tenant.name, user.name, persona.name))
+    return found

@@ -1,0 +1,229 @@
+"""The operations a writer applies, and what each one reports back.
+
+Operations are plain, JSON-safe values so that any process can queue them for the namespace's single
+writer (through Redis) and read the outcome back. Every op carries an `op_id` minted by its submitter.
+"""
+
+from __future__ import annotations
+
+import secrets as _random
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime
+from typing import Any, ClassVar
+
+from .entry import Entry
+from .errors import InvalidInput
+from .lineformat import RawMessage, format_time, parse_time
+
+
+def new_op_id() -> str:
+    return _random.token_hex(8)
+
+
+@dataclass(frozen=True)
+class Remember:
+    """Add a memory through the upsert rules (duplicate → update, same subject → supersede)."""
+
+    kind: ClassVar[str] = "remember"
+    text: str
+    type: str = "fact"
+    subject: str | None = None
+    source: str = "user"
+    origin: str | None = None
+    scope: str | None = None
+    confidence: float | None = None
+    pinned: bool = False
+    op_id: str = field(default_factory=new_op_id)
+
+
+@dataclass(frozen=True)
+class Forget:
+    """The user's explicit delete: the entry leaves MEMORY.md and ARCHIVE.md (git history keeps it)."""
+
+    kind: ClassVar[str] = "forget"
+    id: str
+    op_id: str = field(default_factory=new_op_id)
+
+
+@dataclass(frozen=True)
+class Pin:
+    kind: ClassVar[str] = "pin"
+    id: str
+    pinned: bool = True
+    op_id: str = field(default_factory=new_op_id)
+
+
+@dataclass(frozen=True)
+class Edit:
+    """The user's (or the model tool's) explicit rewrite of one entry's text, keeping its metadata."""
+
+    kind: ClassVar[str] = "edit"
+    id: str
+    text: str
+    source: str = "user"
+    op_id: str = field(default_factory=new_op_id)
+
+
+@dataclass(frozen=True)
+class Touch:
+    """Hit feedback: each id recalled at `at` gets hits + 1 and last = at."""
+
+    kind: ClassVar[str] = "touch"
+    ids: tuple[str, ...]
+    at: str  # ISO time, kept as text so the op stays JSON-safe
+    op_id: str = field(default_factory=new_op_id)
+
+
+@dataclass(frozen=True)
+class Put:
+    """Write an entry exactly as given (import without upsert). Its id is kept."""
+
+    kind: ClassVar[str] = "put"
+    entry: dict[str, Any]
+    op_id: str = field(default_factory=new_op_id)
+
+
+@dataclass(frozen=True)
+class Record:
+    """Append one message to the raw archive (redacted on the way in). Idempotent by message id."""
+
+    kind: ClassVar[str] = "record"
+    message: dict[str, Any]
+    op_id: str = field(default_factory=new_op_id)
+
+
+Op = Remember | Forget | Pin | Edit | Touch | Put | Record
+_KINDS: dict[str, type[Any]] = {c.kind: c for c in (Remember, Forget, Pin, Edit, Touch, Put, Record)}
+
+
+def op_to_json(op: Op) -> dict[str, Any]:
+    data = asdict(op)
+    data["kind"] = op.kind
+    return data
+
+
+def op_from_json(data: dict[str, Any]) -> Op:
+    kind = data.get("kind")
+    cls = _KINDS.get(str(kind))
+    if cls is None:
+        raise InvalidInput(f"unknown operation kind {kind!r}")
+    names = {f.name for f in fields(cls)}
+    args = {k: v for k, v in data.items() if k in names}
+    if cls is Touch:
+        args["ids"] = tuple(args.get("ids", ()))
+    try:
+        op: Op = cls(**args)
+    except TypeError as exc:
+        raise InvalidInput(f"bad {kind} operation: {exc}") from exc
+    return op
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one op: added, updated, superseded, unchanged, forgotten, recorded or rejected:<why>."""
+
+    op_id: str
+    status: str
+    id: str | None = None
+    superseded: tuple[str, ...] = ()
+    detail: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.status.startswith("rejected")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op_id": self.op_id,
+            "status": self.status,
+            "id": self.id,
+            "superseded": list(self.superseded),
+            "detail": self.detail,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Outcome:
+        return cls(
+            op_id=data["op_id"],
+            status=data["status"],
+            id=data.get("id"),
+            superseded=tuple(data.get("superseded") or ()),
+            detail=data.get("detail"),
+        )
+
+
+# -------------------------------------------------------------------------- entry and message <-> JSON
+
+_TIME_FIELDS = ("valid_from", "valid_to", "at", "last")
+
+
+def entry_to_json(e: Entry) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "id": e.id,
+        "text": e.text,
+        "type": e.type,
+        "subject": e.subject,
+        "supersedes": list(e.supersedes),
+        "confidence": e.confidence,
+        "hits": e.hits,
+        "pinned": e.pinned,
+        "source": e.source,
+        "from": e.origin,
+        "scope": e.scope,
+        "tier": "resident" if e.resident else "recall",
+    }
+    for name in _TIME_FIELDS:
+        value = getattr(e, name)
+        data[name] = format_time(value) if value is not None else None
+    if e.extra:
+        data["extra"] = dict(e.extra)
+    return data
+
+
+def entry_from_json(data: dict[str, Any]) -> Entry:
+    times: dict[str, datetime | None] = {}
+    for name in _TIME_FIELDS:
+        value = data.get(name)
+        times[name] = parse_time(str(value)) if value else None
+    conf = data.get("confidence")
+    return Entry(
+        id=str(data["id"]),
+        text=str(data["text"]),
+        type=str(data.get("type") or "fact"),
+        subject=data.get("subject") or None,
+        supersedes=tuple(str(s) for s in data.get("supersedes") or ()),
+        confidence=round(float(conf), 2) if conf is not None else None,
+        hits=int(data.get("hits") or 0),
+        pinned=bool(data.get("pinned")),
+        source=data.get("source") or None,
+        origin=data.get("from") or None,
+        scope=data.get("scope") or None,
+        extra=tuple((str(k), str(v)) for k, v in (data.get("extra") or {}).items()),
+        **times,
+    )
+
+
+def message_to_json(m: RawMessage) -> dict[str, Any]:
+    return {
+        "id": m.id,
+        "ts": format_time(m.ts),
+        "speaker": m.speaker,
+        "text": m.text,
+        "chat": m.chat,
+        "chat_type": m.chat_type,
+        "role": m.role,
+        "session": m.session,
+    }
+
+
+def message_from_json(data: dict[str, Any]) -> RawMessage:
+    return RawMessage(
+        id=str(data["id"]),
+        ts=parse_time(str(data["ts"])),
+        speaker=str(data.get("speaker") or ""),
+        text=str(data.get("text") or ""),
+        chat=str(data.get("chat") or ""),
+        chat_type=str(data.get("chat_type") or "p2p"),
+        role=str(data.get("role") or "user"),
+        session=str(data.get("session") or ""),
+    )

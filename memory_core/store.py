@@ -1,0 +1,427 @@
+"""The store: the one module that reads and writes a namespace's files and its git repository.
+
+Layout of a namespace directory (DESIGN §2):
+
+    MEMORY.md  ARCHIVE.md  PROFILE.md  DREAMS.md  raw/YYYY-MM-DD.md  .git/
+    .lucid/    (not in git) state.json — hashes of what the writer last wrote, to tell hand edits apart;
+               fence — the newest fencing token; journal.json — a batch between its write and its commit.
+
+Every whole-file write is temp file + fsync + `os.replace` (+ fsync of the directory), so a reader or a
+crash sees each file either before or after a batch, never torn. `replace_files` runs only while the
+caller's fencing check passes, under a host-wide `flock`, so a writer whose lease expired while it was
+paused cannot overwrite the new holder's write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from .errors import LeaseLost, StoreError
+from .lineformat import RawMessage, parse_raw, render_raw
+from .namespace import Namespace
+
+log = logging.getLogger(__name__)
+
+MEMORY = "MEMORY.md"
+ARCHIVE = "ARCHIVE.md"
+PROFILE = "PROFILE.md"
+DREAMS = "DREAMS.md"
+TRACKED = (MEMORY, ARCHIVE, PROFILE, DREAMS)
+_GITIGNORE = ".lucid/\n*.tmp\n.index/\n"
+_RAW_ID = re.compile(r"<!--r:id=([^;>]*)")
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers and crashes see the old or the new file, never a mix."""
+    tmp = _stage(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _stage(path: Path, data: bytes) -> str:
+    """Write `data` to a synced temp file beside `path`; the caller renames it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    """A host-wide exclusive lock on `path` (released by the kernel if the process dies)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The tracked files of a namespace as bytes, and the hashes the writer last recorded for them."""
+
+    files: Mapping[str, bytes | None]
+    recorded: Mapping[str, str]
+
+    def text(self, name: str) -> str | None:
+        data = self.files.get(name)
+        return None if data is None else data.decode("utf-8", errors="surrogateescape")
+
+    @property
+    def version(self) -> str:
+        """A hash over every tracked file: it moves whenever anything a batch depends on changes."""
+        h = hashlib.sha256()
+        for name in TRACKED:
+            data = self.files.get(name)
+            h.update(name.encode() + b"\0" + (b"-" if data is None else _sha(data).encode()) + b"\0")
+        return h.hexdigest()
+
+    def hand_edited(self) -> list[str]:
+        """Files whose content differs from what the writer last wrote (a person edited them)."""
+        edited = []
+        for name in TRACKED:
+            data = self.files.get(name)
+            if data is None:
+                continue
+            if self.recorded.get(name) != _sha(data):
+                edited.append(name)
+        return edited
+
+
+class Store:
+    """File and git access for the namespaces under one data directory."""
+
+    def __init__(self, data_dir: Path, git: bool = True) -> None:
+        self.data_dir = Path(data_dir)
+        self.git_enabled = git
+
+    # -------------------------------------------------------------------------------------- paths
+
+    def path(self, ns: Namespace) -> Path:
+        return ns.path(self.data_dir)
+
+    def _meta(self, ns: Namespace) -> Path:
+        return self.path(ns) / ".lucid"
+
+    def lock_path(self, ns: Namespace) -> Path:
+        return self._meta(ns) / "writer.lock"
+
+    # -------------------------------------------------------------------------------------- reading
+
+    def snapshot(self, ns: Namespace) -> Snapshot:
+        root = self.path(ns)
+        files: dict[str, bytes | None] = {}
+        for name in TRACKED:
+            try:
+                files[name] = (root / name).read_bytes()
+            except FileNotFoundError:
+                files[name] = None
+        return Snapshot(files, self._read_state(ns).get("hashes", {}))
+
+    def read_text(self, ns: Namespace, name: str) -> str | None:
+        try:
+            return (self.path(ns) / name).read_text("utf-8", errors="surrogateescape")
+        except FileNotFoundError:
+            return None
+
+    def _read_state(self, ns: Namespace) -> dict[str, Any]:
+        try:
+            data = json.loads((self._meta(ns) / "state.json").read_text("utf-8"))
+            return data if isinstance(data, dict) else {}
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def _write_state(self, ns: Namespace, hashes: Mapping[str, str], **extra: Any) -> None:
+        state = self._read_state(ns)
+        state["hashes"] = dict(hashes)
+        state.update(extra)
+        atomic_write(self._meta(ns) / "state.json", json.dumps(state, sort_keys=True).encode())
+
+    def state_value(self, ns: Namespace, key: str) -> Any:
+        return self._read_state(ns).get(key)
+
+    def set_state_value(self, ns: Namespace, key: str, value: Any) -> None:
+        state = self._read_state(ns)
+        state[key] = value
+        atomic_write(self._meta(ns) / "state.json", json.dumps(state, sort_keys=True).encode())
+
+    # -------------------------------------------------------------------------------------- fencing
+
+    def read_fence(self, ns: Namespace) -> int:
+        try:
+            return int((self._meta(ns) / "fence").read_text().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def claim_fence(self, ns: Namespace, token: int) -> None:
+        """Record `token` as the newest; this fences every older holder out at once."""
+        with flocked(self._meta(ns) / "fence.lock"):
+            current = self.read_fence(ns)
+            if token <= current:
+                raise LeaseLost(f"fencing token {token} is not newer than {current}")
+            atomic_write(self._meta(ns) / "fence", str(token).encode())
+
+    @contextlib.contextmanager
+    def fenced(self, ns: Namespace, token: int, still_held: Callable[[], bool]) -> Iterator[None]:
+        """Hold the fence lock while the body replaces files; refuse if the token is stale."""
+        with flocked(self._meta(ns) / "fence.lock"):
+            current = self.read_fence(ns)
+            if current != token or not still_held():
+                raise LeaseLost(f"write refused: fencing token {token} is stale (current {current})")
+            yield
+
+    # -------------------------------------------------------------------------------------- writing
+
+    def replace_files(
+        self,
+        ns: Namespace,
+        before: Snapshot,
+        files: Mapping[str, str],
+        raw: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
+        """Write the changed tracked files and raw day files atomically (caller holds `fenced`).
+
+        The ARCHIVE is written before MEMORY so that a crash between the two duplicates an entry rather
+        than losing it. Returns the new hashes of every tracked file. Raises ConcurrentChange (a
+        StoreError) if a tracked file changed on disk since `before` was read: a hand edit raced us.
+        """
+        root = self.path(ns)
+        root.mkdir(parents=True, exist_ok=True)
+        for name in TRACKED:
+            now = (root / name).read_bytes() if (root / name).exists() else None
+            if now != before.files.get(name):
+                raise ConcurrentChange(name)
+        hashes = {n: _sha(d) for n, d in before.files.items() if d is not None}
+        # Stage every temp file first: ENOSPC or EACCES then hits before any file is replaced.
+        writes: list[tuple[Path, bytes]] = [
+            (root / "raw" / name, content.encode("utf-8", errors="surrogateescape"))
+            for name, content in (raw or {}).items()
+        ]
+        for name in (ARCHIVE, PROFILE, DREAMS, MEMORY):
+            if name in files:
+                data = files[name].encode("utf-8", errors="surrogateescape")
+                hashes[name] = _sha(data)
+                if data != before.files.get(name):
+                    writes.append((root / name, data))
+        staged: list[tuple[str, Path]] = []
+        try:
+            for path, data in writes:
+                staged.append((_stage(path, data), path))
+            for tmp, path in staged:
+                os.replace(tmp, path)
+            for directory in {path.parent for _, path in staged}:
+                _fsync_dir(directory)
+        except OSError as exc:
+            for tmp, _ in staged:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            raise StoreError(_os_message(exc, root)) from exc
+        return hashes
+
+    def record_hashes(self, ns: Namespace, hashes: Mapping[str, str]) -> None:
+        self._write_state(ns, hashes)
+
+    # ---------------------------------------------------------------------------- journal (crash window)
+
+    def write_journal(self, ns: Namespace, journal: Mapping[str, Any]) -> None:
+        atomic_write(self._meta(ns) / "journal.json", json.dumps(journal).encode())
+
+    def read_journal(self, ns: Namespace) -> dict[str, Any] | None:
+        try:
+            data = json.loads((self._meta(ns) / "journal.json").read_text("utf-8"))
+            return data if isinstance(data, dict) else None
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def clear_journal(self, ns: Namespace) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self._meta(ns) / "journal.json").unlink()
+
+    # -------------------------------------------------------------------------------------- raw archive
+
+    def raw_day_name(self, when: datetime) -> str:
+        return f"{when:%Y-%m-%d}.md"
+
+    def raw_ids(self, ns: Namespace, day_name: str) -> set[str]:
+        text = self.read_text_raw(ns, day_name)
+        return {unquote(i) for i in _RAW_ID.findall(text)} if text else set()
+
+    def read_text_raw(self, ns: Namespace, day_name: str) -> str | None:
+        try:
+            return (self.path(ns) / "raw" / day_name).read_text("utf-8", errors="surrogateescape")
+        except FileNotFoundError:
+            return None
+
+    def raw_days(self, ns: Namespace) -> list[str]:
+        raw = self.path(ns) / "raw"
+        if not raw.is_dir():
+            return []
+        return sorted(p.name for p in raw.iterdir() if re.fullmatch(r"\d{4}-\d{2}-\d{2}\.md", p.name))
+
+    def iter_raw(self, ns: Namespace, days: list[str] | None = None) -> Iterator[RawMessage]:
+        """Every readable message of the raw archive, in file order (unreadable lines are skipped)."""
+        from .lineformat import LineError
+
+        for day in days if days is not None else self.raw_days(ns):
+            text = self.read_text_raw(ns, day) or ""
+            for line in text.split("\n"):
+                if line.startswith("- "):
+                    try:
+                        yield parse_raw(line)
+                    except LineError:
+                        log.warning("unreadable raw line in %s/raw/%s", ns, day)
+
+    @staticmethod
+    def append_raw_lines(existing: str | None, messages: list[RawMessage]) -> str:
+        head = existing if existing else f"# Messages {messages[0].ts:%Y-%m-%d}\n\n"
+        if not head.endswith("\n"):
+            head += "\n"
+        return head + "".join(render_raw(m) + "\n" for m in messages)
+
+    # -------------------------------------------------------------------------------------- git
+
+    def _git(self, ns: Namespace, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ)
+        env.update(
+            GIT_AUTHOR_NAME="Lucid",
+            GIT_AUTHOR_EMAIL="lucid@localhost",
+            GIT_COMMITTER_NAME="Lucid",
+            GIT_COMMITTER_EMAIL="lucid@localhost",
+            GIT_CONFIG_NOSYSTEM="1",
+            GIT_CONFIG_GLOBAL=os.devnull,
+        )
+        try:
+            return subprocess.run(
+                ["git", "-C", str(self.path(ns)), *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=check,
+                timeout=60,
+            )
+        except FileNotFoundError as exc:
+            raise StoreError("git is not installed: install git, or run with git disabled") from exc
+        except subprocess.CalledProcessError as exc:
+            raise StoreError(f"git {args[0]} failed: {exc.stderr.strip()[:300]}") from exc
+
+    def ensure_repo(self, ns: Namespace) -> None:
+        root = self.path(ns)
+        root.mkdir(parents=True, exist_ok=True)
+        if not self.git_enabled or (root / ".git").exists():
+            return
+        self._git(ns, "init", "-q", "-b", "main")
+        atomic_write(root / ".gitignore", _GITIGNORE.encode())
+
+    def commit(self, ns: Namespace, message: str) -> str | None:
+        """Commit everything changed in the namespace; returns the new revision, or None if nothing."""
+        if not self.git_enabled:
+            return None
+        self.ensure_repo(ns)
+        self._git(ns, "add", "-A")
+        if self._git(ns, "diff", "--cached", "--quiet", check=False).returncode == 0:
+            return None
+        self._git(ns, "commit", "-q", "--no-verify", "-m", message)
+        return self._git(ns, "rev-parse", "HEAD").stdout.strip()
+
+    def history(self, ns: Namespace, limit: int = 50) -> list[dict[str, str]]:
+        if not (self.path(ns) / ".git").exists():
+            return []
+        out = self._git(ns, "log", f"-n{limit}", "--format=%H%x1f%aI%x1f%s", check=False).stdout
+        rows = []
+        for line in out.splitlines():
+            rev, when, subject = (line.split("\x1f") + ["", ""])[:3]
+            rows.append({"rev": rev, "time": when, "message": subject})
+        return rows
+
+    def revert(self, ns: Namespace, rev: str) -> tuple[str, dict[str, str]]:
+        """Compute the files as they would be with commit `rev` reverted (no commit is made here).
+
+        Returns the message for the commit and the new content of each tracked file that changes; the
+        caller writes them through the single writer, so an undo is one more ordinary batch.
+        """
+        if not re.fullmatch(r"[0-9a-fA-F]{4,40}|HEAD(~\d+)?", rev):
+            raise StoreError(f"not a revision: {rev!r}")
+        full = self._git(ns, "rev-parse", "--verify", f"{rev}^{{commit}}").stdout.strip()
+        subject = self._git(ns, "log", "-1", "--format=%s", full).stdout.strip()
+        worktree = Path(tempfile.mkdtemp(prefix="lucid-undo-"))
+        try:
+            self._git(ns, "worktree", "add", "-q", "--detach", str(worktree), "HEAD")
+            wt = subprocess.run(
+                ["git", "-C", str(worktree), "revert", "--no-commit", full],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull},
+                check=False,
+            )
+            if wt.returncode != 0:
+                raise StoreError(
+                    f"cannot undo {full[:10]} cleanly (later changes touch the same lines): "
+                    f"{(wt.stderr or wt.stdout).strip()[:200]}"
+                )
+            files = {}
+            for name in TRACKED:
+                p = worktree / name
+                files[name] = p.read_text("utf-8", errors="surrogateescape") if p.exists() else ""
+            return f"undo {full[:10]}: {subject}", files
+        finally:
+            self._git(ns, "worktree", "remove", "--force", str(worktree), check=False)
+            subprocess.run(["rm", "-rf", str(worktree)], check=False)
+
+
+class ConcurrentChange(StoreError):
+    """A tracked file changed on disk between the batch's read and its write (a hand edit raced us)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name} changed while the batch was being written")
+        self.name = name
+
+
+def _os_message(exc: OSError, root: Path) -> str:
+    if exc.errno == errno.ENOSPC:
+        return f"disk full while writing under {root}: nothing was changed; free space and retry"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"cannot write under {root} ({exc.strerror}): check the data directory's permissions"
+    return f"write under {root} failed: {exc.strerror or exc}"

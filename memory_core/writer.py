@@ -1,0 +1,426 @@
+"""The single writer of a namespace: every change to its files goes through here (DESIGN §4).
+
+    submit(ops) ─▶ queue ─▶ whoever takes the lease drains every pending op of the namespace as one batch:
+        claim fence → recover a half-finished batch → read files → commit a hand edit as `manual edit`
+        → apply ops → journal → fenced atomic replace → record hashes → git commit → publish outcomes
+
+Locking and the cross-process queue are injected: a Redis lease and Redis lists in production
+(`workers.redis_backend`), a host-local `flock` where no Redis is configured (`LocalLocker`, no queue:
+each call is its own batch). The lease is never held while a model runs: `transact` takes a version the
+caller planned against and refuses (returns None) if the namespace moved meanwhile, so the caller re-plans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+from .book import Book
+from .entry import utcnow
+from .errors import ConcurrentEdit, LeaseLost, LucidError
+from .lineformat import META_OPEN, RawMessage, Unparsed, parse_file, render_file
+from .namespace import Namespace
+from .ops import Op, Outcome, Record, message_from_json, op_from_json, op_to_json
+from .secretscan import contains_secret, redact
+from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, ConcurrentChange, Snapshot, Store
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 500
+_RETRIES = 8
+
+
+class Lease(Protocol):
+    token: int
+
+    def held(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+class Locker(Protocol):
+    def acquire(self, ns: Namespace, wait: float, floor: int) -> Lease | None:
+        """Take the namespace's lease within `wait` seconds, with a fencing token above `floor`."""
+        ...
+
+
+class OpQueue(Protocol):
+    """Pending ops of every namespace, shared by every process, and the outcomes published back."""
+
+    def push(self, ns: Namespace, ops: Sequence[Op]) -> None: ...
+
+    def pending(self, ns: Namespace, limit: int) -> list[str]: ...
+
+    def finish(self, ns: Namespace, raw_ops: Sequence[str], outcomes: Sequence[Outcome]) -> None: ...
+
+    def results(self, op_ids: Sequence[str], wait: float) -> dict[str, Outcome]: ...
+
+
+# ------------------------------------------------------------------------------------------ local lock
+
+
+@dataclass
+class _LocalLease:
+    token: int
+    fd: int
+    released: bool = False
+
+    def held(self) -> bool:
+        return not self.released
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+
+class LocalLocker:
+    """A host-wide `flock` per namespace: the same one-writer guarantee on one machine, without Redis."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def acquire(self, ns: Namespace, wait: float, floor: int) -> Lease | None:
+        path: Path = self.store.lock_path(ns)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return None
+                time.sleep(0.002)
+        # Under the flock nobody else writes, so the disk fence + 1 is a valid, monotonic token.
+        return _LocalLease(self.store.read_fence(ns) + 1, fd)
+
+
+# ------------------------------------------------------------------------------------------ the writer
+
+
+@dataclass
+class BatchReport:
+    """What one batch did: for logs, the git message and tests."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    manual_edit: bool = False
+    redacted: int = 0
+    revision: str | None = None
+
+
+Change = Callable[[Book, Snapshot], dict[str, str] | None]
+
+
+class Writer:
+    """Applies ops to namespaces, one batch at a time per namespace, never losing a hand edit."""
+
+    def __init__(
+        self,
+        store: Store,
+        locker: Locker | None = None,
+        queue: OpQueue | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        lease_wait: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.locker: Locker = locker if locker is not None else LocalLocker(store)
+        self.queue = queue
+        self.clock = clock
+        self.lease_wait = lease_wait
+        self.problems: list[tuple[str, str]] = []  # malformed lines seen by the last batch
+
+    # -------------------------------------------------------------------------------------- public
+
+    def submit(self, ns: Namespace, ops: Sequence[Op], timeout: float = 60.0) -> list[Outcome]:
+        """Apply `ops` (in order) and return one outcome per op."""
+        if not ops:
+            return []
+        if self.queue is None:
+            with self._lease(ns) as lease:
+                report = self._batch(ns, lease, [(None, op) for op in ops])
+            return report.outcomes
+        ids = [op.op_id for op in ops]
+        self.queue.push(ns, ops)
+        done: dict[str, Outcome] = {}
+        deadline = time.monotonic() + timeout
+        while True:
+            done.update(self.queue.results([i for i in ids if i not in done], 0))
+            if len(done) == len(ids):
+                return [done[i] for i in ids]
+            lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns))
+            if lease is not None:
+                try:
+                    self._drain(ns, lease)
+                except LeaseLost:
+                    log.warning("lease lost during a batch of %s; retrying", ns.key)
+                finally:
+                    lease.release()
+                continue
+            done.update(self.queue.results([i for i in ids if i not in done], 0.05))
+            if time.monotonic() > deadline:
+                raise LucidError(f"timed out waiting for the writer of {ns} ({len(done)}/{len(ids)} done)")
+
+    def transact(
+        self, ns: Namespace, change: Change, message: str, expect_version: str | None = None
+    ) -> BatchReport | None:
+        """Run `change(book, snapshot)` under the lease and commit what it did as one batch.
+
+        `change` mutates the book and may return other tracked files to write (PROFILE.md, DREAMS.md).
+        With `expect_version`, nothing is done and None is returned if the namespace moved since the
+        caller's snapshot — the caller re-plans. Queued ops wait for the next batch.
+        """
+        with self._lease(ns) as lease:
+            return self._batch(ns, lease, [], change, message, expect_version)
+
+    def snapshot(self, ns: Namespace) -> tuple[Book, Snapshot]:
+        """A read-only view for planning (no lease): the book and the version it was read at."""
+        snap = self.store.snapshot(ns)
+        return _book(snap), snap
+
+    # -------------------------------------------------------------------------------------- internals
+
+    @contextlib.contextmanager
+    def _lease(self, ns: Namespace) -> Iterator[Lease]:
+        lease = self.locker.acquire(ns, self.lease_wait, self.store.read_fence(ns))
+        if lease is None:
+            raise LucidError(f"could not take the writer lease of {ns} within {self.lease_wait:.0f}s")
+        try:
+            yield lease
+        finally:
+            lease.release()
+
+    def _drain(self, ns: Namespace, lease: Lease) -> None:
+        assert self.queue is not None
+        raw_ops = self.queue.pending(ns, MAX_BATCH)
+        if raw_ops:
+            self._batch(ns, lease, _decode(raw_ops))
+
+    def _batch(
+        self,
+        ns: Namespace,
+        lease: Lease,
+        ops: list[tuple[str | None, Op]],
+        change: Change | None = None,
+        message: str | None = None,
+        expect_version: str | None = None,
+    ) -> BatchReport:
+        self.store.claim_fence(ns, lease.token)
+        self.store.ensure_repo(ns)
+        self._recover(ns)
+        for _attempt in range(_RETRIES):
+            snap = self.store.snapshot(ns)
+            report = BatchReport()
+            if snap.hand_edited():
+                snap, report.redacted = self._commit_hand_edit(ns, lease, snap)
+                report.manual_edit = True
+            if expect_version is not None and snap.version != expect_version:
+                return None
+            book = _book(snap)
+            self.problems = book.problems()
+            now = self.clock()
+            report.outcomes, raw = self._apply(ns, book, [op for _, op in ops], now)
+            extra = change(book, snap) if change is not None else None
+            files: dict[str, str] = {}
+            if book.changed:
+                files[MEMORY] = render_file(book.memory_file())
+                files[ARCHIVE] = render_file(book.archive_file())
+            for name, text in (extra or {}).items():
+                files[name] = redact(text) if name in (PROFILE, DREAMS) else text
+            if not files and not raw:
+                self._publish(ns, ops, report.outcomes)
+                return report
+            msg = message or _describe(report.outcomes)
+            try:
+                with self.store.fenced(ns, lease.token, lease.held):
+                    self.store.write_journal(
+                        ns,
+                        {"message": msg, "ops": [r for r, _ in ops if r], "outcomes": [o.to_json() for o in report.outcomes]},
+                    )
+                    hashes = self.store.replace_files(ns, snap, files, raw)
+            except ConcurrentChange:
+                self.store.clear_journal(ns)
+                log.info("namespace %s changed under the batch (hand edit); re-reading", ns.key)
+                continue
+            self.store.record_hashes(ns, hashes)
+            report.revision = self.store.commit(ns, msg)
+            self.store.clear_journal(ns)
+            self._publish(ns, ops, report.outcomes)
+            return report
+        raise ConcurrentEdit(f"{ns} kept changing during the write; nothing was applied")
+
+    def _apply(
+        self, ns: Namespace, book: Book, ops: list[Op], now: datetime
+    ) -> tuple[list[Outcome], dict[str, str]]:
+        outcomes: list[Outcome] = []
+        by_day: dict[str, list[RawMessage]] = {}
+        known: dict[str, set[str]] = {}
+        for op in ops:
+            if isinstance(op, Record):
+                outcomes.append(self._record(ns, op, by_day, known))
+            else:
+                outcomes.append(book.apply(op, now))
+        raw: dict[str, str] = {}
+        for day, messages in by_day.items():
+            raw[day] = self.store.append_raw_lines(self.store.read_text_raw(ns, day), messages)
+        return outcomes, raw
+
+    def _record(
+        self, ns: Namespace, op: Record, by_day: dict[str, list[RawMessage]], known: dict[str, set[str]]
+    ) -> Outcome:
+        try:
+            msg = message_from_json(op.message)
+        except (KeyError, ValueError, TypeError) as exc:
+            return Outcome(op.op_id, "rejected:invalid", detail=f"bad message: {exc}")
+        if not msg.id or len(msg.id) > 200:
+            return Outcome(op.op_id, "rejected:invalid", detail="a message needs an id of at most 200 characters")
+        day = self.store.raw_day_name(msg.ts)
+        ids = known.setdefault(day, self.store.raw_ids(ns, day))
+        if msg.id in ids:
+            return Outcome(op.op_id, "unchanged", id=msg.id, detail="already recorded")
+        ids.add(msg.id)
+        clean = replace(msg, text=redact(msg.text), speaker=redact(msg.speaker))
+        by_day.setdefault(day, []).append(clean)
+        detail = "redacted" if clean.text != msg.text else None
+        return Outcome(op.op_id, "recorded", id=msg.id, detail=detail)
+
+    def _publish(self, ns: Namespace, ops: list[tuple[str | None, Op]], outcomes: list[Outcome]) -> None:
+        if self.queue is None:
+            return
+        raw = [r for r, _ in ops if r is not None]
+        published = [o for (r, _), o in zip(ops, outcomes, strict=True) if r is not None]
+        if raw:
+            self.queue.finish(ns, raw, published)
+
+    def _recover(self, ns: Namespace) -> None:
+        """Finish or discard a batch that crashed between its journal and its commit."""
+        journal = self.store.read_journal(ns)
+        if journal is None:
+            return
+        snap = self.store.snapshot(ns)
+        edited = snap.hand_edited()
+        if edited:
+            # The files moved past the recorded hashes: the batch landed (or a person edited them).
+            # Record and commit what is there under the batch's own message.
+            self.store.record_hashes(ns, {n: h for n, h in _hashes(snap).items()})
+            self.store.commit(ns, str(journal.get("message") or "recovered batch"))
+            if self.queue is not None and journal.get("ops"):
+                outcomes = [Outcome.from_json(o) for o in journal.get("outcomes", [])]
+                raw_ops = list(journal["ops"])
+                if len(outcomes) >= len(raw_ops):
+                    self.queue.finish(ns, raw_ops, outcomes[: len(raw_ops)])
+        self.store.clear_journal(ns)
+
+    def _commit_hand_edit(self, ns: Namespace, lease: Lease, snap: Snapshot) -> tuple[Snapshot, int]:
+        """Commit a person's edit as `manual edit` before anything is applied on top of it.
+
+        Secrets a person typed into a file are redacted first, so they never reach a commit.
+        """
+        files: dict[str, str] = {}
+        redacted = 0
+        for name in snap.hand_edited():
+            text = snap.text(name) or ""
+            clean, n = _scrub(text) if name in (MEMORY, ARCHIVE) else _scrub_plain(text)
+            redacted += n
+            if n:
+                files[name] = clean
+        if files:
+            with self.store.fenced(ns, lease.token, lease.held):
+                self.store.replace_files(ns, snap, files)
+            snap = self.store.snapshot(ns)
+        self.store.record_hashes(ns, _hashes(snap))
+        note = f" ({redacted} secret(s) redacted)" if redacted else ""
+        self.store.commit(ns, f"manual edit{note}")
+        log.info("committed a manual edit of %s%s", ns.key, note)
+        return self.store.snapshot(ns), redacted
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _book(snap: Snapshot) -> Book:
+    mem = snap.text(MEMORY)
+    arc = snap.text(ARCHIVE)
+    return Book(parse_file(mem) if mem else None, parse_file(arc) if arc else None)
+
+
+def _hashes(snap: Snapshot) -> dict[str, str]:
+    return {n: hashlib.sha256(d).hexdigest() for n, d in snap.files.items() if d is not None}
+
+
+def _decode(raw_ops: Sequence[str]) -> list[tuple[str | None, Op]]:
+    out: list[tuple[str | None, Op]] = []
+    for raw in raw_ops:
+        try:
+            out.append((raw, op_from_json(json.loads(raw))))
+        except (ValueError, LucidError) as exc:
+            log.warning("dropping an unreadable queued op: %s", exc)
+            out.append((raw, _Broken(op_id=_op_id_of(raw))))  # type: ignore[arg-type]
+    return out
+
+
+def _op_id_of(raw: str) -> str:
+    try:
+        value = json.loads(raw).get("op_id")
+        return str(value) if value else "unknown"
+    except (ValueError, AttributeError):
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class _Broken:
+    """Stands for a queued op that could not be decoded: it is rejected, never retried forever."""
+
+    op_id: str
+    kind: str = "broken"
+
+
+def _describe(outcomes: Sequence[Outcome]) -> str:
+    counts = Counter(o.status for o in outcomes)
+    if not counts:
+        return "write"
+    parts = [f"{n} {status}" for status, n in sorted(counts.items())]
+    return "memory: " + ", ".join(parts)
+
+
+def _scrub(text: str) -> tuple[str, int]:
+    """Redact secrets in the visible part of each line of a memory file; metadata is left alone."""
+    doc = parse_file(text)
+    if not any(contains_secret(e.text) for e in doc.entries()) and not any(
+        isinstance(it, Unparsed) and contains_secret(it.line) for sec in doc.sections for it in sec.items
+    ):
+        return text, 0
+    count = 0
+    out = []
+    for line in text.split("\n"):
+        idx = line.rfind(META_OPEN)
+        visible, meta = (line[:idx], line[idx:]) if idx >= 0 else (line, "")
+        if contains_secret(visible):
+            count += 1
+            visible = redact(visible)
+        out.append(visible + meta)
+    return "\n".join(out), count
+
+
+def _scrub_plain(text: str) -> tuple[str, int]:
+    clean = redact(text)
+    return clean, int(clean != text)
+
+
+def op_json(op: Op) -> str:
+    """The queued form of an op."""
+    return json.dumps(op_to_json(op), ensure_ascii=False)

@@ -1,0 +1,473 @@
+"""A local fake of the Ollama HTTP API, for tests that drive the real `ollama` client.
+
+The fake runs in a background thread with its own event loop, so sync tests and async tests
+(on any loop) use it the same way:
+
+    with FakeOllama() as fake:
+        fake.script("你好！", {"tool_calls": [{"function": {"name": "manage_memory", "arguments": {...}}}]})
+        client = ollama.Client(host=fake.url)            # or ollama.AsyncClient(host=fake.url)
+        client.chat(model="qwen3", messages=[...])       # -> "你好！"
+        assert fake.chat_requests[0]["messages"][-1]["content"] == "..."
+
+`/api/chat` answers, in order: the next scripted reply; else `fake.responder(request_json)` if set;
+else the `default_reply` given at construction; else HTTP 500 (a test that forgot to script a reply
+fails loudly instead of getting a plausible answer). A reply is
+
+- a `str`: the assistant message content;
+- a `dict`: the assistant message itself, e.g. `{"content": "", "tool_calls": [...]}`;
+- a marker: `HttpError(status, error)`, `ModelNotFound()` (404, which the client raises as
+  `ollama.ResponseError`), `Garbage(text)` (a 200 whose content is not what was asked for),
+  `BrokenBody()` (a 200 whose body is not JSON), or `Delay(seconds, then)`.
+
+`/api/embed` returns deterministic hashed char-bigram vectors (`embed_text`), so similar strings,
+Chinese or English, come out similar without any model. `/api/tags` lists `models`; `/api/version`
+answers a version string. `down()`/`up()` stop and restart the listener on the same port (the client
+then raises `ConnectionError`); `slow(seconds)` delays every request.
+
+`BackgroundServer` is the thread-and-loop runner shared with `tests.fakes.feishu`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import json
+import math
+import re
+import socket
+import threading
+import unicodedata
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Self
+
+from aiohttp import web
+
+__all__ = [
+    "BackgroundServer",
+    "BrokenBody",
+    "Delay",
+    "FakeOllama",
+    "Garbage",
+    "HttpError",
+    "ModelNotFound",
+    "Reply",
+    "embed_text",
+]
+
+
+class BackgroundServer:
+    """Serve an aiohttp app on 127.0.0.1:<free port> from a daemon thread with its own event loop.
+
+    Subclasses implement `build_app()`. Use as a context manager or call `start()`/`stop()`;
+    `url` is "http://127.0.0.1:PORT" once started. `down()` closes the listener and every open
+    connection (clients see "connection refused"); `up()` listens again on the same port.
+    Request handlers run on the server thread, so state they share with tests sits behind `lock`.
+    """
+
+    shutdown_timeout = 0.2  # in-flight requests (e.g. a scripted delay) are cancelled after this
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.url = ""
+        self._port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._delay = 0.0
+
+    def build_app(self) -> web.Application:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        if self._thread is not None:
+            return self
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name=f"{type(self).__name__}-loop", daemon=True)
+        thread.start()
+        self._loop, self._thread = loop, thread
+        try:
+            self._call(self._listen())
+        except BaseException:
+            self.stop()
+            raise
+        self.url = f"http://127.0.0.1:{self._port}"
+        return self
+
+    def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        try:
+            self._call(self._close())
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+            loop.close()
+            self._loop = self._thread = None
+
+    def down(self) -> None:
+        """Stop listening and drop open connections; the port stays reserved for `up()`."""
+        self._call(self._close())
+
+    def up(self) -> None:
+        """Listen again on the same port after `down()`."""
+        if self._runner is None:
+            self._call(self._listen())
+
+    @property
+    def is_up(self) -> bool:
+        return self._runner is not None
+
+    def slow(self, seconds: float) -> None:
+        """Delay every request by `seconds` before handling it; `slow(0)` restores full speed."""
+        self._delay = seconds
+
+    async def lag(self) -> None:
+        """Handlers await this first, so `slow()` applies to every endpoint."""
+        if self._delay > 0:
+            await asyncio.sleep(self._delay)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _call(self, coro: Coroutine[Any, Any, None]) -> None:
+        assert self._loop is not None, "server not started"
+        asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
+
+    async def _listen(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", self._port))
+        except OSError:
+            sock.close()
+            raise
+        self._port = sock.getsockname()[1]
+        runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=self.shutdown_timeout)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        self._runner = runner
+
+    async def _close(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+
+@dataclass(frozen=True)
+class HttpError:
+    """Answer with HTTP `status` and `{"error": error}`; the client raises `ollama.ResponseError`."""
+
+    status: int = 500
+    error: str = "llama runner process has terminated"
+
+
+@dataclass(frozen=True)
+class ModelNotFound:
+    """Answer 404 `model "<requested>" not found`, as Ollama does for a model that is not pulled."""
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """A successful reply whose content is not what the caller asked for (e.g. broken JSON)."""
+
+    text: str = '{"action": "add", "text": "记住我喜欢\x00 <|im_end|>'
+
+
+@dataclass(frozen=True)
+class BrokenBody:
+    """HTTP 200 with a body that is not JSON; the client fails while decoding it."""
+
+    body: str = "<html><body>502 Bad Gateway</body></html>"
+
+
+@dataclass(frozen=True)
+class Delay:
+    """Wait `seconds`, then answer `then` (a client timeout shorter than `seconds` fires first)."""
+
+    seconds: float
+    then: Reply = ""
+
+
+Reply = str | dict[str, Any] | HttpError | ModelNotFound | Garbage | BrokenBody | Delay
+Responder = Callable[[dict[str, Any]], Reply]
+
+_TOKEN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]|[^\W_]+|[^\w\s]", re.UNICODE)
+_STREAM_CHUNK_CHARS = 6
+
+
+def count_tokens(text: str) -> int:
+    """A crude token count: one per CJK character, word or punctuation mark."""
+    return len(_TOKEN.findall(text))
+
+
+def embed_text(text: str, dim: int = 64) -> list[float]:
+    """Deterministic unit vector from hashed character bigrams (signed feature hashing).
+
+    Strings sharing many bigrams ("我喜欢喝咖啡" / "我很喜欢喝咖啡", "coffee" / "coffees") get a high
+    cosine; unrelated strings land near 0. Tests may call this to compute expected similarities.
+    """
+    norm = " ".join(unicodedata.normalize("NFKC", text).lower().split())
+    grams = [norm[i : i + 2] for i in range(len(norm) - 1)] or [norm]
+    vec = [0.0] * dim
+    for gram in grams:
+        h = int.from_bytes(hashlib.blake2b(gram.encode(), digest_size=8).digest(), "big")
+        vec[h % dim] += 1.0 if (h >> 32) & 1 else -1.0
+    length = math.sqrt(sum(v * v for v in vec))
+    if length == 0:  # the empty string, or grams that cancelled out: still return a unit vector
+        vec[0], length = 1.0, 1.0
+    return [v / length for v in vec]
+
+
+class FakeOllama(BackgroundServer):
+    """The fake Ollama server. See the module docstring for how tests script it.
+
+    models: names listed by `/api/tags`. With `strict_models=True` a chat or embed request for a
+    model not in the list gets 404 (as an un-pulled model does); otherwise any name is accepted.
+    responder: computes a reply from the request JSON when the script is empty.
+    default_reply: the reply when neither script nor responder gives one (None: HTTP 500).
+    """
+
+    def __init__(
+        self,
+        *,
+        models: Sequence[str] = ("qwen3:4b", "nomic-embed-text"),
+        strict_models: bool = False,
+        responder: Responder | None = None,
+        default_reply: Reply | None = None,
+        embed_dim: int = 64,
+        version: str = "0.9.0",
+    ) -> None:
+        super().__init__()
+        self.models = list(models)
+        self.strict_models = strict_models
+        self.responder = responder
+        self.default_reply = default_reply
+        self.embed_dim = embed_dim
+        self.version = version
+        self.chat_requests: list[dict[str, Any]] = []
+        self.embed_requests: list[dict[str, Any]] = []
+        self.errors: list[str] = []  # why the fake answered 5xx on its own (e.g. nothing scripted)
+        self._script: collections.deque[Reply] = collections.deque()
+        self._embed_faults: collections.deque[Reply] = collections.deque()
+
+    # -- scripting -------------------------------------------------------------------------
+
+    def script(self, *replies: Reply) -> None:
+        """Queue replies for the next `/api/chat` calls, in order."""
+        with self.lock:
+            self._script.extend(replies)
+
+    def fail_embed(self, *faults: Reply) -> None:
+        """Queue markers (HttpError, ModelNotFound, BrokenBody, Delay) for the next embed calls."""
+        with self.lock:
+            self._embed_faults.extend(faults)
+
+    @property
+    def pending(self) -> int:
+        """Scripted chat replies not yet consumed."""
+        with self.lock:
+            return len(self._script)
+
+    @property
+    def last_chat(self) -> dict[str, Any]:
+        return self.chat_requests[-1]
+
+    def reset(self) -> None:
+        """Forget the script, recorded requests and errors (the server keeps running)."""
+        with self.lock:
+            self._script.clear()
+            self._embed_faults.clear()
+            self.chat_requests.clear()
+            self.embed_requests.clear()
+            self.errors.clear()
+
+    # -- the app ---------------------------------------------------------------------------
+
+    def build_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/api/chat", self._chat)
+        app.router.add_post("/api/embed", self._embed)
+        app.router.add_post("/api/embeddings", self._embeddings)
+        app.router.add_get("/api/tags", self._tags)
+        app.router.add_get("/api/version", self._version)
+        app.router.add_get("/", self._root)
+        return app
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await _read_json(request)
+        if body is None:
+            return _error(400, "invalid JSON body")
+        with self.lock:  # take the reply on arrival, so replies match requests in arrival order
+            self.chat_requests.append(body)
+            reply = self._script.popleft() if self._script else None
+        await self.lag()
+        if reply is None and self.responder is not None:
+            reply = self.responder(body)
+        if reply is None:
+            reply = self.default_reply
+        if reply is None:
+            why = f"FakeOllama: no scripted reply for chat request #{len(self.chat_requests)}"
+            self.errors.append(why)
+            return _error(500, why)
+        model = str(body.get("model", ""))
+        if self.strict_models and model not in self.models:
+            reply = ModelNotFound()
+        while isinstance(reply, Delay):
+            await asyncio.sleep(reply.seconds)
+            reply = reply.then
+        if isinstance(reply, HttpError):
+            return _error(reply.status, reply.error)
+        if isinstance(reply, ModelNotFound):
+            return _error(404, f'model "{model}" not found, try pulling it first')
+        if isinstance(reply, BrokenBody):
+            return web.Response(status=200, text=reply.body, content_type="application/json")
+        if isinstance(reply, Garbage):
+            reply = reply.text
+        message: dict[str, Any] = (
+            {"role": "assistant", "content": reply} if isinstance(reply, str) else dict(reply)
+        )
+        message.setdefault("role", "assistant")
+        message.setdefault("content", "")
+        stats = self._stats(body, message)
+        if body.get("stream", True):
+            return await self._stream(request, model, message, stats)
+        return web.json_response({"model": model, "created_at": _now(), "message": message, **stats})
+
+    async def _stream(
+        self, request: web.Request, model: str, message: dict[str, Any], stats: dict[str, Any]
+    ) -> web.StreamResponse:
+        """NDJSON: content in small chunks, then any other message fields, then a done chunk."""
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+
+        async def send(part: dict[str, Any]) -> None:
+            line = {"model": model, "created_at": _now(), **part}
+            await resp.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
+
+        content: str = message["content"]
+        for i in range(0, len(content), _STREAM_CHUNK_CHARS):
+            chunk = content[i : i + _STREAM_CHUNK_CHARS]
+            await send({"message": {"role": message["role"], "content": chunk}, "done": False})
+        extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+        if extra:
+            await send({"message": {"role": message["role"], "content": "", **extra}, "done": False})
+        await send({"message": {"role": message["role"], "content": ""}, **stats})
+        await resp.write_eof()
+        return resp
+
+    def _stats(self, body: dict[str, Any], message: dict[str, Any]) -> dict[str, Any]:
+        prompt = "\n".join(str(m.get("content") or "") for m in body.get("messages") or [])
+        if body.get("tools"):
+            prompt += json.dumps(body["tools"], ensure_ascii=False)
+        output = message["content"] + (
+            json.dumps(message["tool_calls"], ensure_ascii=False) if message.get("tool_calls") else ""
+        )
+        prompt_tokens, output_tokens = count_tokens(prompt), count_tokens(output)
+        return {
+            "done": True,
+            "done_reason": "stop",
+            "total_duration": 1_000_000 * (prompt_tokens + output_tokens + 1),
+            "load_duration": 1_000_000,
+            "prompt_eval_count": prompt_tokens,
+            "prompt_eval_duration": 1_000_000 * prompt_tokens,
+            "eval_count": output_tokens,
+            "eval_duration": 1_000_000 * output_tokens,
+        }
+
+    async def _embed_fault(self, model: str) -> web.Response | None:
+        with self.lock:
+            fault = self._embed_faults.popleft() if self._embed_faults else None
+        if fault is None and self.strict_models and model not in self.models:
+            fault = ModelNotFound()
+        while isinstance(fault, Delay):
+            await asyncio.sleep(fault.seconds)
+            fault = fault.then or None
+        if isinstance(fault, HttpError):
+            return _error(fault.status, fault.error)
+        if isinstance(fault, ModelNotFound):
+            return _error(404, f'model "{model}" not found, try pulling it first')
+        if isinstance(fault, BrokenBody):
+            return web.Response(status=200, text=fault.body, content_type="application/json")
+        return None
+
+    async def _embed(self, request: web.Request) -> web.Response:
+        await self.lag()
+        body = await _read_json(request)
+        if body is None:
+            return _error(400, "invalid JSON body")
+        with self.lock:
+            self.embed_requests.append(body)
+        model = str(body.get("model", ""))
+        fault = await self._embed_fault(model)
+        if fault is not None:
+            return fault
+        raw = body.get("input", "")
+        texts = [raw] if isinstance(raw, str) else [str(t) for t in raw]
+        dim = int(body.get("dimensions") or self.embed_dim)
+        return web.json_response(
+            {
+                "model": model,
+                "embeddings": [embed_text(t, dim) for t in texts],
+                "total_duration": 1_000_000 * (len(texts) + 1),
+                "load_duration": 1_000_000,
+                "prompt_eval_count": sum(count_tokens(t) for t in texts),
+            }
+        )
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        """The legacy single-prompt endpoint (`client.embeddings`)."""
+        await self.lag()
+        body = await _read_json(request)
+        if body is None:
+            return _error(400, "invalid JSON body")
+        with self.lock:
+            self.embed_requests.append(body)
+        fault = await self._embed_fault(str(body.get("model", "")))
+        if fault is not None:
+            return fault
+        return web.json_response({"embedding": embed_text(str(body.get("prompt", "")), self.embed_dim)})
+
+    async def _tags(self, request: web.Request) -> web.Response:
+        await self.lag()
+        models = [
+            {
+                "name": name,
+                "model": name,
+                "modified_at": "2025-01-01T00:00:00Z",
+                "size": 1_000_000,
+                "digest": hashlib.sha256(name.encode()).hexdigest(),
+                "details": {"format": "gguf", "family": "fake", "parameter_size": "1B"},
+            }
+            for name in self.models
+        ]
+        return web.json_response({"models": models})
+
+    async def _version(self, request: web.Request) -> web.Response:
+        await self.lag()
+        return web.json_response({"version": self.version})
+
+    async def _root(self, request: web.Request) -> web.Response:
+        return web.Response(text="Ollama is running")
+
+
+async def _read_json(request: web.Request) -> dict[str, Any] | None:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _error(status: int, error: str) -> web.Response:
+    return web.json_response({"error": error}, status=status)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")

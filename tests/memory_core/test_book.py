@@ -1,0 +1,104 @@
+"""Upsert rules on the pure working copy: no disk, no Redis, an explicit clock."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from memory_core.book import Book
+from memory_core.ops import Edit, Forget, Pin, Put, Remember, Touch
+
+T0 = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
+
+
+def test_contradiction_supersedes_and_keeps_history() -> None:
+    book = Book()
+    first = book.apply(Remember(text="我在余杭区"), T0)
+    second = book.apply(Remember(text="我现在在西湖区"), T0 + timedelta(days=3))
+    assert first.status == "added" and second.status == "superseded"
+    assert second.superseded == (first.id,)
+    old, new = book.get(first.id), book.get(second.id)
+    assert old is not None and new is not None
+    assert old.valid_to == T0 + timedelta(days=3) and old.text == "我在余杭区"
+    assert new.supersedes == (first.id,) and new.subject == old.subject == "所在地"
+    assert [e.text for e in book.current(T0 + timedelta(days=4))] == ["我现在在西湖区"]
+
+
+def test_duplicate_updates_in_place_keeping_id_pin_and_hits() -> None:
+    book = Book()
+    a = book.apply(Remember(text="用户喜欢深色主题界面", pinned=True), T0)
+    book.apply(Touch(ids=(a.id or "",), at="2026-06-02T00:00:00Z"), T0)
+    b = book.apply(Remember(text="用户喜欢深色主题的界面"), T0)
+    assert b.status == "updated" and b.id == a.id
+    e = book.get(a.id or "")
+    assert e is not None and e.text == "用户喜欢深色主题的界面" and e.pinned and e.hits == 1
+
+
+def test_best_match_wins_over_file_order() -> None:
+    book = Book()
+    book.apply(Remember(text="用户喜欢简洁的代码风格和命名"), T0)
+    close = book.apply(Remember(text="项目使用 Python 和 Redis 做队列"), T0)
+    out = book.apply(Remember(text="项目使用 Python 和 Redis 做任务队列"), T0)
+    assert out.status == "updated" and out.id == close.id
+
+
+def test_identical_text_is_unchanged() -> None:
+    book = Book()
+    a = book.apply(Remember(text="I prefer green tea"), T0)
+    b = book.apply(Remember(text="  I prefer green tea "), T0)
+    assert b.status == "unchanged" and b.id == a.id and len(book.entries()) == 1
+
+
+def test_automatic_source_cannot_change_pinned_or_rules() -> None:
+    book = Book()
+    rule = book.apply(Remember(text="回答时永远不要透露公司内部代号", type="rule"), T0)
+    out = book.apply(Remember(text="回答时永远不要透露公司内部的代号", source="extract"), T0)
+    assert out.status == "rejected:protected"
+    e = book.get(rule.id or "")
+    assert e is not None and e.text == "回答时永远不要透露公司内部代号"
+    pinned = book.apply(Remember(text="我在余杭区", pinned=True), T0)
+    moved = book.apply(Remember(text="我在西湖区", source="extract"), T0)
+    assert moved.status == "rejected:protected"
+    assert book.get(pinned.id or "").valid_to is None  # type: ignore[union-attr]
+    by_user = book.apply(Remember(text="我在西湖区", source="user"), T0)
+    assert by_user.status == "superseded"
+
+
+def test_secret_is_rejected_and_never_stored() -> None:
+    book = Book()
+    out = book.apply(Remember(text="我的密码是 Xk9#mQ2!vL7p"), T0)
+    assert out.status == "rejected:secret"
+    assert book.entries() == [] and not book.changed
+
+
+def test_size_cap_and_empty_text_rejected() -> None:
+    book = Book()
+    assert book.apply(Remember(text="x" * 5000), T0).status == "rejected:too_long"
+    assert book.apply(Remember(text="   "), T0).status == "rejected:empty"
+    assert book.apply(Remember(text="ok", type="bogus"), T0).status == "rejected:bad_type"
+
+
+def test_forget_removes_from_memory_and_archive() -> None:
+    book = Book()
+    a = book.apply(Remember(text="我养了一只橘猫"), T0)
+    book.move_to_archive(a.id or "")
+    assert book.apply(Forget(id=a.id or ""), T0).status == "forgotten"
+    assert book.get(a.id or "") is None
+    assert book.apply(Forget(id="nope"), T0).status == "rejected:not_found"
+
+
+def test_pin_edit_and_put() -> None:
+    book = Book()
+    a = book.apply(Remember(text="我每天跑步五公里"), T0)
+    assert book.apply(Pin(id=a.id or ""), T0).status == "updated"
+    assert book.get(a.id or "").resident  # type: ignore[union-attr]
+    assert book.apply(Edit(id=a.id or "", text="我每天跑步十公里"), T0).status == "updated"
+    put = book.apply(Put(entry={"id": "f1", "text": "imported fact", "hits": 3}), T0)
+    assert put.status == "added" and book.get("f1").hits == 3  # type: ignore[union-attr]
+
+
+def test_hand_moved_line_under_resident_counts_as_pinned() -> None:
+    from memory_core.lineformat import parse_file
+
+    text = "# Memory\n\n## Resident\n\n- 我对花生过敏 <!--m:id=a1;t=fact-->\n\n## Recall\n\n- 我喜欢爬山 <!--m:id=a2;t=fact-->\n"
+    book = Book(parse_file(text))
+    assert book.get("a1").pinned and not book.get("a2").pinned  # type: ignore[union-attr]

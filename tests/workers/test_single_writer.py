@@ -1,0 +1,224 @@
+"""The single writer against a real redis-server and real files: concurrency, hand edits, crashes, fencing."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import redis
+
+from memory_core.lineformat import parse_file
+from memory_core.namespace import Namespace
+from memory_core.ops import Remember
+from memory_core.store import Store
+from memory_core.writer import Writer
+from workers.redis_backend import RedisLocker, RedisOpQueue
+
+NS = Namespace.of("t1", "u1", "default")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _texts(worker: int, n: int) -> list[str]:
+    rng = random.Random(worker)
+    return ["".join(chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(12)) for _ in range(n)]
+
+
+_WORKER = textwrap.dedent(
+    """
+    import json, sys, random
+    import redis
+    from pathlib import Path
+    from memory_core.namespace import Namespace
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+    data, url, worker, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    rng = random.Random(worker)
+    texts = ["".join(chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(12)) for _ in range(n)]
+    client = redis.Redis.from_url(url)
+    writer = Writer(Store(Path(data)), RedisLocker(client), RedisOpQueue(client))
+    ns = Namespace.of("t1", "u1", "default")
+    out = []
+    for t in texts:
+        o = writer.submit(ns, [Remember(text=t, type="fact")])[0]
+        out.append(o.status)
+    print(json.dumps(out))
+    """
+)
+
+
+def _spawn(code: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_four_processes_lose_no_update_and_keep_a_hand_edit(data_dir: Path, redis_client: redis.Redis, redis_url: str) -> None:
+    procs = [_spawn(_WORKER, str(data_dir), redis_url, str(w), "250") for w in range(4)]
+    memory = NS.path(data_dir) / "MEMORY.md"
+    # A person edits the file while the writers run (appends a line, as an editor would save it).
+    deadline = time.monotonic() + 60
+    while not memory.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    with memory.open("a", encoding="utf-8") as fh:
+        fh.write("- 这是我亲手加的一行\n")
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        results.extend(__import__("json").loads(out))
+    assert results.count("added") == 1000, {s: results.count(s) for s in set(results)}
+
+    doc = parse_file(memory.read_text("utf-8"))
+    assert doc.problems() == []
+    texts = [e.text for e in doc.entries()]
+    expected = [t for w in range(4) for t in _texts(w, 250)]
+    for t in expected:
+        assert texts.count(t) == 1
+    assert "这是我亲手加的一行" in texts  # kept, never overwritten
+
+    log = subprocess.run(["git", "-C", str(NS.path(data_dir)), "log", "--format=%s"], capture_output=True, text=True).stdout
+    subjects = log.splitlines()
+    assert "manual edit" in subjects
+    added = sum(int(m) for m in re.findall(r"(\d+) added", log))
+    assert added == 1000  # one commit per batch, and the batches account for every op
+    assert len([s for s in subjects if s.startswith("memory:")]) < 1000  # ops were batched
+
+
+def test_hand_edit_is_committed_first_then_built_on(local_writer: Writer, data_dir: Path) -> None:
+    local_writer.submit(NS, [Remember(text="我喜欢爬山")])
+    memory = NS.path(data_dir) / "MEMORY.md"
+    text = memory.read_text("utf-8").replace("我喜欢爬山", "我喜欢在周末爬山")
+    memory.write_text(text + "- 我养了一只橘猫\n", "utf-8")
+    out = local_writer.submit(NS, [Remember(text="我在余杭区")])[0]
+    assert out.status == "added"
+    final = memory.read_text("utf-8")
+    assert "我喜欢在周末爬山" in final and "我养了一只橘猫" in final and "我在余杭区" in final
+    subjects = [r["message"] for r in local_writer.store.history(NS)]
+    assert subjects[0].startswith("memory:") and subjects[1] == "manual edit"
+    show = subprocess.run(
+        ["git", "-C", str(NS.path(data_dir)), "show", "HEAD~1:MEMORY.md"], capture_output=True, text=True
+    ).stdout
+    assert "我养了一只橘猫" in show and "我在余杭区" not in show
+
+
+def test_secret_typed_into_the_file_never_reaches_git(local_writer: Writer, data_dir: Path) -> None:
+    local_writer.submit(NS, [Remember(text="我喜欢爬山")])
+    memory = NS.path(data_dir) / "MEMORY.md"
+    memory.write_text(memory.read_text("utf-8") + "- 我的密码是 Xk9#mQ2!vL7p\n", "utf-8")
+    local_writer.submit(NS, [Remember(text="我在余杭区")])
+    assert "Xk9#mQ2!vL7p" not in memory.read_text("utf-8")
+    log = subprocess.run(["git", "-C", str(NS.path(data_dir)), "log", "-p"], capture_output=True, text=True).stdout
+    assert "Xk9#mQ2!vL7p" not in log and "manual edit (1 secret(s) redacted)" in log
+
+
+def test_malformed_line_survives_writes_and_is_reported(local_writer: Writer, data_dir: Path) -> None:
+    local_writer.submit(NS, [Remember(text="我喜欢爬山")])
+    memory = NS.path(data_dir) / "MEMORY.md"
+    broken = "- 半截的行 <!--m:id=zz;t=fact"
+    memory.write_text(memory.read_text("utf-8") + broken + "\n", "utf-8")
+    local_writer.submit(NS, [Remember(text="我在余杭区")])
+    assert broken in memory.read_text("utf-8").splitlines()
+    assert any("not closed" in why for _, why in local_writer.problems)
+
+
+_CRASHER = textwrap.dedent(
+    """
+    import sys, random
+    from pathlib import Path
+    from memory_core.namespace import Namespace
+    from memory_core.ops import Remember, Record
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    data, seed = sys.argv[1], int(sys.argv[2])
+    rng = random.Random(seed)
+    w = Writer(Store(Path(data)))
+    ns = Namespace.of("t1", "u1", "default")
+    i = 0
+    while True:
+        i += 1
+        ops = [Remember(text="".join(chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(10))) for _ in range(5)]
+        ops.append(Record(message={"id": f"m{seed}-{i}", "ts": "2026-06-01T09:00:00Z", "speaker": "u", "text": "hi"}))
+        w.submit(ns, ops)
+    """
+)
+
+
+def test_sigkill_at_any_point_never_tears_a_file(data_dir: Path) -> None:
+    memory = NS.path(data_dir) / "MEMORY.md"
+    rng = random.Random(7)
+    for round_no in range(12):
+        p = _spawn(_CRASHER, str(data_dir), str(round_no))
+        time.sleep(0.4 + rng.random() * 0.6)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        if memory.exists():
+            doc = parse_file(memory.read_text("utf-8"))
+            assert doc.problems() == []  # each file is a whole batch's state, never half written
+            raw = (NS.path(data_dir) / "raw" / "2026-06-01.md").read_text("utf-8")
+            assert raw.endswith("\n") and all(line.endswith("-->") for line in raw.splitlines()[2:])
+    # A fresh writer recovers whatever batch was cut short and commits it; nothing is left uncommitted.
+    w = Writer(Store(data_dir))
+    w.submit(NS, [Remember(text="恢复之后的第一条")])
+    status = subprocess.run(["git", "-C", str(NS.path(data_dir)), "status", "--porcelain"], capture_output=True, text=True).stdout
+    assert status.strip() == ""
+    ids = [e.id for e in parse_file(memory.read_text("utf-8")).entries()]
+    assert len(ids) == len(set(ids))
+
+
+_PAUSED = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    import redis
+    from memory_core.errors import LeaseLost
+    from memory_core.namespace import Namespace
+    from memory_core.store import Store
+    from workers.redis_backend import RedisLocker
+    data, url = sys.argv[1], sys.argv[2]
+    store = Store(Path(data))
+    ns = Namespace.of("t1", "u1", "default")
+    lease = RedisLocker(redis.Redis.from_url(url), ttl_ms=400).acquire(ns, 5, store.read_fence(ns))
+    store.claim_fence(ns, lease.token)
+    snap = store.snapshot(ns)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    try:
+        with store.fenced(ns, lease.token, lease.held):
+            store.replace_files(ns, snap, {"MEMORY.md": "# Memory\\n\\n## Recall\\n\\n- stale writer was here\\n"})
+        print("wrote", flush=True)
+    except LeaseLost as exc:
+        print("refused", exc, flush=True)
+    """
+)
+
+
+def test_paused_writer_past_its_lease_cannot_overwrite(data_dir: Path, redis_client: redis.Redis, redis_url: str) -> None:
+    store = Store(data_dir)
+    store.ensure_repo(NS)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED, str(data_dir), redis_url],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert p.stdout is not None and p.stdin is not None
+    assert p.stdout.readline().strip() == "ready"
+    os.kill(p.pid, signal.SIGSTOP)
+    time.sleep(0.8)  # past the 400 ms lease
+    writer = Writer(store, RedisLocker(redis_client), RedisOpQueue(redis_client))
+    assert writer.submit(NS, [Remember(text="新的持有者写的")])[0].status == "added"
+    os.kill(p.pid, signal.SIGCONT)
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    out, err = p.communicate(timeout=30)
+    assert out.startswith("refused"), (out, err)
+    text = (NS.path(data_dir) / "MEMORY.md").read_text("utf-8")
+    assert "新的持有者写的" in text and "stale writer" not in text

@@ -1,0 +1,68 @@
+"""Wiring: build the store, the writer and the Redis connection from settings, once, at an entry point."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+import redis
+
+from memory_core.entry import utcnow
+from memory_core.store import Store
+from memory_core.writer import LocalLocker, Writer
+
+from . import embedded_redis
+from .redis_backend import RedisLocker, RedisOpQueue
+from .settings import Settings
+
+
+def make_clock(settings: Settings) -> Callable[[], datetime]:
+    """`LUCID_NOW` pins the clock (tests, demos); otherwise the wall clock in UTC."""
+    fixed = settings.now
+    if fixed is not None:
+        return lambda: fixed
+    return utcnow
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    store: Store
+    writer: Writer
+    redis: redis.Redis | None
+    clock: Callable[[], datetime]
+
+
+def connect(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+
+
+def build(settings: Settings, redis_url: str | None = None, git: bool = True) -> Runtime:
+    """A runtime on `redis_url` (or settings.redis_url, or an embedded server already running).
+
+    With no Redis at all, the writer falls back to a host-local lock: one machine, same guarantees.
+    """
+    store = Store(settings.data_dir, git=git)
+    clock = make_clock(settings)
+    url = redis_url or settings.redis_url or embedded_redis.running_url(settings.data_dir)
+    client = connect(url) if url else None
+    if client is not None:
+        writer = Writer(store, RedisLocker(client), RedisOpQueue(client), clock=clock)
+    else:
+        writer = Writer(store, LocalLocker(store), None, clock=clock)
+    return Runtime(settings, store, writer, client, clock)
+
+
+@contextlib.contextmanager
+def with_redis(settings: Settings) -> Iterator[str]:
+    """Yield a Redis URL: REDIS_URL if set, else the embedded server (spawned if needed, stopped after)."""
+    if settings.redis_url:
+        yield settings.redis_url
+        return
+    server = embedded_redis.start(settings.data_dir)
+    try:
+        yield server.url
+    finally:
+        server.stop()

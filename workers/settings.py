@@ -1,0 +1,117 @@
+"""Settings: one frozen value built from the environment at the entry point, then passed down.
+
+Nothing reads the environment at import time. Secrets (app secrets, the vault key, the admin token) are
+kept out of `repr` so they never reach a log line.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from memory_core.errors import InvalidInput
+from memory_core.lineformat import parse_time
+
+
+@dataclass(frozen=True)
+class Persona:
+    name: str
+    app_id: str = ""
+    app_secret: str = field(default="", repr=False)
+    verification_token: str = field(default="", repr=False)
+    encrypt_key: str = field(default="", repr=False)
+    admins: tuple[str, ...] = ()
+    system_prompt: str = "你是 Lucid，一个记得每位用户的助手。You are Lucid, an assistant who remembers each person."
+    chat_model: str | None = None
+    bot_open_id: str = ""
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path = Path("./lucid-data")
+    config_path: Path = Path("./lucid.toml")
+    redis_url: str | None = None
+    ollama_host: str | None = None
+    chat_model: str | None = None
+    dream_model: str | None = None
+    embed_model: str | None = None
+    vault_key: str | None = field(default=None, repr=False)
+    feishu_domain: str = "https://open.feishu.cn"
+    port: int = 8080
+    admin_token: str | None = field(default=None, repr=False)
+    now: datetime | None = None
+    personas: Mapping[str, Persona] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        env = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            value = env.get(name)
+            return value if value else None
+
+        port_text = get("LUCID_PORT") or "8080"
+        try:
+            port = int(port_text)
+        except ValueError as exc:
+            raise InvalidInput(f"LUCID_PORT must be a number, got {port_text!r}") from exc
+        now_text = get("LUCID_NOW")
+        try:
+            now = parse_time(now_text) if now_text else None
+        except ValueError as exc:
+            raise InvalidInput(f"LUCID_NOW must be an ISO time such as 2026-06-20T09:00:00Z: {exc}") from exc
+        values: dict[str, Any] = dict(
+            data_dir=Path(get("LUCID_DATA") or "./lucid-data"),
+            config_path=Path(get("LUCID_CONFIG") or "./lucid.toml"),
+            redis_url=get("REDIS_URL"),
+            ollama_host=get("OLLAMA_HOST"),
+            chat_model=get("LUCID_CHAT_MODEL"),
+            dream_model=get("LUCID_DREAM_MODEL"),
+            embed_model=get("LUCID_EMBED_MODEL"),
+            vault_key=get("LUCID_VAULT_KEY"),
+            feishu_domain=get("LUCID_FEISHU_DOMAIN") or "https://open.feishu.cn",
+            port=port,
+            admin_token=get("LUCID_ADMIN_TOKEN"),
+            now=now,
+        )
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)
+        return settings.with_personas(load_personas(settings.config_path))
+
+    def with_personas(self, personas: Mapping[str, Persona]) -> Settings:
+        from dataclasses import replace
+
+        return replace(self, personas=dict(personas))
+
+
+def load_personas(path: Path) -> dict[str, Persona]:
+    """Read the personas file; a missing file means one `default` persona with no Feishu app."""
+    if not path.exists():
+        return {"default": Persona("default")}
+    try:
+        data = tomllib.loads(path.read_text("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"{path}: not valid TOML: {exc}") from exc
+    table = data.get("personas", {})
+    if not isinstance(table, dict) or not table:
+        raise InvalidInput(f"{path}: needs at least one [personas.NAME] table")
+    personas: dict[str, Persona] = {}
+    for name, conf in table.items():
+        if not isinstance(conf, dict):
+            raise InvalidInput(f"{path}: personas.{name} must be a table")
+        admins = conf.get("admins", [])
+        if not isinstance(admins, list) or not all(isinstance(a, str) for a in admins):
+            raise InvalidInput(f"{path}: personas.{name}.admins must be a list of open_ids")
+        known = {f for f in Persona.__dataclass_fields__ if f not in ("name", "admins")}
+        unknown = set(conf) - known - {"admins"}
+        if unknown:
+            raise InvalidInput(f"{path}: personas.{name}: unknown keys {', '.join(sorted(unknown))}")
+        personas[name] = Persona(
+            name=name, admins=tuple(admins), **{k: str(v) for k, v in conf.items() if k in known}
+        )
+    return personas
