@@ -189,6 +189,77 @@ def _progress(done: int, total: int) -> None:
     sys.stderr.flush()
 
 
+# ------------------------------------------------------------------------------------------ reading
+
+
+@command("recall")
+def cmd_recall(args: argparse.Namespace, rt: Runtime) -> int:
+    from workers.memory_service import MemoryService
+
+    ns = _ns(args)
+    as_of = parse_time(args.as_of) if args.as_of else None
+    chat_type = args.chat_type
+    if chat_type == "group" and not args.chat:
+        raise LucidError("--chat-type group needs --chat ID")
+    now = rt.clock()
+    results = MemoryService(rt).recall(
+        ns, args.query, now, k=args.k, as_of=as_of, chat_type=chat_type, chat=args.chat, gate=not args.no_gate
+    )
+    data = {
+        "namespace": str(ns),
+        "query": args.query,
+        "as_of": format_time(as_of) if as_of else None,
+        "results": [
+            {
+                **entry_to_json(s.entry),
+                "score": round(s.score, 4),
+                "recency": round(s.recency, 4),
+                "importance": round(s.importance, 4),
+                "relevance": round(s.relevance, 4),
+            }
+            for s in results
+        ],
+    }
+    lines = [f"{'score':>6} {'rec':>5} {'imp':>5} {'rel':>5}  tier      id        text"]
+    for s in results:
+        lines.append(
+            f"{s.score:6.3f} {s.recency:5.2f} {s.importance:5.2f} {s.relevance:5.2f}  {s.tier:<8}  "
+            f"{_short(s.entry.id)}  {s.entry.text}"
+        )
+    if not results:
+        lines.append("(nothing relevant)")
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+@command("search")
+def cmd_search(args: argparse.Namespace, rt: Runtime) -> int:
+    from workers.memory_service import MemoryService
+
+    ns = _ns(args)
+    hits = MemoryService(rt).search(ns, args.query, k=args.k)
+    data = {
+        "namespace": str(ns),
+        "query": args.query,
+        "results": [
+            {
+                "id": h.id,
+                "text": h.text,
+                "type": "message",
+                "score": round(h.score, 4),
+                "speaker": h.speaker,
+                "ts": format_time(h.ts),
+                "chat": h.chat,
+                "chat_type": h.chat_type,
+            }
+            for h in hits
+        ],
+    }
+    lines = [f"{h.score:7.3f}  {format_time(h.ts)}  {h.id}  {h.speaker}: {h.text[:100]}" for h in hits]
+    _emit(args, data, "\n".join(lines) if lines else "(no match)")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ demo
 
 
@@ -257,6 +328,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pin", help="pin an entry so it is always resident")
     p.add_argument("id")
     p.add_argument("--unpin", action="store_true", help="unpin instead")
+    _common(p)
+
+    p = sub.add_parser("recall", help="scored memories for a query (recency, importance, relevance)")
+    p.add_argument("query")
+    p.add_argument("--k", type=int, default=5, help="how many (default 5)")
+    p.add_argument("--as-of", help="what was current at this time (ISO 8601)")
+    p.add_argument("--chat-type", choices=("p2p", "group"), default="p2p", help="as seen from this kind of chat")
+    p.add_argument("--chat", help="the chat id (group scope)")
+    p.add_argument("--no-gate", action="store_true", help="also answer greetings and fillers")
+    _common(p)
+
+    p = sub.add_parser("search", help="full-text search of the raw message archive")
+    p.add_argument("query")
+    p.add_argument("--k", type=int, default=10, help="how many (default 10)")
     _common(p)
 
     p = sub.add_parser("history", help="git history of the namespace")

@@ -174,19 +174,24 @@ class Store:
         except (FileNotFoundError, ValueError):
             return {}
 
-    def _write_state(self, ns: Namespace, hashes: Mapping[str, str], **extra: Any) -> None:
-        state = self._read_state(ns)
-        state["hashes"] = dict(hashes)
-        state.update(extra)
-        atomic_write(self._meta(ns) / "state.json", json.dumps(state, sort_keys=True).encode())
+    def _update_state(self, ns: Namespace, **values: Any) -> None:
+        # Read-modify-write under a lock: the writer (hashes) and jobs (watermarks) both update it.
+        with flocked(self._meta(ns) / "state.lock"):
+            state = self._read_state(ns)
+            state.update(values)
+            atomic_write(self._meta(ns) / "state.json", json.dumps(state, sort_keys=True).encode())
+
+    def _write_state(self, ns: Namespace, hashes: Mapping[str, str]) -> None:
+        self._update_state(ns, hashes=dict(hashes))
 
     def state_value(self, ns: Namespace, key: str) -> Any:
+        """A small persisted value of the namespace (phase watermarks, last-run times); not in git."""
         return self._read_state(ns).get(key)
 
     def set_state_value(self, ns: Namespace, key: str, value: Any) -> None:
-        state = self._read_state(ns)
-        state[key] = value
-        atomic_write(self._meta(ns) / "state.json", json.dumps(state, sort_keys=True).encode())
+        if key == "hashes":
+            raise ValueError("hashes belong to the writer")
+        self._update_state(ns, **{key: value})
 
     # -------------------------------------------------------------------------------------- fencing
 
@@ -372,7 +377,7 @@ class Store:
         out = self._git(ns, "log", f"-n{limit}", "--format=%H%x1f%aI%x1f%s", check=False).stdout
         rows = []
         for line in out.splitlines():
-            rev, when, subject = (line.split("\x1f") + ["", ""])[:3]
+            rev, when, subject = ([*line.split("\x1f"), "", ""])[:3]
             rows.append({"rev": rev, "time": when, "message": subject})
         return rows
 

@@ -8,12 +8,15 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import redis
+from rq import Queue
 
 from memory_core.entry import utcnow
+from memory_core.errors import LucidError
 from memory_core.store import Store
 from memory_core.writer import LocalLocker, Writer
 
 from . import embedded_redis
+from .llm import LLM
 from .redis_backend import RedisLocker, RedisOpQueue
 from .settings import Settings
 
@@ -33,6 +36,31 @@ class Runtime:
     writer: Writer
     redis: redis.Redis | None
     clock: Callable[[], datetime]
+    llm: LLM | None = None
+
+    def queue(self, name: str) -> Queue:
+        """An RQ queue on this runtime's Redis: `chat` (turns), `memory` (extraction), `dream` (low)."""
+        if self.redis is None:
+            raise LucidError("queues need Redis: set REDIS_URL or run `lucid serve` (embedded Redis)")
+        return Queue(name, connection=self.redis)
+
+
+QUEUES = ("chat", "memory", "dream")
+_current: Runtime | None = None
+
+
+def install(runtime: Runtime) -> None:
+    """Make `runtime` the one that RQ jobs in this process use (set by `lucid worker` / `serve`)."""
+    global _current
+    _current = runtime
+
+
+def current() -> Runtime:
+    """The process's runtime; built from the environment on first use inside a worker process."""
+    global _current
+    if _current is None:
+        _current = build(Settings.from_env())
+    return _current
 
 
 def connect(url: str) -> redis.Redis:
@@ -52,7 +80,14 @@ def build(settings: Settings, redis_url: str | None = None, git: bool = True) ->
         writer = Writer(store, RedisLocker(client), RedisOpQueue(client), clock=clock)
     else:
         writer = Writer(store, LocalLocker(store), None, clock=clock)
-    return Runtime(settings, store, writer, client, clock)
+    llm = LLM(settings.ollama_host) if _wants_llm(settings) else None
+    return Runtime(settings, store, writer, client, clock, llm)
+
+
+def _wants_llm(settings: Settings) -> bool:
+    models = [settings.chat_model, settings.dream_model, settings.embed_model]
+    models += [p.chat_model for p in settings.personas.values()]
+    return any(models)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,345 @@
+"""Deterministic request parsing: what a message asks of memory when no chat model is configured.
+
+Without a model (DESIGN §7) the bot still works as a memory assistant: 记住… / remember… and standing
+instructions (以后… / from now on…) are stored, 忘掉… / forget… are deleted, questions are answered from recall
+and greetings get a short reply. The same helpers gate background work: `is_chitchat` keeps fillers out of
+recall (§5), `is_memorable` decides whether a message is worth an extraction call, and `classify_type` types
+an extracted line (HexClaw spec §3.6). All of it is keyword and pattern work, so it errs towards "none": a
+missed request costs the user a rephrase, a wrong forget costs a memory.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from .subjects import recognise
+
+IntentKind = Literal["remember", "forget", "question", "statement", "chitchat", "none"]
+
+
+@dataclass(frozen=True)
+class Intent:
+    """What the message asks for; `text` is the payload: what to remember or forget, or the question."""
+
+    kind: IntentKind
+    text: str
+
+
+_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+# Leading courtesy and fillers that do not change the request: 好的，记住… / ok so remember…
+_LEAD = re.compile(
+    r"^(?:好的?|嗯+|哦|那|那么|对了|还有|另外|顺便|ok|okay|so|also|btw|and|hey|hi)(?:[\s,，。.!！:：]+|(?=[记忘删把以]))",
+    re.I,
+)
+# Trailing courtesy and punctuation; stripped by a loop, not a `(…)+$` regex, which is quadratic on long runs.
+_TRAIL_CHARS = " \t\r\n。.!！?？~～,，;；:：、"
+_TRAIL_WORDS = (
+    "好吗",
+    "可以吗",
+    "行吗",
+    "谢谢你",
+    "谢谢",
+    "谢了",
+    "哦",
+    "啊",
+    "呀",
+    "啦",
+    "please",
+    "thanks",
+    "thank you",
+    ", ok",
+)
+_POLITE_ZH = r"(?:请你?|麻烦你?|你|能不能|可不可以|可以|你能|你可以)*(?:帮我)?(?:好好)?"
+_POLITE_EN = (
+    r"(?:(?:please|pls|hey|ok|okay|so)[\s,]+)*(?:(?:can|could|would|will) you (?:please )?)?(?:please )?"
+)
+
+_REMEMBER = [
+    re.compile(
+        rf"^{_POLITE_ZH}(?:记住|记一下|记下来|记下|记着|记好|牢记|(?:千万)?别忘了|不要忘了|别忘记|不要忘记)了?(?:[\s:：,，、。]+|(?=.))(?P<p>.+)$",
+        re.S,
+    ),
+    re.compile(
+        rf"^{_POLITE_EN}(?:remember|memori[sz]e|keep in mind|don't forget|do not forget|never forget|note)"
+        r"(?:\s+(?:that|this))?(?:\s*[:,-]\s*|\s+)(?P<p>.+)$",
+        re.I | re.S,
+    ),
+]
+# "我对花生过敏，记住了" / "I'm allergic to shellfish, remember that": the trigger comes last. Searched in the
+# last few characters only, so that a long message costs linear time.
+_REMEMBER_AFTER = [
+    re.compile(
+        r"[\s,，。!！;；]+(?:请你?|帮我|你)?(?:记住|记一下|记下来|记下|记好|记着)(?:了|哦|啊|啦|呀|喔)?[\s。.!！~]*$"
+    ),
+    re.compile(
+        r"[\s,.;!-]+(?:please )?(?:remember (?:that|this|it)|remember|don't forget (?:that|this|it)|"
+        r"keep (?:that|this|it) in mind|note that|make a note of (?:that|this|it))[\s.!]*$",
+        re.I,
+    ),
+]
+# Standing instructions are remembered whole: the trigger is part of the meaning (以后回答都用中文).
+_INSTRUCTION = [
+    re.compile(
+        r"^(?:请|那)?(?:以后|今后|往后|从今以后|从此以后|从现在(?:开始|起)|从今天(?:开始|起)|从下次(?:开始|起))(?P<p>.*)$",
+        re.S,
+    ),
+    re.compile(r"^请?(?:务必|千万|一定要|始终|永远不要|永远别|不要再|别再|每次都?|一律)(?P<p>.*)$", re.S),
+    re.compile(
+        r"^(?:from now on|going forward|moving forward|from here on(?: out)?|in (?:the )?future|henceforth)\b(?P<p>.*)$",
+        re.I | re.S,
+    ),
+    re.compile(
+        r"^(?:please )?(?:always|never|don't ever|do not ever)\s+(?P<p>(?:reply|answer|respond|use|call|write|speak|"
+        r"talk|include|add|keep|mention|ask|give|show|tell|send|be|format|remind|put|say|start|end|sign|address|refer|"
+        r"check|make|list|explain|summari[sz]e|translate|avoid|assume|suggest|recommend)\b.*)$",
+        re.I | re.S,
+    ),
+]
+_NOT_INSTRUCTION = re.compile(r"^(?:再说|再聊|再见|见|有空|有机会|的事|吧|再看|说|聊|会|也许|可能|我们|呢)")
+_ERASE_ZH = "删除|删掉|删了|移除|清除|抹掉|去掉"
+_MEMORY_OBJ = "关于|有关|这条记忆|那条记忆|记忆|这条|那条"
+_FORGET = [
+    re.compile(
+        rf"^{_POLITE_ZH}(?P<verb>忘掉|忘记|忘了|{_ERASE_ZH})(?P<obj>{_MEMORY_OBJ})?(?:[\s:：,，]+|(?=.)|$)(?P<p>.*)$",
+        re.S,
+    ),
+    re.compile(rf"^{_POLITE_ZH}(?P<verb>别再?|不要再?|不用再?)(?:记着|记住|记)(?P<obj>)(?P<p>.+?)了?$", re.S),
+    re.compile(
+        rf"^{_POLITE_ZH}把(?P<p>.+?)(?P<obj>这条记忆|那条记忆|的记忆|这条|那条)?给?我?(?P<verb>忘了|忘掉|忘记|{_ERASE_ZH})吧?$",
+        re.S,
+    ),
+    re.compile(
+        rf"^{_POLITE_EN}(?P<verb>forget|delete|remove|erase|drop|wipe|unlearn)(?P<obj>\s+(?:about|that|this|"
+        r"the (?:memory|fact|note|entry)(?:\s+(?:that|about))?|what i (?:said|told you) about|everything about|"
+        r"(?:my )?memory of))?(?:\s*[:,-]\s*|\s+|$)(?P<p>.*)$",
+        re.I | re.S,
+    ),
+]
+# 忘了告诉你 / 忘记带钥匙了 report forgetting something; they ask nothing of memory.
+_FORGOT_TO = re.compile(
+    r"^(?:说|告诉|讲|提|跟你说|和你说|带|拿|关|锁|交|买|吃|做|写|问|回|发|打|给|看|接|充|存|放|去|来)"
+)
+_DEICTIC = re.compile(r"(?:这条|那条|这个|那个|这件事|那件事|this|that)?", re.I)
+
+_QUESTION_EN = re.compile(
+    r"^(?:what|what's|whats|where|where's|when|who|who's|whom|whose|which|why|how|do (?:you|i|we)|does|did|is|are|"
+    r"am i|was|were|can you|could you|will you|would you|should i|have you|have i|has|tell me|remind me|"
+    r"any idea)\b",
+    re.I,
+)
+_QUESTION_ZH = re.compile(
+    r"哪|什么|谁|几点|几岁|多少|怎么|为什么|为啥|啥|是否|有没有|是不是|还记得|记不记得|知不知道"
+)
+_NOT_QUESTION = re.compile(r"^(?:我也?不知道|不知道|我忘了|我忘记|随便|不管)")
+_FIRST_PERSON = re.compile(r"^(?:我(?!们)|i\b|i'm\b|i've\b|i'd\b|i'll\b|my\b|me\b)", re.I)
+
+
+def _payload(text: str) -> str:
+    previous = None
+    while previous != text:
+        previous = text = text.strip().rstrip(_TRAIL_CHARS)
+        low = text.lower()
+        text = next((text[: -len(w)] for w in _TRAIL_WORDS if low.endswith(w)), text)
+    return text
+
+
+def _lead_stripped(text: str) -> str:
+    previous = None
+    while previous != text:
+        previous, text = text, _LEAD.sub("", text).strip()
+    return text
+
+
+def _asks_a_question(text: str) -> bool:
+    """Ends in a question mark without a polite request in front: "remember when we met?" asks, "can you
+    remember that …?" requests."""
+    polite = re.match(rf"^{_POLITE_EN}", text, re.I)
+    return text.rstrip().endswith(("?", "？")) and not (polite and polite.group().strip())
+
+
+def _remember(text: str) -> Intent | None:
+    if _asks_a_question(text):
+        return None
+    payloads = [m["p"] for m in (p.match(text) for p in _REMEMBER) if m]
+    tail = text[-48:]
+    payloads += [
+        text[: len(text) - len(tail) + m.start()] for m in (p.search(tail) for p in _REMEMBER_AFTER) if m
+    ]
+    for payload in map(_payload, payloads):
+        if payload and not re.fullmatch(r"(?:了吗?|吗|me|it)", payload, re.I):
+            # "remember to call mom": the reminder reads right only as a whole sentence
+            return Intent("remember", _payload(text) if re.match(r"to\b", payload, re.I) else payload)
+    return None
+
+
+def _instruction(text: str) -> Intent | None:
+    if text.rstrip().endswith(("?", "？", "吗")):
+        return None
+    for pattern in _INSTRUCTION:
+        m = pattern.match(text)
+        rest = _payload(m["p"]).lstrip(",， ") if m else ""
+        if m and len(rest) >= 2 and not _NOT_INSTRUCTION.match(rest) and not is_chitchat(rest):
+            return Intent("remember", _payload(text))
+    return None
+
+
+def _forget(text: str) -> Intent | None:
+    if _asks_a_question(text) or text.rstrip().endswith("吗"):
+        return None
+    for pattern in _FORGET:
+        m = pattern.match(text)
+        if m is None:
+            continue
+        payload, obj, verb = _payload(m["p"]), m["obj"] or "", m["verb"].lower()
+        erase = verb in ("delete", "remove", "erase", "drop", "wipe") or re.fullmatch(_ERASE_ZH, verb)
+        if erase and not obj.strip() and "记忆" not in payload and not re.match(r"my\b|我的", payload, re.I):
+            return (
+                None  # 删除这个文件 / "delete the file" are not about memory; 删除记忆… / "delete that" are
+            )
+        if verb in ("忘了", "忘记") and (_FORGOT_TO.match(payload) or text.rstrip("。.!！ ").endswith("了")):
+            return None  # 忘了告诉你… / 忘记密码了 report forgetting; they request nothing
+        if payload.lower() in ("it", "about it", "it lol") or payload in ("吧", "它", "它吧"):
+            return None  # "forget it" means never mind
+        payload = _payload(re.sub(r"(?:的记忆|这条记忆|这条|那条|吧)$", "", payload))
+        return Intent("forget", "" if _DEICTIC.fullmatch(payload) else payload)
+    return None
+
+
+def _is_question(text: str) -> bool:
+    if text.rstrip().endswith(("?", "？")):
+        return True
+    if _NOT_QUESTION.match(text):
+        return False
+    if text.rstrip(" \t\n。.~～").endswith(("吗", "么")) or _QUESTION_EN.match(text):
+        return True
+    return len(text) <= 30 and _QUESTION_ZH.search(text) is not None
+
+
+def parse_intent(message: str) -> Intent:
+    """Classify a message: remember / forget (with the payload), question, first-person statement,
+    chit-chat, or none. Deterministic and total."""
+    text = message.strip()
+    if not text:
+        return Intent("none", "")
+    core = _lead_stripped(text) or text
+    for parse in (_remember, _forget, _instruction):
+        if intent := parse(core):
+            return intent
+    if is_chitchat(text):
+        return Intent("chitchat", text)
+    if _is_question(core):
+        return Intent("question", text)
+    if _FIRST_PERSON.match(core) or recognise(text) is not None:
+        return Intent("statement", text)
+    return Intent("none", text)
+
+
+# --- chit-chat ------------------------------------------------------------------------------------------
+
+
+def _phrases(text: str) -> frozenset[tuple[str, ...]]:
+    """Phrases as tuples of units: Latin phrases are words joined by _, Chinese ones characters."""
+    return frozenset(tuple(p.split("_")) if p.isascii() else tuple(p) for p in text.split())
+
+
+_CHAT = _phrases(
+    """
+你好 您好 你好呀 你好啊 大家好 早 早上好 早安 上午好 中午好 下午好 晚上好 晚安 嗨 哈喽 在吗 在不在 在么 你好吗 最近怎么样
+怎么样 在干嘛 干嘛呢 嗯 哦 噢 喔 啊 呃 额 哈 呵 嘿 嘻 嗷 好 好的 好滴 好嘞 好吧 行 行吧 可以 没问题 收到 了解 明白
+知道了 懂了 对 对的 是的 是啊 没错 谢谢 谢谢你 谢谢您 谢了 多谢 感谢 辛苦了 辛苦 不客气 没事 没关系 算了 不用了 拜拜
+再见 回见 晚点聊 下次聊 加油 厉害 牛 棒 真棒 太棒了 不错 赞 好耶 了 呀 啦 哟 呢 吧 哒 嘛 的 哈哈 嘿嘿 呵呵 嘻嘻 你 您
+hi hello hey yo hiya howdy sup what's_up whats_up good_morning good_afternoon good_evening good_night gn gm
+morning night ok okay alright all_right sure yes yeah yep yup no nope nah got_it i_see understood noted cool nice
+great awesome perfect fine good sounds_good makes_sense thanks thx ty thank_you many_thanks cheers no_problem
+no_worries np bye goodbye see_you see_ya later ttyl take_care wow omg how_are_you how_are_you_doing how_are_u
+how's_it_going hows_it_going how_do_you_do nice_to_meet_you never_mind nevermind nvm forget_it forget_about_it you_too me_too
+same so very much really too again there all everyone guys buddy bro dude mate man a_lot oh ah"""
+)
+_CHAT_LONGEST = max(len(p) for p in _CHAT)
+_CHAT_WORD = re.compile(
+    r"(?:(?:ha|he|hi|ho)+h?|h{2,}|(?:lo)+l|lmf?ao+|rofl|x+d+|2333*|6{3,}|k+|o+k+|mhm+|hm+|u+m+|u+h+|a+h+|o+h+|"
+    r"w+o+w+|y+a+y+|ye+s+|no+|ya+|yea+h*|hey+|hi+|thx|tks|lol+)"
+)
+
+
+def is_chitchat(text: str) -> bool:
+    """Greetings, thanks, acknowledgements, laughter, emoji: messages that ask nothing and teach nothing.
+
+    True when the message, lower-cased and stripped of punctuation and emoji, is made entirely of known
+    chat phrases (好的谢谢, ok thanks, 哈哈哈); short real questions (我在哪, where do I live) are not. An empty
+    message is not chit-chat; one made only of punctuation or emoji is.
+    """
+    if not text.strip() or len(text) > 200:
+        return False
+    units = re.findall(rf"[a-z0-9']+|[{_CJK}]|[^\W_]", text.lower().replace("’", "'"))
+    if not units:
+        return True
+    reachable = [True] + [False] * len(units)  # reachable[i]: units[:i] splits into chat phrases
+    for i in range(len(units)):
+        if not reachable[i]:
+            continue
+        if _CHAT_WORD.fullmatch(units[i]):
+            reachable[i + 1] = True
+        for n in range(1, min(_CHAT_LONGEST, len(units) - i) + 1):
+            if tuple(units[i : i + n]) in _CHAT:
+                reachable[i + n] = True
+    return reachable[-1]
+
+
+# --- hints for background work --------------------------------------------------------------------------
+
+_MEMORABLE = re.compile(
+    r"我是|我叫|名字|叫我|我喜欢|我不喜欢|我讨厌|我爱|我偏好|我习惯|更喜欢|技术栈|记住|记一下|别忘|不要忘|以后|今后|从现在|"
+    r"住在|搬到|搬家|时区|改成|换成|改为|不再|现在是|过敏|我在|我住|我的|入职|离职|跳槽|就职|生日|结婚|吃素|忌口|不吃|务必|"
+    r"一定要|千万|总是|每次|永远|请用|偏好|习惯|职业|老家|来自|不要再|别再|回复|回答|"
+    r"\b(?:my name|i am|i'm|call me|i prefer|i like|i love|i hate|i don't like|i dislike|my favou?rite|remember|"
+    r"don't forget|from now on|always|never|i live|i moved|i work|i joined|my wife|my husband|my birthday|birthday|"
+    r"allergic|allergy|vegetarian|vegan|time ?zone|tech stack|my stack|i use|i switched|changed to|no longer|"
+    r"anymore|instead of|i'm from|i grew up)\b",
+    re.I,
+)
+
+
+def is_memorable(text: str) -> bool:
+    """Cheap gate before a background extraction call: does the message carry a durable-fact hint?
+
+    The HexClaw hint list (spec §3.6) plus a few more, or any attribute `recognise` finds. False positives
+    only cost a model call that answers NONE; chit-chat is always False.
+    """
+    if not text.strip() or is_chitchat(text):
+        return False
+    return _MEMORABLE.search(text.replace("’", "'")) is not None or recognise(text) is not None
+
+
+_INSTRUCTION_HINTS = re.compile(
+    r"以后|今后|从现在|从今以后|记住|总是|务必|每次|一定要|千万|始终|永远不要|不要再|别再|"
+    r"\b(?:always|remember|from now on|going forward|never|every time|make sure)\b",
+    re.I,
+)
+_IDENTITY_HINTS = re.compile(
+    r"我是|我叫|职业|工程师|开发者|程序员|设计师|名字|姓名|\b(?:developer|engineer|(?:i am|i'm) an?|my name)\b",
+    re.I,
+)
+_PREFERENCE_HINTS = re.compile(
+    r"喜欢|偏好|习惯|讨厌|爱吃|\b(?:prefer|prefers|like|likes|love|loves|hate|hates|favou?rite)\b", re.I
+)
+
+
+def classify_type(text: str) -> str:
+    """Entry type of an extracted line: instruction > identity > preference > fact (spec §3.6).
+
+    Two refinements over the plain keyword list (spec §16 item 12): when `recognise` knows the attribute it
+    decides, so "I am based in Berlin" is a fact and 我更喜欢中文 a preference; and a bare "I am"/"I'm" is no
+    identity ("I'm so tired today"), only "I am a…/I'm an…" is — identities are resident and protected.
+    """
+    if _INSTRUCTION_HINTS.search(text):
+        return "instruction"
+    if (found := recognise(text)) is not None:
+        return found.type
+    if _IDENTITY_HINTS.search(text):
+        return "identity"
+    if _PREFERENCE_HINTS.search(text):
+        return "preference"
+    return "fact"

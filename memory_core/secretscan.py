@@ -1,0 +1,522 @@
+"""The secret detector: finds credentials and personal identifiers in text before anything is stored.
+
+Every write path (memory entries, raw archive lines, tool calls, dream output, hand edits found by the writer)
+asks :func:`contains_secret`; a hit means the text is refused or stored only as :func:`redact` returns it, and
+the user is told (DESIGN §8). Detection is deterministic -- regexes, checksums and a few counting rules, no
+model -- so the same text always gets the same answer, the content under inspection cannot argue the guard out
+of its job, it costs microseconds on every write, and every decision is pinned by the test corpus.
+
+Precision matters as much as recall: a false positive makes the bot refuse to remember an ordinary fact. So
+digit runs must pass a checksum (Luhn, ISO 7064) and a plausibility rule, a contextual value ("密码是 …",
+``token=…``) must look like a secret and not a word, placeholder, path or count, and a free-standing
+high-entropy string counts only next to a secret-ish word. Spans cover the secret value, not the words around
+it, so ``redact("我的密码是 hunter2")`` is ``"我的密码是 [REDACTED:password]"``.
+
+Deliberately not secrets: one-time verification codes (验证码, "your code is 482913", 动态密码) -- they
+expire in minutes and blocking them would stop the bot remembering that a code arrived; public keys, Stripe
+publishable keys, Feishu app_id/open_id; masked or placeholder values (``********``, ``${DB_PASSWORD}``,
+``<token>``, ``user:password@``); UUIDs and hashes unless assigned to a key or token name.
+
+Known gaps: passwords made only of CJK characters or of unquoted hyphenated words ("密码是芝麻开门",
+``password: correct-horse-battery``) unless quoted; the old 15-digit ID format and foreign ID numbers; wallet
+seed phrases; all-uppercase random tokens standing alone without an assignment.
+
+All patterns are linear: possessive quantifiers and look-behind anchors keep any pattern from re-scanning a
+long run, so a 10,000-character line costs a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import bisect
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import date
+
+
+@dataclass(frozen=True)
+class SecretFinding:
+    """One secret: what it is, and the span of the secret value in the scanned text."""
+
+    kind: str
+    start: int
+    end: int
+
+
+Span = tuple[int, int, str]
+
+# Overlapping findings are merged into one span named after the most specific member, so that redaction never
+# leaves a piece of a secret behind (e.g. "token=ghp_…" is both a contextual token and a GitHub token).
+_PRIORITY = {"private_key": 100, "cn_id_number": 80, "bank_card": 70, "connection_string": 60}
+_PRIORITY |= {"bearer_token": 50, "feishu_secret": 45, "password": 40, "pin": 40, "api_key": 40}
+_PRIORITY |= {"generic_token": 10}
+_FORMAT_PRIORITY = 90  # every fixed token format (jwt, aws_key, github_token, …)
+
+# --- helpers ---------------------------------------------------------------------------------------------
+
+_PIECES = re.compile(r"[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+_HEX = frozenset("0123456789abcdefABCDEF-")
+# Identifiers that look random but are public: Feishu app/open/chat/message ids, Stripe publishable keys,
+# SSH public key blobs.
+_PUBLIC_PREFIXES = ("cli_", "ou_", "on_", "oc_", "om_", "pk_live_", "pk_test_", "AAAAB3NzaC1", "AAAAC3NzaC1")
+
+
+def _entropy(s: str) -> float:
+    n = len(s)
+    return -sum(c / n * math.log2(c / n) for c in Counter(s).values())
+
+
+def _has_digit_and_letter(s: str) -> bool:
+    return any("0" <= c <= "9" for c in s) and any(c.isascii() and c.isalpha() for c in s)
+
+
+def _machine_made(v: str) -> bool:
+    """A value that was generated rather than typed as words: long enough, digits and letters, varied."""
+    return len(v) >= 8 and _has_digit_and_letter(v) and len(set(v)) >= 5
+
+
+def _random_enough(v: str, min_len: int = 20, allow_hex: bool = False) -> bool:
+    """High-entropy and not made of words: what an unlabelled token looks like."""
+    if len(v) < min_len or not _has_digit_and_letter(v) or v.startswith(_PUBLIC_PREFIXES):
+        return False
+    if not allow_hex and set(v) <= _HEX:  # commit hashes, checksums, UUIDs: identifiers, not credentials
+        return False
+    # camelCase names, slugs and paths ("getAccessTokenForUser2", "my-secret-token-2024") have long
+    # letter runs; random tokens switch between classes every one or two characters.
+    pieces = _PIECES.findall(v)
+    return sum(map(len, pieces)) / len(pieces) < 3.0 and _entropy(v) >= 3.3
+
+
+def _varied(s: str) -> bool:
+    return len(set(s)) >= 8 and any("0" <= c <= "9" for c in s)
+
+
+def _jwt_ok(tok: str) -> bool:
+    head = tok.split(".", 1)[0]
+    if len(head) > 2000:  # real headers are a few hundred characters; refuse to decode a flood
+        return False
+    try:
+        obj = json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
+    except (ValueError, binascii.Error, RecursionError):
+        return False
+    return isinstance(obj, dict) and "alg" in obj
+
+
+def _openai_ok(tok: str) -> bool:
+    body = re.sub(r"^sk-(?:proj-|svcacct-|admin-)?", "", tok)
+    return _random_enough(body, allow_hex=True)
+
+
+def _feishu_ok(tok: str) -> bool:
+    return tok.startswith("https://") or _random_enough(tok[2:], min_len=30, allow_hex=True)
+
+
+# --- fixed token formats ---------------------------------------------------------------------------------
+
+_B = r"(?<![A-Za-z0-9_-])"  # the token starts here, not inside a longer word
+_FORMATS: tuple[tuple[str, re.Pattern[str], Callable[[str], bool]], ...] = tuple(
+    (kind, re.compile(rx), check)
+    for kind, rx, check in (
+        ("aws_key", r"(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])",
+         lambda s: len(set(s)) >= 8),
+        ("github_token", _B + r"(?:gh[pousr]_[A-Za-z0-9]{30,}+|github_pat_[A-Za-z0-9_]{30,}+)", _varied),
+        ("gitlab_token", _B + r"glpat-[A-Za-z0-9_-]{20,}+", _varied),
+        ("slack_token", _B + r"xox[abposr]-[A-Za-z0-9-]{10,}+|https://hooks\.slack\.com/services/[A-Za-z0-9/]{20,}+",
+         _varied),
+        ("stripe_key", _B + r"(?:[sr]k_(?:live|test)_[A-Za-z0-9]{16,}+|whsec_[A-Za-z0-9]{24,}+)", _varied),
+        ("anthropic_key", _B + r"sk-ant-[A-Za-z0-9_-]{20,}+", _varied),
+        ("openai_key", _B + r"sk-(?!ant-)[A-Za-z0-9_-]{20,}+", _openai_ok),
+        ("google_api_key", _B + r"AIza[A-Za-z0-9_-]{35}(?![A-Za-z0-9_-])", _varied),
+        ("jwt", _B + r"eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{4,}+\.[A-Za-z0-9_-]*+", _jwt_ok),
+        ("feishu_token", _B + r"[tu]-[A-Za-z0-9_-]{30,}+"
+         r"|https://open\.(?:feishu\.cn|larksuite\.com)/open-apis/bot/v2/hook/[A-Za-z0-9-]{20,}+", _feishu_ok),
+        ("api_key", _B + r"(?:hf_[A-Za-z0-9]{30,}+|npm_[A-Za-z0-9]{36,}+|pypi-AgE[A-Za-z0-9_-]{50,}+"
+         r"|SG\.[A-Za-z0-9_-]{20,}+\.[A-Za-z0-9_-]{20,}+)", _varied),
+    )
+)  # fmt: skip
+
+
+def _formats(text: str) -> Iterator[Span]:
+    for kind, rx, check in _FORMATS:
+        for m in rx.finditer(text):
+            if check(m.group()):
+                yield m.start(), m.end(), kind
+
+
+# --- PEM private key blocks ------------------------------------------------------------------------------
+
+_PEM_BEGIN = re.compile(r"-----BEGIN (?:[A-Z0-9]++ ){0,3}PRIVATE KEY(?: BLOCK)?-----")
+_PEM_END = re.compile(r"-----END [A-Z0-9 ]{0,40}+-----")
+_PEM_CHUNK = re.compile(r"\s*+((?:Proc-Type|DEK-Info|Comment|Version):[^\n]*+|[A-Za-z0-9+/=]++)")
+
+
+def _pem(text: str) -> Iterator[Span]:
+    no_end_after = len(text) + 1  # once an END search fails, later ones would fail too: keep it linear
+    pos = 0
+    while m := _PEM_BEGIN.search(text, pos):
+        e = _PEM_END.search(text, m.end()) if m.end() < no_end_after else None
+        if e:
+            body, end = text[m.end() : e.start()], e.end()
+        else:  # a truncated paste: the block runs on while lines look like base64 (or PEM headers)
+            no_end_after = min(no_end_after, m.end())
+            end = m.end()
+            while (c := _PEM_CHUNK.match(text, end)) and not (len(c[1]) < 16 and c[1].isalpha()):
+                end = c.end()
+            body = text[m.end() : end]
+        # A header alone ("the file starts with -----BEGIN …") reveals nothing; a body does.
+        if sum(ch.isascii() and ch.isalnum() for ch in body) >= 16:
+            yield m.start(), end, "private_key"
+        pos = max(end, m.end())
+
+
+# --- Chinese resident ID numbers and bank cards ----------------------------------------------------------
+
+_CN_ID = re.compile(r"(?<![0-9])[1-9][0-9]{16}[0-9Xx](?![0-9])")
+_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
+_PROVINCES = frozenset([11, 12, 13, 14, 15, 21, 22, 23, 31, 32, 33, 34, 35, 36, 37, 41, 42, 43, 44, 45, 46])
+_PROVINCES |= frozenset([50, 51, 52, 53, 54, 61, 62, 63, 64, 65, 71, 81, 82, 83, 91])
+
+
+def cn_id_valid(s: str) -> bool:
+    """GB 11643: known province code, a real birth date in 1900-2099, ISO 7064 MOD 11-2 check character."""
+    if len(s) != 18 or not s[:17].isdigit() or int(s[:2]) not in _PROVINCES:
+        return False
+    try:
+        born = date(int(s[6:10]), int(s[10:12]), int(s[12:14]))
+    except ValueError:
+        return False
+    total = sum(int(c) * w for c, w in zip(s, _ID_WEIGHTS, strict=False))
+    return 1900 <= born.year <= 2099 and "10X98765432"[total % 11] == s[17].upper()
+
+
+def luhn_valid(digits: str) -> bool:
+    total = 0
+    for i, c in enumerate(reversed(digits)):
+        d = int(c) * (2 if i % 2 else 1)
+        total += d - 9 if d > 9 else d
+    return total % 10 == 0
+
+
+def _cn_ids(text: str) -> Iterator[Span]:
+    for m in _CN_ID.finditer(text):
+        if cn_id_valid(m.group()):
+            yield m.start(), m.end(), "cn_id_number"
+
+
+# Backtracking here is bounded: at most 19 groups, and a separator is only taken when a digit follows.
+_CARD = re.compile(r"(?<![0-9])[0-9](?:[ -]?[0-9]){12,18}(?![0-9])")
+_CARD_CONTEXT = re.compile(r"(?i)卡|card|visa|master|amex|银联|unionpay|账号|帐号|account")
+# Numbers people do want remembered: orders, parcels, invoices, phones, books, staff ids.
+_NOT_CARD_CONTEXT = re.compile(
+    r"(?i)订单|单号|运单|快递|物流|发票|流水|交易号|工号|学号|编号|票号|电话|手机|"
+    r"order|tracking|invoice|phone|tel\b|isbn|serial|ticket|qq|微信"
+)
+
+
+def _card_network(d: str) -> bool:
+    """The number has the prefix and length of a real card network (Visa, Mastercard, Amex, UnionPay…)."""
+    n = len(d)
+    if d[0] == "4":
+        return n in (13, 16, 19)
+    if "51" <= d[:2] <= "55" or "2221" <= d[:4] <= "2720":
+        return n == 16
+    if d[:2] in ("34", "37"):
+        return n == 15
+    if d[:2] in ("62", "35", "65") or d[:4] == "6011" or "644" <= d[:3] <= "649":
+        return 16 <= n <= 19
+    return d[:2] in ("30", "36", "38") and n in (14, 16)
+
+
+def _grouping_ok(raw: str) -> bool:
+    """Cards are written ungrouped or in fours (Amex 4-6-5); "+86 138 1234 5678" is not a card."""
+    groups = [len(g) for g in re.split(r"[ -]", raw)]
+    if len(groups) == 1:
+        return True
+    one_separator = len(set(re.sub(r"[0-9]", "", raw))) == 1
+    return one_separator and (groups == [4, 6, 5] or (all(g == 4 for g in groups[:-1]) and groups[-1] <= 4))
+
+
+def _cards(text: str) -> Iterator[Span]:
+    for m in _CARD.finditer(text):
+        digits = re.sub(r"[ -]", "", m.group())
+        if not _grouping_ok(m.group()) or not luhn_valid(digits):
+            continue
+        near = text[max(0, m.start() - 24) : m.start()] + " " + text[m.end() : m.end() + 8]
+        card_ctx = bool(_CARD_CONTEXT.search(near))
+        if _NOT_CARD_CONTEXT.search(near) and not card_ctx:
+            continue
+        # A network prefix suffices; card wording also admits odd lengths, but never a 19xx/20xx date.
+        if _card_network(digits) or (card_ctx and digits[0] in "3456"):
+            yield m.start(), m.end(), "bank_card"
+
+
+# --- contextual values: "密码是 …", "password: …", "DB_PASSWORD=…", "Authorization: Bearer …" -----------
+# Matched in two steps -- first the secret word and its separator, then the value -- so a value is scanned only
+# after a secret word, and a long rejected value is skipped, not re-scanned from every word inside it.
+
+# The value: quoted (no spaces, so "password's strength isn't" is not a quote), or a bare run of the ASCII
+# characters passwords are made of -- CJK and sentence punctuation end it, so the words around survive; "&"
+# belongs to it unless a URL query's next "&name=" starts there.
+_VALUE_MAX = 256
+_VALUE = re.compile(
+    r"(?P<q>[\"'`“‘「『])(?P<qv>[^\"'`”’」』\s]{1,128}+)[\"'`”’」』]"
+    r"|(?:[!#$%*+\-./0-9:=?@A-Z\\^_a-z|~]|&(?![A-Za-z_][A-Za-z0-9_]{0,30}+=)){1,256}+"
+)
+
+
+def _en(alts: str) -> str:
+    return rf"(?<![A-Za-z0-9_])(?:{alts})(?![A-Za-z])"
+
+
+_KW_KINDS = ("aws_key", "feishu_secret", "private_key", "api_key", "generic_token", "pin", "password")
+_PHRASE = re.compile(
+    r"(?:(?P<aws_key>" + _en(r"aws[ _-]?secret[ _-]?(?:access[ _-]?)?key|secret[ _-]access[ _-]key") + ")"
+    r"|(?P<feishu_secret>" + _en(r"app[ _-]?secret|encrypt[ _-]?key|verification[ _-]?token") + ")"
+    r"|(?P<private_key>私钥|" + _en(r"private[ _-]?key") + ")"
+    r"|(?P<api_key>密钥|秘钥|"
+    + _en(r"api[ _-]?key|access[ _-]?key(?:[ _-]?id)?|secret[ _-]?key|(?:client|signing)[ _-]?secret|secret")
+    + ")"
+    r"|(?P<generic_token>令牌|" + _en(r"(?:(?:access|refresh|auth|api|bot|session)[ _-]?)?token") + ")"
+    r"|(?P<pin>安全码|" + _en(r"pin(?:[ _-]?(?:code|number)|[ ]?码)?|cvv2?|cvc2?") + ")"
+    r"|(?P<password>密码|口令|" + _en(r"passwords?|passwd|pwd|passcode|pass[ ]?phrase") + "))"
+    # "password for the wifi is …", "password of my gmail account: …"
+    r"(?P<qual>[ \t]++(?:for|of|on|to)[ \t]++(?:(?:my|the|our|your|this|that)[ \t]++)?[A-Za-z0-9_.@-]{1,40}+"
+    r"(?:[ \t]++(?!(?:is|was|to)[ \t])[A-Za-z0-9_.@-]{1,40}+)?(?=[ \t]*+(?:is|was|[:：=])))?"
+    r"(?P<sep>[ \t\u3000]*+(?:(?P<w>(?<![A-Za-z])(?:is(?:[ \t]++now)?|was|to)(?![A-Za-z]))"
+    r"|(?:也|还|都|就|应该)?是|为|為|(?:改|换|设|设置)(?:成|为)了?|:=|=>|[:：=＝])"
+    r"[ \t\u3000]*+(?:[:：][ \t\u3000]*+)?)?[ \t\u3000]*+",
+    re.IGNORECASE,
+)
+_IDENT = re.compile(
+    r"(?<![A-Za-z0-9_.$-])([\"']?)(?P<name>[A-Za-z_][A-Za-z0-9_.-]{0,63}+)\1[ \t]*+(?::=|=>|[:=：])[ \t]*+"
+)
+_AUTH = re.compile(
+    r"(?i)(?<![A-Za-z0-9_-])(?:authorization[\"']?[ \t]*+[:=][ \t]*+[\"']?(?P<scheme>bearer|basic|token)?"
+    r"|bearer(?=[ \t]))[ \t]*+(?P<val>[A-Za-z0-9._~+/=-]{8,}+)"
+)
+_URL_CRED = re.compile(
+    r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{1,19}+://[^\s:/?#@\[\]]{0,64}+:(?P<pw>[^\s/?@\[\]]{1,128}+)@"
+)
+
+
+def _words(s: str) -> frozenset[str]:
+    return frozenset(s.split())
+
+
+_NAME_PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+# Names that describe a secret rather than hold one: password_policy, token_url, secret_name, max_key…
+_META = _words(
+    "policy length len min max hint reset expiry expires expire expired expiration ttl timeout rule rules "
+    "strength type format field label prompt required enabled count limit url uri endpoint file path dir "
+    "env name id ids header param"
+)
+_STOPWORDS = _words(
+    "required optional none null nil empty true false unknown incorrect wrong invalid expired reset changed "
+    "hidden same different correct strong weak protected encrypted hashed masked saved stored forgotten "
+    "please here below above field policy length manager managers needed missing blank"
+)
+_PLACEHOLDER = re.compile(
+    r"(?i)^(?:\$[A-Za-z{(]|<|%\(|\{\{|\[REDACTED|your|example|placeholder|dummy|sample)|^[*xX#._-]+$"
+)
+_PATHLIKE = re.compile(r"^(?:/|~/|\.\.?/|[A-Za-z]:\\)|://")
+_WORDY = re.compile(r"[A-Za-z]+(?:[-'][A-Za-z]+)*")
+_UNIT = re.compile(
+    r"[ \t]*+(?:(?:characters?|chars?|digits?|letters?|symbols?|bits?|bytes?|times?|days?|hours?|minutes?"
+    r"|months?|years?)(?![A-Za-z])|位|个|次|天|年|月|日|号|小时|分钟|秒|字|元|块|岁)",
+    re.IGNORECASE,
+)
+_ONE_TIME = ("one-time ", "one time ", "otp ", "动态", "一次性", "短信")
+_FEISHU_WORDS = re.compile(r"(?i)飞书|feishu|lark")
+
+
+def _one_time(text: str, i: int) -> bool:
+    """The secret word at `i` is qualified as a one-time code, which is not worth blocking (see top)."""
+    return text[max(0, i - 9) : i].lower().endswith(_ONE_TIME)
+
+
+def _value_at(text: str, pos: int) -> tuple[int, int, bool] | None:
+    """The value starting at `pos`: (start, end, quoted), or None."""
+    m = _VALUE.match(text, pos)
+    if not m:
+        return None
+    if m["qv"] is not None:
+        return m.start("qv"), m.end("qv"), True
+    s, e = m.span()
+    while e > s and text[e - 1] in ".:":  # sentence punctuation, not part of the value
+        e -= 1
+    return s, e, False
+
+
+def _value_ok(kind: str, v: str, how: str, after: str, cjk_keyword: bool = False) -> bool:
+    """Does `v`, found after a secret word, look like the secret itself? `how`: quoted/assign/word/bare."""
+    if not v or _PLACEHOLDER.search(v) or _PATHLIKE.search(v) or _UNIT.match(after):
+        return False
+    if kind == "pin":
+        return how != "bare" and v.isdigit() and 3 <= len(v) <= 12
+    if kind == "password":
+        if len(v) < 4 or v.lower() in _STOPWORDS or (v.isdigit() and how == "bare" and not cjk_keyword):
+            return False
+        if how == "quoted":
+            return True
+        if _WORDY.fullmatch(v):  # a word after "is" or with no separator is prose ("password is incorrect")
+            return how == "assign" and v.isalpha()
+        if how == "bare":  # "密码 123456", "password hunter2" -- but not "password 2 times"
+            return any(c.isdigit() for c in v) and (cjk_keyword or len(v) >= 6)
+        return True
+    # Keys and tokens must be explicitly assigned and look machine-made.
+    if how == "bare":
+        return False
+    return _random_enough(v, 16, allow_hex=True) if kind == "weak_key" else _machine_made(v)
+
+
+def _phrases(text: str) -> Iterator[Span]:
+    pos = 0
+    while m := _PHRASE.search(text, pos):
+        pos = m.end()
+        kind = next(k for k in _KW_KINDS if m[k] is not None)
+        kw_start, kw_end = m.span(kind)
+        word = (m["w"] or "").lower()
+        if _one_time(text, kw_start) or (word == "to" and kind != "password"):  # not "pin to 2024"
+            continue
+        if (val := _value_at(text, pos)) is None:
+            continue
+        s, e, quoted = val
+        if quoted and not m["sep"] and pos == kw_end:  # "password's …" is not a quote
+            continue
+        how = "quoted" if quoted else "word" if word else "assign" if m["sep"] else "bare"
+        if _value_ok(kind, text[s:e], how, text[e + quoted : e + 12], cjk_keyword=text[kw_start] > "~"):
+            feishu = kind == "api_key" and _FEISHU_WORDS.search(text, max(0, kw_start - 40), kw_start)
+            yield s, e, "feishu_secret" if feishu else kind
+            pos = e
+        elif e - s >= _VALUE_MAX:  # do not re-scan a long run from every secret word inside it
+            pos = e
+
+
+_NAME_WORDS = (
+    ("aws_key", ("secretaccesskey",)),
+    ("feishu_secret", ("appsecret", "encryptkey", "verificationtoken")),
+    ("password", ("password", "passwd", "passphrase", "passcode")),
+    ("private_key", ("privatekey",)),
+    ("api_key", ("secret", "apikey", "accesskey", "authkey")),
+)
+
+
+def _name_kind(name: str) -> str | None:
+    """What a variable or field called `name` holds, judged by the words in it (DB_PASSWORD, apiKey…)."""
+    flat = re.sub(r"[^a-z0-9]", "", name.lower())
+    if not any(w in flat for w in ("pas", "pw", "secret", "token", "key", "credential", "pin")):
+        return None  # the common case, decided cheaply
+    parts = {p.lower() for p in _NAME_PARTS.findall(name)}
+    if parts & _META:
+        return None
+    for kind, words in _NAME_WORDS:
+        if any(w in flat for w in words):
+            return kind
+    if parts & {"pwd", "pass", "pw"}:
+        return "password"
+    if parts & {"token", "credential", "credentials"}:
+        return "generic_token"
+    return "pin" if "pin" in parts else "weak_key" if "key" in parts else None
+
+
+def _idents(text: str) -> Iterator[Span]:
+    pos = 0
+    while m := _IDENT.search(text, pos):
+        pos = m.end()
+        kind = _name_kind(m["name"])
+        if kind is None or _one_time(text, m.start("name")) or (val := _value_at(text, pos)) is None:
+            continue
+        s, e, quoted = val
+        if _value_ok(kind, text[s:e], "quoted" if quoted else "assign", text[e + quoted : e + 12]):
+            yield s, e, "api_key" if kind == "weak_key" else kind
+            pos = e
+        elif e - s >= _VALUE_MAX:
+            pos = e
+
+
+def _auth(text: str) -> Iterator[Span]:
+    for m in _AUTH.finditer(text):
+        v = m.group("val")
+        if _machine_made(v) and not _PLACEHOLDER.search(v):
+            basic = (m.group("scheme") or "").lower() == "basic"
+            yield m.start("val"), m.end("val"), "password" if basic else "bearer_token"
+
+
+def _url_creds(text: str) -> Iterator[Span]:
+    for m in _URL_CRED.finditer(text):
+        pw = m.group("pw")
+        if not _PLACEHOLDER.search(pw) and pw.lower() not in ("password", "pass", "passwd", "pwd", "secret"):
+            yield m.start("pw"), m.end("pw"), "connection_string"
+
+
+# --- unlabelled high-entropy strings next to a secret-ish word -------------------------------------------
+
+_CANDIDATE = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/_-]{20,}+=*+")  # "=" only as base64 padding
+_NEAR_WORD = re.compile(
+    r"(?i)(?<!public )(?<!public_)(?<!publishable )"
+    + _en(r"(?:api[ _-]?)?keys?|tokens?|secrets?|credentials?|passwords?")
+    + "|密钥|秘钥|令牌|私钥|凭证|凭据|口令|密码"
+)
+
+
+def _generic(text: str) -> Iterator[Span]:
+    words = [m.span() for m in _NEAR_WORD.finditer(text)]
+    if not words:
+        return
+    starts, ends = [w[0] for w in words], [w[1] for w in words]
+    for m in _CANDIDATE.finditer(text):
+        s, e = m.span()
+        near = bisect.bisect_left(ends, s - 40) < bisect.bisect_right(ends, s) or bisect.bisect_left(
+            starts, e
+        ) < bisect.bisect_right(starts, e + 20)
+        in_url = "://" in re.split(r"\s", text[max(0, s - 200) : s])[-1]  # a URL path, not a credential
+        if near and not in_url and _random_enough(m.group()):
+            yield s, e, "generic_token"
+
+
+# --- the API ---------------------------------------------------------------------------------------------
+
+
+_DETECTORS = (_pem, _formats, _cn_ids, _cards, _url_creds, _auth, _idents, _phrases, _generic)
+
+
+def find_secrets(text: str) -> list[SecretFinding]:
+    """Every secret in `text`: non-overlapping, sorted by start; each span covers the secret value."""
+    spans = sorted(span for detect in _DETECTORS for span in detect(text) if span[0] < span[1])
+    merged: list[Span] = []
+    for s, e, kind in spans:
+        if merged and s < merged[-1][1]:
+            ps, pe, pk = merged[-1]
+            better = _PRIORITY.get(kind, _FORMAT_PRIORITY) > _PRIORITY.get(pk, _FORMAT_PRIORITY)
+            merged[-1] = (ps, max(pe, e), kind if better else pk)
+        else:
+            merged.append((s, e, kind))
+    return [SecretFinding(kind, s, e) for s, e, kind in merged]
+
+
+def contains_secret(text: str) -> bool:
+    return bool(find_secrets(text))
+
+
+def redact(text: str) -> str:
+    """`text` with each secret replaced by ``[REDACTED:<kind>]``; text without findings comes back unchanged.
+
+    Repeats until nothing is found, because cutting a secret out can, rarely, join its neighbours into a new
+    one; that makes ``redact(redact(x)) == redact(x)`` hold by construction.
+    """
+    for _ in range(8):
+        found = find_secrets(text)
+        if not found:
+            break
+        out, last = [], 0
+        for f in found:
+            out += [text[last : f.start], f"[REDACTED:{f.kind}]"]
+            last = f.end
+        out.append(text[last:])
+        text = "".join(out)
+    return text

@@ -1,0 +1,561 @@
+"""Lexical relevance for memory: one tokenizer for Chinese, English and mixed text, and an incremental BM25.
+
+The recipes are the ones tuned on the dev data (`research/lexical-retrieval.md`): English words are
+stop-filtered and Snowball-stemmed (LoCoMo B5), CJK runs lose 49 stop characters and then become character
+unigrams + bigrams (MADial M2). Unigrams make a one-character query (茶) find 乌龙茶; bigrams carry the
+precision. One tokenizer serves every language so that a mixed message and a mixed query meet.
+
+`BM25Index` scores weighted term bags (real-valued tf), so a caller can index a message together with a
+fraction of its neighbours' words. It is incremental: postings live in append-only per-term arrays edited in
+place, so an add or an update costs a few microseconds per term and never rebuilds the index.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import unicodedata
+from array import array
+from collections import Counter
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from functools import lru_cache
+from typing import Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import snowballstemmer
+
+FloatArray = npt.NDArray[np.float64]
+IndexArray = npt.NDArray[np.intp]
+Bag = Mapping[str, float]
+
+#: Bump when `tokenize` changes what it emits: derived indexes built by an older tokenizer are stale.
+TOKENIZER_VERSION = 1
+
+#: The 155-word English list of `research/benchmarks.md` §3 (question words and contraction stubs included).
+STOPWORDS = frozenset(
+    """
+a about above after again against all am an and any are as at be because been
+before being below between both but by can could did do does doing down during
+each few for from further had has have having he her here hers herself him
+himself his how i if in into is it its itself just me more most my myself no nor
+not of off on once only or other our ours ourselves out over own same she should
+so some such than that the their theirs them themselves then there these they
+this those through to too under until up very was we were what when where which
+while who whom why will with would you your yours yourself yourselves also yet
+s t d ll m re ve don didn doesn isn wasn weren hasn haven hadn won wouldn
+couldn shouldn im ive id youre its thats whats dont cant
+""".split()  # noqa: SIM905 -- the list as printed in benchmarks.md, easy to compare
+)
+
+#: The 49 stop characters of the MADial recipe: removed *before* forming n-grams (+7 to +8.5 R@10 on dev).
+STOP_CHARS = frozenset(
+    "的了是我你他她它们在吗呢啊吧呀哦哈嘛么很也都就和与及或有这那个一不没要会能可以还又再把被给让对着过"
+)
+_STOP_TABLE = {ord(ch): None for ch in STOP_CHARS}
+
+# Kana is treated like Han (no spaces between words); Hangul and other scripts are space-separated words.
+_NGRAM_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_TOKEN_RE = re.compile(rf"([{_NGRAM_CHARS}]+)|([a-z0-9]+)|([^\W_a-z0-9{_NGRAM_CHARS}]+)")
+_COMBINING_ACCENTS = re.compile("[\u0300-\u036f]+")
+# Snowball on a 5,000-character blob is wasted work and would bloat the stem cache.
+_MAX_STEM_LEN = 40
+
+_stemmer = snowballstemmer.stemmer("english")
+_stem_lock = threading.Lock()  # a Snowball stemmer object keeps state between calls
+_stem_cache: dict[str, str] = {}
+
+
+def _stem(word: str) -> str:
+    # Pure-Python Snowball costs ~27 µs a word; chat vocabulary repeats, so a cache makes it ~free.
+    hit = _stem_cache.get(word)
+    if hit is not None:
+        return hit
+    stemmed = word if len(word) > _MAX_STEM_LEN else None
+    if stemmed is None:
+        with _stem_lock:
+            stemmed = str(_stemmer.stemWord(word))
+    if len(_stem_cache) >= 200_000:
+        _stem_cache.clear()
+    _stem_cache[word] = stemmed
+    return stemmed
+
+
+def _fold(text: str) -> str:
+    if text.isascii():
+        return text.lower()
+    # NFKC maps full-width Ａ１ to A1; the NFKD detour drops Latin accents (café → cafe) and then recomposes
+    # everything else (kana voicing marks, Hangul) so other scripts keep their characters.
+    decomposed = _COMBINING_ACCENTS.sub("", unicodedata.normalize("NFKD", text))
+    return unicodedata.normalize("NFKC", decomposed).casefold()
+
+
+def tokenize(text: str) -> list[str]:
+    """Index and query tokens of `text`, in any mix of Chinese, English and other scripts.
+
+    Latin/digit runs: stop words out, Snowball English stem. CJK runs: stop characters out, then character
+    unigrams + bigrams. Words of other scripts are kept whole, lower-cased. Never raises on a `str`.
+    """
+    out: list[str] = []
+    for cjk, word, other in _TOKEN_RE.findall(_fold(text)):
+        if word:
+            if word not in STOPWORDS:
+                out.append(_stem(word))
+        elif cjk:
+            run = cjk.translate(_STOP_TABLE)
+            out.extend(run)
+            out.extend(run[i : i + 2] for i in range(len(run) - 1))
+        else:
+            out.append(other)
+    return out
+
+
+@lru_cache(maxsize=8192)
+def _cached_tokens(text: str) -> tuple[str, ...]:
+    # Memory entries are re-scored on every turn; their text rarely changes.
+    return tuple(tokenize(text))
+
+
+class Embedder(Protocol):
+    """A sentence embedder: L2-normalised vectors, one row per text (e5 'query'/'passage' conventions)."""
+
+    def __call__(self, texts: list[str], kind: Literal["query", "passage"]) -> npt.NDArray[np.floating]: ...
+
+
+# ---------------------------------------------------------------------------------------------- scores
+
+
+def top_slots(scores: FloatArray, k: int) -> IndexArray:
+    """Positions of the `k` highest positive scores, best first, ties to the lower position.
+
+    Zero means "no evidence" and is never returned. Ties at the cut are kept whole before sorting, so the
+    tie rule holds even where a partial sort would cut arbitrarily.
+    """
+    cand = np.flatnonzero(scores > 0)
+    if k <= 0 or cand.size == 0:
+        return np.empty(0, dtype=np.intp)
+    if cand.size > k:
+        vals = scores[cand]
+        kth = np.partition(vals, vals.size - k)[vals.size - k]
+        cand = cand[vals >= kth]
+    order = np.lexsort((cand, -scores[cand]))
+    return cand[order][:k]
+
+
+def normalised(scores: npt.ArrayLike) -> FloatArray:
+    """BM25 scores → relevance in [0, 1], dividing by the best score among the candidates.
+
+    Why the max and not a saturating s/(s+k): a BM25 sum grows with query length (a one-word query tops
+    out near 2, a five-line dialogue near 40), so no single k suits both, while the recall formula needs
+    relevance on the same footing as recency and importance for every query. Dividing by the max makes the
+    best lexical match 1 and keeps ratios. Zero evidence stays exactly 0 (so "no evidence → not returned"
+    still holds), and an all-zero input stays all zero. The price: for a query that matches only weakly, the
+    best weak match still gets 1; callers that need an absolute floor must check the raw score.
+    """
+    s = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    s = np.clip(s, 0.0, None)
+    top = float(s.max()) if s.size else 0.0
+    return s / top if top > 0 else np.zeros_like(s)
+
+
+def minmax(values: npt.ArrayLike) -> FloatArray:
+    """Scale to [0, 1] over the candidates; a constant input maps to 1 where positive, else 0."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return v
+    lo, hi = float(v.min()), float(v.max())
+    if hi > lo:
+        return (v - lo) / (hi - lo)
+    return np.where(v > 0, 1.0, 0.0)
+
+
+#: Memory-relevance BM25 parameters, chosen on MADial zh dev (M2): long queries against one-line memories.
+ENTRY_K1 = 1.0
+ENTRY_B = 0.3
+#: Cosine weight when vectors are given (DESIGN §5: 0.7 × cosine + 0.3 × BM25).
+ENTRY_DENSE_WEIGHT = 0.7
+
+
+def entry_relevance(
+    query: str,
+    texts: Sequence[str],
+    *,
+    query_vector: npt.ArrayLike | None = None,
+    entry_vectors: npt.ArrayLike | None = None,
+    dense_weight: float = ENTRY_DENSE_WEIGHT,
+) -> list[float]:
+    """Relevance in [0, 1] of each memory text to `query`: the relevance term of memory recall.
+
+    BM25 (k1 1.0, b 0.3) over `tokenize`, idf taken over the given texts (the namespace's candidates),
+    normalised by the best candidate. With vectors (L2-normalised; the caller embeds and caches them, this
+    stays pure): `dense_weight × minmax(cosine) + (1 − dense_weight) × lexical`. Raw e5 cosines sit in a
+    narrow band (≈0.75–0.9), which is why they are min-max scaled before mixing.
+    """
+    if not texts:
+        return []
+    index = BM25Index(k1=ENTRY_K1, b=ENTRY_B)
+    for i, text in enumerate(texts):
+        index.add(i, Counter(_cached_tokens(text)))
+    lexical = normalised(index.score_array(_cached_tokens(query)))
+    if query_vector is None or entry_vectors is None:
+        return [float(x) for x in lexical]
+    mat = np.asarray(entry_vectors, dtype=np.float64).reshape(len(texts), -1)
+    cosine = mat @ np.asarray(query_vector, dtype=np.float64).reshape(-1)
+    mixed = dense_weight * minmax(cosine) + (1.0 - dense_weight) * lexical
+    return [float(x) for x in mixed]
+
+
+# ---------------------------------------------------------------------------------------------- index
+
+
+class BM25Index:
+    """Okapi BM25 over weighted term bags, incremental and fast at a few hundred thousand documents.
+
+    Storage is term-major: per term, an append-only `array` of document slots and one of tf. A document keeps
+    the positions of its postings, so an update edits tf in place and a removed posting is swapped with the
+    term's last one (no tombstones, no compaction). Queries copy a term's postings into numpy and accumulate
+    with fancy indexing; those copies are cached per term and dropped when that term changes.
+
+    Scores follow rank_bm25's `BM25Okapi` (tests cross-check): idf = ln(N − df + .5) − ln(df + .5), a
+    negative idf replaced by `epsilon ×` the mean idf over the vocabulary, document length = sum of weights.
+    One deliberate departure, `min_idf`: under that convention a term found in exactly half the documents has
+    idf 0, and in a tiny pool the mean idf (hence the replacement) can be ≤ 0, so "茶" over four memories
+    would find nothing. A matching term must stay evidence, so idf is raised to at least `min_idf` (tiny: it
+    only separates "matches" from "does not"; at realistic sizes the replacement is far above it).
+    `min_idf=None` gives rank_bm25's numbers exactly. Slots are positions in insertion order; they never move, so callers may keep arrays parallel
+    to them. Not thread-safe: one writer, and no query during a write.
+    """
+
+    def __init__(
+        self, k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25, min_idf: float | None = 1e-3
+    ) -> None:
+        self.k1 = k1
+        self.b = b
+        self.epsilon = epsilon
+        self.min_idf = min_idf
+        self._vocab: dict[str, int] = {}
+        self._terms: list[str] = []
+        self._p_slot: list[array[int]] = []
+        self._p_tf: list[array[float]] = []
+        self._df = np.zeros(1024, dtype=np.int64)
+        self._keys: list[Hashable | None] = []
+        self._slot: dict[Hashable, int] = {}
+        self._doc_terms: list[array[int] | None] = []
+        self._doc_pos: list[array[int] | None] = []
+        self._dl = np.zeros(1024, dtype=np.float64)
+        self._cache: dict[int, tuple[IndexArray, FloatArray]] = {}
+        self._cached_postings = 0
+        self._version = 0
+        self._mean_idf: tuple[int, float] = (-1, 0.0)
+
+    # -- bookkeeping
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._slot
+
+    @property
+    def slots(self) -> int:
+        """Number of slots ever used (removed documents keep theirs, empty)."""
+        return len(self._keys)
+
+    @property
+    def vocabulary_size(self) -> int:
+        """Number of term ids ever issued (ids are dense, 0 ..< vocabulary_size)."""
+        return len(self._terms)
+
+    @property
+    def terms(self) -> list[str]:
+        """The vocabulary in id order (a copy)."""
+        return list(self._terms)
+
+    def slot_of(self, key: Hashable) -> int | None:
+        return self._slot.get(key)
+
+    def key_at(self, slot: int) -> Hashable | None:
+        return self._keys[slot]
+
+    def term_id(self, term: str) -> int:
+        """The id of `term`, interned on first sight."""
+        t = self._vocab.get(term)
+        if t is None:
+            t = len(self._terms)
+            self._vocab[term] = t
+            self._terms.append(term)
+            self._p_slot.append(array("i"))
+            self._p_tf.append(array("f"))
+            if t >= self._df.size:
+                self._df = np.concatenate([self._df, np.zeros(self._df.size, dtype=np.int64)])
+        return t
+
+    def _new_slot(self, key: Hashable) -> int:
+        if key in self._slot:
+            raise KeyError(f"document {key!r} is already indexed")
+        slot = len(self._keys)
+        self._keys.append(key)
+        self._slot[key] = slot
+        self._doc_terms.append(array("i"))
+        self._doc_pos.append(array("i"))
+        if slot >= self._dl.size:
+            self._dl = np.concatenate([self._dl, np.zeros(self._dl.size, dtype=np.float64)])
+        return slot
+
+    def _changed(self, t: int) -> None:
+        cached = self._cache.pop(t, None)
+        if cached is not None:
+            self._cached_postings -= cached[0].size
+
+    # -- writes
+
+    def add(self, key: Hashable, bag: Bag) -> int:
+        """Index a new document; returns its slot. Raises KeyError if `key` is already indexed."""
+        slot = self._new_slot(key)
+        self._write(slot, bag)
+        return slot
+
+    def update(self, key: Hashable, bag: Bag) -> None:
+        """Replace a document's bag (same slot). Only the terms whose weight changed are touched."""
+        self._write(self._slot[key], bag)
+
+    def remove(self, key: Hashable) -> None:
+        """Drop a document. Raises KeyError if it is not indexed."""
+        slot = self._slot[key]
+        self._write(slot, {})
+        del self._slot[key]
+        self._keys[slot] = None
+        self._doc_terms[slot] = None
+        self._doc_pos[slot] = None
+
+    def _write(self, slot: int, bag: Bag) -> None:
+        old_terms, old_pos = self._doc_terms[slot], self._doc_pos[slot]
+        old = dict(zip(old_terms, old_pos, strict=True)) if old_terms is not None and old_pos else {}
+        new_terms: array[int] = array("i")
+        new_pos: array[int] = array("i")
+        length = 0.0
+        for term, weight in bag.items():
+            w = float(weight)
+            if not w >= 0.0 or math.isinf(w):
+                raise ValueError(f"term weight must be finite and >= 0, got {weight!r} for {term!r}")
+            if w == 0.0:
+                continue
+            t = self.term_id(term)
+            length += w
+            p = old.pop(t, None)
+            tfs = self._p_tf[t]
+            if p is None:
+                p = len(tfs)
+                self._p_slot[t].append(slot)
+                tfs.append(w)
+                self._df[t] += 1
+                self._changed(t)
+            elif abs(tfs[p] - w) > 1e-6 * w:  # tf is stored as float32
+                tfs[p] = w
+                self._changed(t)
+            new_terms.append(t)
+            new_pos.append(p)
+        for t, p in old.items():
+            self._drop_posting(t, p)
+        self._doc_terms[slot] = new_terms
+        self._doc_pos[slot] = new_pos
+        self._dl[slot] = length
+        self._version += 1
+
+    def _drop_posting(self, t: int, p: int) -> None:
+        slots, tfs = self._p_slot[t], self._p_tf[t]
+        last = len(slots) - 1
+        if p != last:
+            moved = slots[last]
+            slots[p] = moved
+            tfs[p] = tfs[last]
+            terms, pos = self._doc_terms[moved], self._doc_pos[moved]
+            assert terms is not None and pos is not None
+            pos[terms.index(t)] = p
+        slots.pop()
+        tfs.pop()
+        self._df[t] -= 1
+        self._changed(t)
+
+    def add_flat(
+        self,
+        keys: Sequence[Hashable],
+        doc: npt.NDArray[np.integer],
+        term: npt.NDArray[np.integer],
+        weight: npt.NDArray[np.floating],
+    ) -> int:
+        """Bulk-index new documents given as rows (doc number into `keys`, term id, weight); returns the first
+        slot. Rows for the same (doc, term) must already be summed. Vectorised: ~10× faster than `add` per
+        document, which is what makes rebuilding a 200,000-message archive take seconds, not minutes."""
+        first = len(self._keys)
+        for key in keys:
+            self._new_slot(key)
+        if not keys:
+            return first
+        order = np.lexsort((doc, term))
+        d = np.asarray(doc, dtype=np.int64)[order]
+        t = np.asarray(term, dtype=np.int64)[order]
+        w = np.asarray(weight, dtype=np.float64)[order]
+        keep = w > 0
+        d, t, w = d[keep], t[keep], w[keep]
+        uniq, starts, counts = np.unique(t, return_index=True, return_counts=True)
+        slot32 = (d + first).astype(np.int32)
+        tf32 = w.astype(np.float32)
+        base = np.empty(uniq.size, dtype=np.int64)
+        for i, (tid, s, c) in enumerate(zip(uniq.tolist(), starts.tolist(), counts.tolist(), strict=True)):
+            base[i] = len(self._p_slot[tid])
+            self._p_slot[tid].frombytes(slot32[s : s + c].tobytes())
+            self._p_tf[tid].frombytes(tf32[s : s + c].tobytes())
+            self._changed(tid)
+        self._df[uniq] += counts
+        pos = (np.repeat(base - starts, counts) + np.arange(t.size)).astype(np.int32)
+        by_doc = np.argsort(d, kind="stable")
+        bounds = np.searchsorted(d[by_doc], np.arange(len(keys) + 1))
+        t32, pos32 = t.astype(np.int32)[by_doc], pos[by_doc]
+        for i in range(len(keys)):
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            self._doc_terms[first + i] = array("i", t32[lo:hi].tobytes())
+            self._doc_pos[first + i] = array("i", pos32[lo:hi].tobytes())
+        self._dl[first : first + len(keys)] = np.bincount(d, weights=w, minlength=len(keys))
+        self._version += 1
+        return first
+
+    # -- reads
+
+    def _postings(self, t: int) -> tuple[IndexArray, FloatArray]:
+        hit = self._cache.get(t)
+        if hit is None:
+            slots = np.frombuffer(self._p_slot[t], dtype=np.int32).astype(np.intp)
+            tfs = np.frombuffer(self._p_tf[t], dtype=np.float32).astype(np.float64)
+            if self._cached_postings > 4_000_000:  # bound the mirror: ~64 MB
+                self._cache.clear()
+                self._cached_postings = 0
+            hit = self._cache[t] = (slots, tfs)
+            self._cached_postings += slots.size
+        return hit
+
+    def _floor_idf(self) -> float:
+        # The mean idf over the vocabulary changes with every write; compute it only when a query needs it.
+        version, value = self._mean_idf
+        if version != self._version:
+            df = self._df[: len(self._terms)]
+            df = df[df > 0].astype(np.float64)
+            n = len(self._slot)
+            value = float(np.mean(np.log(n - df + 0.5) - np.log(df + 0.5))) if df.size else 0.0
+            self._mean_idf = (self._version, value)
+        return self.epsilon * value
+
+    def idf(self, term: str) -> float:
+        t = self._vocab.get(term)
+        df = int(self._df[t]) if t is not None else 0
+        if df == 0:
+            return 0.0
+        n = len(self._slot)
+        value = math.log(n - df + 0.5) - math.log(df + 0.5)
+        if value < 0:
+            value = self._floor_idf()
+        return value if self.min_idf is None else max(value, self.min_idf)
+
+    def score_array(self, query_tokens: Iterable[str]) -> FloatArray:
+        """BM25 score of every slot (removed slots score 0). Repeated query terms count repeatedly."""
+        scores = np.zeros(len(self._keys), dtype=np.float64)
+        n = len(self._slot)
+        if n == 0:
+            return scores
+        avgdl = float(self._dl[: len(self._keys)].sum()) / n
+        if avgdl <= 0:
+            return scores
+        k1, b = self.k1, self.b
+        for term, count in Counter(query_tokens).items():
+            t = self._vocab.get(term)
+            if t is None or self._df[t] == 0:
+                continue
+            slots, tfs = self._postings(t)
+            gain = count * self.idf(term) * (k1 + 1.0)
+            scores[slots] += gain * tfs / (tfs + k1 * (1.0 - b + b * self._dl[slots] / avgdl))
+        return scores
+
+    def scores(self, query_tokens: Iterable[str]) -> dict[Hashable, float]:
+        """Positive scores by document key (documents without evidence are absent)."""
+        arr = self.score_array(query_tokens)
+        return {self._keys[int(s)]: float(arr[s]) for s in np.flatnonzero(arr > 0)}
+
+    def top(
+        self, query_tokens: Iterable[str], k: int, exclude: Collection[Hashable] = ()
+    ) -> list[tuple[Hashable, float]]:
+        """The `k` best documents with evidence, best first, ties to the earlier-added document."""
+        arr = self.score_array(query_tokens)
+        for key in exclude:
+            slot = self._slot.get(key)
+            if slot is not None:
+                arr[slot] = 0.0
+        return [(self._keys[int(s)], float(arr[s])) for s in top_slots(arr, k)]
+
+    # -- persistence support (the file format is the caller's; see rawindex)
+
+    def export_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
+        """Flat arrays of the whole index: enough for `from_arrays` to rebuild it without re-tokenising."""
+        lengths = np.fromiter((len(a) for a in self._p_slot), dtype=np.int64, count=len(self._p_slot))
+        ptr = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=ptr[1:])
+        return {
+            "term_ptr": ptr,
+            "post_slot": np.frombuffer(b"".join(a.tobytes() for a in self._p_slot), dtype=np.int32),
+            "post_tf": np.frombuffer(b"".join(a.tobytes() for a in self._p_tf), dtype=np.float32),
+            "dl": self._dl[: len(self._keys)].copy(),
+            "params": np.array(
+                [self.k1, self.b, self.epsilon, math.nan if self.min_idf is None else self.min_idf], dtype=np.float64
+            ),
+        }
+
+    @classmethod
+    def from_arrays(
+        cls,
+        terms: Sequence[str],
+        keys: Sequence[Hashable | None],
+        arrays: Mapping[str, npt.NDArray[np.generic]],
+    ) -> BM25Index:
+        """Inverse of `export_arrays` (`keys[slot]` is None for a removed slot). Raises ValueError on
+        arrays that do not fit together."""
+        k1, b, eps, min_idf = (float(x) for x in arrays["params"])
+        index = cls(k1=k1, b=b, epsilon=eps, min_idf=None if math.isnan(min_idf) else min_idf)
+        ptr = np.asarray(arrays["term_ptr"], dtype=np.int64)
+        post_slot = np.asarray(arrays["post_slot"], dtype=np.int32)
+        post_tf = np.asarray(arrays["post_tf"], dtype=np.float32)
+        dl = np.asarray(arrays["dl"], dtype=np.float64)
+        if ptr.size != len(terms) + 1 or ptr[-1] != post_slot.size or post_tf.size != post_slot.size:
+            raise ValueError("postings do not match the vocabulary")
+        if dl.size != len(keys) or (post_slot.size and int(post_slot.max()) >= len(keys)):
+            raise ValueError("postings refer to slots that do not exist")
+        for key in keys:
+            slot = len(index._keys)
+            index._keys.append(key)
+            index._doc_terms.append(array("i") if key is not None else None)
+            index._doc_pos.append(array("i") if key is not None else None)
+            if key is not None:
+                index._slot[key] = slot
+        index._dl = np.concatenate([dl, np.zeros(max(1024, dl.size), dtype=np.float64)])
+        for term in terms:
+            index.term_id(term)
+        if index.vocabulary_size != len(terms):
+            raise ValueError("the vocabulary repeats a term")
+        lengths = np.diff(ptr)
+        index._df[: len(terms)] = lengths
+        for t in np.flatnonzero(lengths).tolist():
+            lo, hi = int(ptr[t]), int(ptr[t + 1])
+            index._p_slot[t] = array("i", post_slot[lo:hi].tobytes())
+            index._p_tf[t] = array("f", post_tf[lo:hi].tobytes())
+        term_of = np.repeat(np.arange(len(terms), dtype=np.int32), lengths)
+        pos_of = (np.arange(post_slot.size) - np.repeat(ptr[:-1], lengths)).astype(np.int32)
+        by_doc = np.argsort(post_slot, kind="stable")
+        bounds = np.searchsorted(post_slot[by_doc], np.arange(len(keys) + 1))
+        t_sorted, p_sorted = term_of[by_doc], pos_of[by_doc]
+        for slot in range(len(keys)):
+            lo, hi = int(bounds[slot]), int(bounds[slot + 1])
+            if hi > lo:
+                if keys[slot] is None:
+                    raise ValueError(f"removed slot {slot} still has postings")
+                index._doc_terms[slot] = array("i", t_sorted[lo:hi].tobytes())
+                index._doc_pos[slot] = array("i", p_sorted[lo:hi].tobytes())
+        return index

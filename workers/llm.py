@@ -1,0 +1,140 @@
+"""The Ollama adapter: the `ollama` client with timeouts, bounded retries, and errors translated here.
+
+Callers see `LLMUnavailable` (server down, timeout, 5xx after retries), `LLMError` (the server refused:
+unknown model, bad request) and plain results; no `ollama` or `httpx` exception leaks past this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import ollama
+
+from memory_core.errors import LucidError
+
+log = logging.getLogger(__name__)
+
+
+class LLMError(LucidError):
+    """The model server answered but refused (unknown model, bad request)."""
+
+
+class LLMUnavailable(LLMError):
+    """The model server could not be reached in time, or kept failing."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model: str = ""
+
+
+@dataclass
+class Usage:
+    """Calls and tokens spent, for budgets and metrics."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    failures: int = 0
+    by_model: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class LLM:
+    def __init__(self, host: str | None, timeout: float = 60.0, retries: int = 1, backoff: float = 0.5) -> None:
+        self.host = host
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.usage = Usage()
+        self._clients: dict[float, ollama.Client] = {}
+
+    def _client(self, timeout: float) -> ollama.Client:
+        client = self._clients.get(timeout)
+        if client is None:
+            client = ollama.Client(host=self.host, timeout=timeout)
+            self._clients[timeout] = client
+        return client
+
+    def _call(self, what: str, timeout: float | None, fn: Any) -> Any:
+        attempts = self.retries + 1
+        last: Exception | None = None
+        for attempt in range(attempts):
+            try:
+                return fn(self._client(timeout or self.timeout))
+            except ollama.ResponseError as exc:
+                if exc.status_code is not None and exc.status_code < 500:
+                    self.usage.failures += 1
+                    raise LLMError(f"{what}: {exc.error} (HTTP {exc.status_code})") from exc
+                last = exc
+            except (httpx.HTTPError, ConnectionError, OSError) as exc:
+                last = exc
+            except ValueError as exc:  # a body that is not JSON
+                last = exc
+            if attempt + 1 < attempts:
+                time.sleep(self.backoff * (2**attempt))
+        self.usage.failures += 1
+        raise LLMUnavailable(f"{what}: model server unavailable ({type(last).__name__}: {str(last)[:120]})") from last
+
+    def chat(
+        self,
+        model: str,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        format: str | dict[str, Any] | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+    ) -> ChatResult:
+        options = {"temperature": temperature} if temperature is not None else None
+
+        def run(client: ollama.Client) -> Any:
+            return client.chat(
+                model=model, messages=list(messages), tools=list(tools) if tools else None, format=format,
+                options=options, stream=False,
+            )
+
+        resp = self._call(f"chat with {model}", timeout, run)
+        msg = resp.message
+        calls = []
+        for tc in msg.tool_calls or ():
+            args = tc.function.arguments
+            calls.append(ToolCall(tc.function.name, dict(args) if isinstance(args, dict) else {}))
+        result = ChatResult(
+            content=msg.content or "",
+            tool_calls=tuple(calls),
+            prompt_tokens=int(resp.prompt_eval_count or 0),
+            completion_tokens=int(resp.eval_count or 0),
+            model=model,
+        )
+        self.usage.calls += 1
+        self.usage.prompt_tokens += result.prompt_tokens
+        self.usage.completion_tokens += result.completion_tokens
+        self.usage.by_model[model] = self.usage.by_model.get(model, 0) + 1
+        return result
+
+    def embed(self, model: str, texts: Sequence[str], timeout: float | None = None) -> list[list[float]]:
+        resp = self._call(f"embed with {model}", timeout, lambda c: c.embed(model=model, input=list(texts)))
+        return [list(map(float, v)) for v in resp.embeddings]
+
+    def models(self, timeout: float = 5.0) -> list[str]:
+        resp = self._call("list models", timeout, lambda c: c.list())
+        return [m.model for m in resp.models if m.model]

@@ -1,0 +1,340 @@
+"""The memory service: what a turn, the CLI and the viewer call to read and write a namespace's memory.
+
+It keeps per-process caches that make reading cheap — the parsed book and its relevance index (reloaded
+when the files' stat changes), the raw-archive search index (caught up incrementally from the day files,
+cached on disk under `.index/`, rebuildable from the Markdown at any time) — and sends every write through
+the single writer. The resident tier is frozen per session (chat + persona, 30 minutes idle) so the
+prompt prefix stays stable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from memory_core.book import Book
+from memory_core.entry import Entry
+from memory_core.lineformat import LineError, RawMessage, format_time, parse_file, parse_raw
+from memory_core.namespace import Namespace
+from memory_core.ops import Op, Outcome, Record, Touch, message_to_json
+from memory_core.rawindex import RawHit, RawIndex, StaleIndex
+from memory_core.recall import (
+    RESIDENT_BUDGET,
+    RelevanceIndex,
+    Scored,
+    Snippet,
+    memory_block,
+    recall,
+    resident_snapshot,
+)
+from memory_core.store import ARCHIVE, MEMORY, PROFILE
+
+from .runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+SESSION_IDLE = 30 * 60
+ACTIVE_RECALL_BUDGET = 1.5
+ACTIVE_RECALL_SNIPPETS = 3
+BREAKER_FAILURES = 3
+BREAKER_COOLDOWN = 60.0
+SNIPPET_CHARS = 160
+_SAVE_EVERY = 2000
+
+
+@dataclass
+class Assembly:
+    """Everything a turn shows the model about this person, and what it came from."""
+
+    block: str
+    resident: list[Entry]
+    recalled: list[Scored]
+    snippets: list[Snippet]
+    profile: str | None = None
+
+
+@dataclass
+class _BookCache:
+    key: tuple[tuple[int, int], ...]
+    book: Book
+    index: RelevanceIndex = field(default_factory=RelevanceIndex)
+
+
+@dataclass
+class _RawCache:
+    index: RawIndex
+    offsets: dict[str, int]
+    unsaved: int = 0
+
+
+@dataclass
+class _Breaker:
+    failures: int = 0
+    opened: float | None = None
+
+    def open(self, now: float) -> bool:
+        if self.opened is None:
+            return False
+        if now - self.opened >= BREAKER_COOLDOWN:
+            self.opened, self.failures = None, 0  # half-open: try again
+            return False
+        return True
+
+    def record(self, ok: bool, now: float) -> None:
+        if ok:
+            self.failures = 0
+            return
+        self.failures += 1
+        if self.failures >= BREAKER_FAILURES:
+            self.opened = now
+
+
+class MemoryService:
+    def __init__(self, runtime: Runtime, active_budget: float = ACTIVE_RECALL_BUDGET) -> None:
+        self.runtime = runtime
+        self.active_budget = active_budget
+        self._books: dict[Namespace, _BookCache] = {}
+        self._raw: dict[Namespace, _RawCache] = {}
+        self._breakers: dict[Namespace, _Breaker] = {}
+        self._frozen: dict[tuple[Namespace, str], tuple[float, list[str]]] = {}
+        self._lock = threading.RLock()
+
+    # -------------------------------------------------------------------------------------- reading
+
+    def _stat_key(self, ns: Namespace) -> tuple[tuple[int, int], ...]:
+        root = self.runtime.store.path(ns)
+        key = []
+        for name in (MEMORY, ARCHIVE):
+            try:
+                st = (root / name).stat()
+                key.append((st.st_mtime_ns, st.st_size))
+            except FileNotFoundError:
+                key.append((0, -1))
+        return tuple(key)
+
+    def _cache(self, ns: Namespace) -> _BookCache:
+        with self._lock:
+            key = self._stat_key(ns)
+            cached = self._books.get(ns)
+            if cached is None or cached.key != key:
+                mem = self.runtime.store.read_text(ns, MEMORY)
+                arc = self.runtime.store.read_text(ns, ARCHIVE)
+                book = Book(parse_file(mem) if mem else None, parse_file(arc) if arc else None)
+                index = cached.index if cached is not None else RelevanceIndex()
+                cached = _BookCache(key, book, index)
+                self._books[ns] = cached
+            return cached
+
+    def book(self, ns: Namespace) -> Book:
+        """The namespace as last written (read-only: change it through `apply`)."""
+        return self._cache(ns).book
+
+    def profile(self, ns: Namespace) -> str | None:
+        return self.runtime.store.read_text(ns, PROFILE)
+
+    def recall(
+        self,
+        ns: Namespace,
+        query: str,
+        now: datetime,
+        *,
+        k: int = 5,
+        as_of: datetime | None = None,
+        chat_type: str = "p2p",
+        chat: str | None = None,
+        gate: bool = True,
+    ) -> list[Scored]:
+        cache = self._cache(ns)
+        with self._lock:
+            return recall(
+                cache.book.entries(), query, now, k=k, as_of=as_of, chat_type=chat_type, chat=chat,
+                index=cache.index, gate=gate,
+            )
+
+    def find(self, ns: Namespace, target: str) -> list[Entry]:
+        """Resolve a command or tool target: an exact id (or id prefix ≥ 6), else entries containing it."""
+        target = target.strip()
+        if not target:
+            return []
+        entries = self.book(ns).entries()
+        exact = [e for e in entries if e.id == target or (len(target) >= 6 and e.id.startswith(target))]
+        if exact:
+            return exact
+        now = self.runtime.clock()
+        return [e for e in entries if e.current(now) and target in e.text]
+
+    # -------------------------------------------------------------------------------------- raw search
+
+    def _raw_cache(self, ns: Namespace) -> _RawCache:
+        cache = self._raw.get(ns)
+        store = self.runtime.store
+        cache_dir = store.path(ns) / ".index" / "raw"
+        if cache is None:
+            cache = self._load_raw(cache_dir)
+            self._raw[ns] = cache
+        grew = 0
+        for day in store.raw_days(ns):
+            path = store.path(ns) / "raw" / day
+            size = path.stat().st_size
+            done = cache.offsets.get(day, 0)
+            if size < done:  # a day file was rewritten by hand: rebuild from the Markdown
+                cache = _RawCache(RawIndex(), {})
+                self._raw[ns] = cache
+                return self._raw_cache(ns)
+            if size == done:
+                continue
+            with path.open("rb") as fh:
+                fh.seek(done)
+                chunk = fh.read(size - done)
+            end = chunk.rfind(b"\n") + 1  # only whole lines; a line being written is taken next time
+            new = []
+            for line in chunk[:end].decode("utf-8", errors="surrogateescape").split("\n"):
+                if line.startswith("- "):
+                    try:
+                        new.append(parse_raw(line))
+                    except LineError:
+                        log.warning("unreadable raw line in %s/raw/%s", ns.key, day)
+            grew += cache.index.add_many(new)
+            cache.offsets[day] = done + end
+        cache.unsaved += grew
+        if cache.unsaved >= _SAVE_EVERY:
+            self._save_raw(cache, cache_dir)
+        return cache
+
+    @staticmethod
+    def _load_raw(cache_dir: Path) -> _RawCache:
+        try:
+            index = RawIndex.load(cache_dir)
+            offsets = json.loads((cache_dir / "offsets.json").read_text())
+            if not isinstance(offsets, dict):
+                raise StaleIndex("bad offsets")
+            return _RawCache(index, {str(k): int(v) for k, v in offsets.items()})
+        except (StaleIndex, FileNotFoundError, ValueError, OSError):
+            return _RawCache(RawIndex(), {})
+
+    @staticmethod
+    def _save_raw(cache: _RawCache, cache_dir: Path) -> None:
+        try:
+            cache.index.save(cache_dir)
+            (cache_dir / "offsets.json").write_text(json.dumps(cache.offsets))
+            cache.unsaved = 0
+        except OSError as exc:
+            log.warning("could not save the search index cache: %s", exc)
+
+    def search(self, ns: Namespace, query: str, k: int = 10, exclude_session: str | None = None) -> list[RawHit]:
+        with self._lock:
+            return self._raw_cache(ns).index.search(query, k=k, exclude_session=exclude_session)
+
+    def flush_index(self, ns: Namespace) -> None:
+        with self._lock:
+            cache = self._raw_cache(ns)
+            self._save_raw(cache, self.runtime.store.path(ns) / ".index" / "raw")
+
+    def active_recall(
+        self, ns: Namespace, query: str, session: str, chat: str, already: str = ""
+    ) -> list[Snippet]:
+        """Up to 3 snippets of past conversation for `query`: no LLM, a time budget, a breaker.
+
+        Failure is silent and never delays the reply: a slow or failing search counts toward the breaker
+        (3 in a row → skipped for 60 s).
+        """
+        breaker = self._breakers.setdefault(ns, _Breaker())
+        started = time.monotonic()
+        if breaker.open(started) or len(query.strip()) < 2:
+            return []
+        try:
+            hits = self.search(ns, query, k=8, exclude_session=session or None)
+        except Exception:
+            log.exception("active recall failed for %s", ns.key)
+            breaker.record(False, time.monotonic())
+            return []
+        elapsed = time.monotonic() - started
+        breaker.record(elapsed <= self.active_budget, time.monotonic())
+        if elapsed > self.active_budget:
+            return []
+        seen: set[str] = set()
+        out: list[Snippet] = []
+        for hit in hits:
+            text = " ".join(hit.text.split())
+            if len(text) < 6 or text.lower() == query.strip().lower():
+                continue
+            probe = text[:24].lower()
+            if probe in seen or (already and probe in already.lower()):
+                continue
+            seen.add(probe)
+            if len(text) > SNIPPET_CHARS:
+                text = text[:SNIPPET_CHARS] + "…"
+            out.append(Snippet(text=text, ts=hit.ts, message_id=hit.id))
+            if len(out) >= ACTIVE_RECALL_SNIPPETS:
+                break
+        return out
+
+    # -------------------------------------------------------------------------------------- a turn
+
+    def resident(
+        self, ns: Namespace, now: datetime, chat_type: str, chat: str, session: str
+    ) -> list[Entry]:
+        """The resident tier, frozen per session: the same entries for the session's life, minus any the
+        person removed or that stopped being current (a forget takes effect at once)."""
+        book = self.book(ns)
+        key = (ns, f"{chat_type}:{chat}:{session}")
+        frozen = self._frozen.get(key)
+        wall = time.monotonic()
+        if frozen is not None and wall - frozen[0] < SESSION_IDLE:
+            by_id = {e.id: e for e in book.entries()}
+            entries = [by_id[i] for i in frozen[1] if i in by_id and by_id[i].current(now)]
+        else:
+            entries = resident_snapshot(book.entries(), now, RESIDENT_BUDGET, chat_type, chat)
+        self._frozen[key] = (wall, [e.id for e in entries])
+        return entries
+
+    def assemble(
+        self,
+        ns: Namespace,
+        query: str,
+        *,
+        chat_type: str,
+        chat: str,
+        session: str,
+        now: datetime,
+        k: int = 5,
+    ) -> Assembly:
+        resident = self.resident(ns, now, chat_type, chat, session)
+        recalled = self.recall(ns, query, now, k=k, chat_type=chat_type, chat=chat)
+        profile = self.profile(ns) if chat_type != "group" else None
+        partial = memory_block(profile, resident, recalled)
+        snippets: list[Snippet] = []
+        if chat_type != "group":
+            snippets = self.active_recall(ns, query, session, chat, already=partial)
+        block = memory_block(profile, resident, recalled, snippets) if snippets else partial
+        return Assembly(block, resident, recalled, snippets, profile)
+
+    # -------------------------------------------------------------------------------------- writing
+
+    def apply(self, ns: Namespace, ops: Sequence[Op]) -> list[Outcome]:
+        return self.runtime.writer.submit(ns, ops)
+
+    def record(self, ns: Namespace, message: RawMessage) -> Outcome:
+        outcome = self.apply(ns, [Record(message=message_to_json(message))])[0]
+        if outcome.status == "recorded":
+            with self._lock:
+                self._raw_cache(ns)  # picks the new line up from the day file, as every process does
+        return outcome
+
+    def feedback(self, ns: Namespace, ids: Sequence[str], now: datetime) -> None:
+        """Hit feedback (hits + 1, last = now) without slowing the turn: queued for the next batch."""
+        if not ids:
+            return
+        op = Touch(ids=tuple(ids), at=format_time(now))
+        queue = self.runtime.writer.queue
+        if queue is not None:
+            queue.push(ns, [op])  # applied with the next write of this namespace (the reply's record)
+        else:
+            self.apply(ns, [op])
+
