@@ -12,6 +12,7 @@ verbatim. The rules (DESIGN §4), with the reference system's holes closed:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -108,18 +109,65 @@ class _Side:
         return MemoryFile(self.preamble, tuple(sections))
 
 
+class _DedupIndex:
+    """Normalised text → ids, and char bigram → ids, over MEMORY.md's entries.
+
+    Finds the same-text and near-duplicate candidates of a new text without scanning every entry:
+    Jaccard is computed from shared-bigram counts, exactly."""
+
+    def __init__(self, entries: dict[str, Entry]) -> None:
+        self._entries = entries
+        self._norm: dict[str, set[str]] = {}
+        self._postings: dict[str, set[str]] = {}
+        for e in entries.values():
+            self.add(e)
+
+    def add(self, e: Entry) -> None:
+        self._norm.setdefault(similarity.normalise(e.text), set()).add(e.id)
+        for g in similarity.bigrams(e.text):
+            self._postings.setdefault(g, set()).add(e.id)
+
+    def remove(self, e: Entry) -> None:
+        self._norm.get(similarity.normalise(e.text), set()).discard(e.id)
+        for g in similarity.bigrams(e.text):
+            self._postings.get(g, set()).discard(e.id)
+
+    def same(self, text: str, now: datetime) -> list[Entry]:
+        ids = self._norm.get(similarity.normalise(text), set())
+        return [e for i in sorted(ids) if (e := self._entries.get(i)) is not None and e.current(now)]
+
+    def candidates(self, text: str, now: datetime) -> list[Entry]:
+        """Current entries that may be a duplicate of `text`: Jaccard ≥ 0.65, or one contains the other."""
+        mine = similarity.bigrams(text)
+        shared: Counter[str] = Counter()
+        for g in mine:
+            shared.update(self._postings.get(g, ()))
+        out = []
+        for ident, n in shared.items():
+            e = self._entries.get(ident)
+            if e is None or not e.current(now):
+                continue
+            other = len(similarity.bigrams(e.text))
+            if n / (len(mine) + other - n) >= similarity.DUPLICATE or n == min(len(mine), other):
+                out.append(e)
+        return out
+
+
 class Book:
     """MEMORY.md + ARCHIVE.md of one namespace, as a mutable working copy for one batch."""
 
     def __init__(self, memory: MemoryFile | None = None, archive: MemoryFile | None = None) -> None:
         memory = memory if memory is not None and memory.sections else _with_sections(memory)
         self.memory = _Side.load(memory)
-        self.archive = _Side.load(archive if archive is not None and archive.sections else empty_archive_file())
+        self.archive = _Side.load(
+            archive if archive is not None and archive.sections else empty_archive_file()
+        )
         for name in ("resident", "recall"):
             if name not in self.memory.headings:
                 self.memory.headings[name] = f"## {name.capitalize()}"
                 self.memory.section_order.insert(0 if name == "resident" else 1, name)
         self._normalise_hand_moves()
+        self._dedup = _DedupIndex(self.memory.entries)
         self.changed = False
 
     # ------------------------------------------------------------------------------------------ reading
@@ -170,7 +218,7 @@ class Book:
     def replace_entry(self, entry: Entry) -> None:
         """Swap in a new value for an existing entry (dreaming, hit feedback)."""
         if entry.id in self.memory.entries:
-            self.memory.entries[entry.id] = entry
+            self._set(entry)
         elif entry.id in self.archive.entries:
             self.archive.entries[entry.id] = entry
         else:
@@ -179,11 +227,21 @@ class Book:
 
     def add_entry(self, entry: Entry) -> None:
         self.memory.add(entry, "resident" if entry.resident else "recall")
+        self._dedup.add(entry)
+        self.changed = True
+
+    def _set(self, entry: Entry) -> None:
+        old = self.memory.entries[entry.id]
+        self.memory.entries[entry.id] = entry
+        if old.text != entry.text:
+            self._dedup.remove(old)
+            self._dedup.add(entry)
         self.changed = True
 
     def move_to_archive(self, entry_id: str) -> None:
         entry = self.memory.remove(entry_id)
         if entry is not None:
+            self._dedup.remove(entry)
             self.archive.add(entry, self.archive.section_order[0])
             self.changed = True
 
@@ -209,41 +267,44 @@ class Book:
             if found is not None:
                 subject = _subject_key(found.subject)
         automatic = op.source not in USER_SOURCES
-        current = self.current(now)
 
         # 1. The same text again: nothing to do.
-        for e in current:
-            if similarity.same_text(e.text, text):
-                return Outcome(op.op_id, "unchanged", id=e.id)
+        for e in self._dedup.same(text, now):
+            return Outcome(op.op_id, "unchanged", id=e.id)
 
         # 2. Same subject, different value: supersede every current holder of the subject.
         if subject is not None:
-            holders = [e for e in current if _subject_key(e.subject) == subject]
+            holders = [
+                e
+                for e in self.memory.entries.values()
+                if e.current(now) and _subject_key(e.subject) == subject
+            ]
             if holders:
                 if automatic and any(e.protected for e in holders):
                     return Outcome(op.op_id, "rejected:protected", detail="a pinned entry holds this subject")
                 for old in holders:
-                    self.memory.entries[old.id] = old.with_changes(valid_to=now)
+                    self._set(old.with_changes(valid_to=now))
                 entry = self._new_entry(op, text, subject, now, supersedes=tuple(e.id for e in holders))
                 self.add_entry(entry)
                 return Outcome(op.op_id, "superseded", id=entry.id, superseded=tuple(e.id for e in holders))
 
         # 3. Near duplicate (best match over all current entries): update in place, keeping metadata.
-        best = self._best_match(text, current)
+        best = self._best_match(text, self._dedup.candidates(text, now))
         if best is not None:
             old, relation = best
             if relation == "contained":  # the new text says less than what is stored
                 return Outcome(op.op_id, "unchanged", id=old.id)
             if automatic and old.protected:
-                return Outcome(op.op_id, "rejected:protected", id=old.id, detail="pinned entries change by hand")
+                return Outcome(
+                    op.op_id, "rejected:protected", id=old.id, detail="pinned entries change by hand"
+                )
             updated = old.with_changes(
                 text=text,
                 subject=subject or old.subject,
                 pinned=old.pinned or op.pinned,
                 confidence=op.confidence if op.confidence is not None else old.confidence,
             )
-            self.memory.entries[old.id] = updated
-            self.changed = True
+            self._set(updated)
             return Outcome(op.op_id, "updated", id=old.id)
 
         entry = self._new_entry(op, text, subject, now)
@@ -289,12 +350,20 @@ class Book:
                 relation = "similar"
                 if score < similarity.DUPLICATE:
                     continue
-            if best is None or score > best[0] or (score == best[0] and (e.at or _EPOCH) > (best[1].at or _EPOCH)):
+            if (
+                best is None
+                or score > best[0]
+                or (score == best[0] and (e.at or _EPOCH) > (best[1].at or _EPOCH))
+            ):
                 best = (score, e, relation)
         return (best[1], best[2]) if best else None
 
     def _forget(self, op: Forget) -> Outcome:
-        removed = self.memory.remove(op.id) or self.archive.remove(op.id)
+        removed = self.memory.remove(op.id)
+        if removed is not None:
+            self._dedup.remove(removed)
+        else:
+            removed = self.archive.remove(op.id)
         if removed is None:
             return Outcome(op.op_id, "rejected:not_found", detail=f"no entry {op.id}")
         self.changed = True
@@ -306,8 +375,7 @@ class Book:
             return Outcome(op.op_id, "rejected:not_found", detail=f"no current entry {op.id}")
         if entry.pinned == op.pinned:
             return Outcome(op.op_id, "unchanged", id=op.id)
-        self.memory.entries[op.id] = entry.with_changes(pinned=op.pinned)
-        self.changed = True
+        self._set(entry.with_changes(pinned=op.pinned))
         return Outcome(op.op_id, "updated", id=op.id)
 
     def _edit(self, op: Edit, now: datetime) -> Outcome:
@@ -322,8 +390,7 @@ class Book:
             return rejected
         if text == entry.text:
             return Outcome(op.op_id, "unchanged", id=op.id)
-        self.memory.entries[op.id] = entry.with_changes(text=text)
-        self.changed = True
+        self._set(entry.with_changes(text=text))
         return Outcome(op.op_id, "updated", id=op.id)
 
     def _touch(self, op: Touch) -> Outcome:
@@ -334,7 +401,7 @@ class Book:
             if entry is None:
                 continue
             last = entry.last if entry.last is not None and entry.last > at else at
-            self.memory.entries[ident] = entry.with_changes(hits=entry.hits + 1, last=last)
+            self._set(entry.with_changes(hits=entry.hits + 1, last=last))
             touched += 1
         if touched:
             self.changed = True

@@ -48,7 +48,6 @@ _TRAIL_WORDS = (
     "啦",
     "please",
     "thanks",
-    "thank you",
     ", ok",
 )
 _POLITE_ZH = r"(?:请你?|麻烦你?|你|能不能|可不可以|可以|你能|你可以)*(?:帮我)?(?:好好)?"
@@ -67,14 +66,15 @@ _REMEMBER = [
         re.I | re.S,
     ),
 ]
-# "我对花生过敏，记住了" / "I'm allergic to shellfish, remember that": the trigger comes last. Searched in the
-# last few characters only, so that a long message costs linear time.
+# "我对花生过敏，记住了" / "I'm allergic to shellfish, remember that": the trigger comes last, after punctuation
+# ("I'll remember that" is no request). Searched in the last few characters only, so a long message costs
+# linear time.
 _REMEMBER_AFTER = [
     re.compile(
-        r"[\s,，。!！;；]+(?:请你?|帮我|你)?(?:记住|记一下|记下来|记下|记好|记着)(?:了|哦|啊|啦|呀|喔)?[\s。.!！~]*$"
+        r"\s*[,，。!！;；]+\s*(?:请你?|帮我|你)?(?:记住|记一下|记下来|记下|记好|记着)(?:了|哦|啊|啦|呀|喔)?[\s。.!！~]*$"
     ),
     re.compile(
-        r"[\s,.;!-]+(?:please )?(?:remember (?:that|this|it)|remember|don't forget (?:that|this|it)|"
+        r"\s*[,.;!-]+\s*(?:please )?(?:remember (?:that|this|it)|remember|don't forget (?:that|this|it)|"
         r"keep (?:that|this|it) in mind|note that|make a note of (?:that|this|it))[\s.!]*$",
         re.I,
     ),
@@ -195,9 +195,8 @@ def _forget(text: str) -> Intent | None:
         payload, obj, verb = _payload(m["p"]), m["obj"] or "", m["verb"].lower()
         erase = verb in ("delete", "remove", "erase", "drop", "wipe") or re.fullmatch(_ERASE_ZH, verb)
         if erase and not obj.strip() and "记忆" not in payload and not re.match(r"my\b|我的", payload, re.I):
-            return (
-                None  # 删除这个文件 / "delete the file" are not about memory; 删除记忆… / "delete that" are
-            )
+            # 删除这个文件 / "delete the file" are not about memory; 删除记忆… / "delete that" are
+            return None
         if verb in ("忘了", "忘记") and (_FORGOT_TO.match(payload) or text.rstrip("。.!！ ").endswith("了")):
             return None  # 忘了告诉你… / 忘记密码了 report forgetting; they request nothing
         if payload.lower() in ("it", "about it", "it lol") or payload in ("吧", "它", "它吧"):
@@ -254,8 +253,8 @@ hi hello hey yo hiya howdy sup what's_up whats_up good_morning good_afternoon go
 morning night ok okay alright all_right sure yes yeah yep yup no nope nah got_it i_see understood noted cool nice
 great awesome perfect fine good sounds_good makes_sense thanks thx ty thank_you many_thanks cheers no_problem
 no_worries np bye goodbye see_you see_ya later ttyl take_care wow omg how_are_you how_are_you_doing how_are_u
-how's_it_going hows_it_going how_do_you_do nice_to_meet_you never_mind nevermind nvm forget_it forget_about_it you_too me_too
-same so very much really too again there all everyone guys buddy bro dude mate man a_lot oh ah"""
+how's_it_going hows_it_going how_do_you_do nice_to_meet_you never_mind nevermind nvm forget_it forget_about_it
+you_too me_too same so very much really too again there all everyone guys buddy bro dude mate man a_lot oh ah"""
 )
 _CHAT_LONGEST = max(len(p) for p in _CHAT)
 _CHAT_WORD = re.compile(

@@ -15,6 +15,7 @@ import re
 import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import UTC, datetime
 from urllib.parse import quote, unquote
 
@@ -38,17 +39,18 @@ def _needs_codepoint_escape(ch: str) -> bool:
     return cat in ("Cc", "Cs", "Zl", "Zp") or ch == "\ufeff"
 
 
+# Characters `_needs_codepoint_escape` accepts, as one class, so the common case is one regex scan.
+_SPECIAL = re.compile("[\\\\\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff]")
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    ch = m.group(0)
+    return "\\\\" if ch == "\\" else "\\u{%x}" % ord(ch)
+
+
 def escape(text: str) -> str:
     """Escape `text` for the visible part of a line. Bijective with `unescape`."""
-    out: list[str] = []
-    for ch in text:
-        if ch == "\\":
-            out.append("\\\\")
-        elif _needs_codepoint_escape(ch):
-            out.append("\\u{%x}" % ord(ch))
-        else:
-            out.append(ch)
-    s = "".join(out)
+    s = _SPECIAL.sub(_escape_char, text)
     # A comment can neither open nor close inside content.
     s = s.replace("<!--", "<\\!--").replace("-->", "--\\>")
     if s and s[0] in _LEADING_MARKUP:
@@ -88,9 +90,14 @@ def parse_time(value: str) -> datetime:
     return as_utc(parsed)
 
 
+_QV_PLAIN = re.compile(r"[0-9A-Za-z_.:,+/@!*()'\[\]-]*\Z")
+
+
 def _qv(value: str) -> str:
     """Percent-encode only what would break the comment (`%;=<>`, white space, controls); keep the rest
     readable, Chinese included."""
+    if _QV_PLAIN.match(value):
+        return value
     out: list[str] = []
     for ch in value:
         if ch in "%;=<>" or ch.isspace() or _needs_codepoint_escape(ch):
@@ -158,6 +165,7 @@ def entry_meta(e: Entry) -> list[tuple[str, str]]:
     return pairs
 
 
+@lru_cache(maxsize=200_000)
 def render_entry(e: Entry) -> str:
     visible = escape(e.text)
     if e.valid_to is not None:
@@ -188,8 +196,11 @@ def _split_comment(body: str, opener: str) -> tuple[str, str | None]:
     return stripped[:idx], stripped[idx + len(opener) : -len(META_CLOSE)]
 
 
+@lru_cache(maxsize=200_000)
 def parse_entry(line: str) -> Entry:
-    """Parse one `- …` line. Raises LineError when it is an entry line that cannot be read."""
+    """Parse one `- …` line. Raises LineError when it is an entry line that cannot be read.
+
+    Cached: a batch re-reads a file whose lines are mostly unchanged, so parsing is a lookup."""
     if not line.startswith("- ") and line.rstrip() != "-":
         raise LineError("not a list item")
     body = line[2:]

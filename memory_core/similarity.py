@@ -13,6 +13,7 @@ DUPLICATE = 0.65  # at or above: the same memory said again
 RELATED = 0.35  # at or above: the same topic (deep-dream clusters)
 
 
+@lru_cache(maxsize=200_000)
 def normalise(text: str) -> str:
     t = unicodedata.normalize("NFKC", text).lower()
     return "".join(ch for ch in t if not (ch.isspace() or unicodedata.category(ch).startswith("P")))

@@ -96,8 +96,8 @@ def subject_type(subject: str) -> str:
 # --- vocabulary -------------------------------------------------------------------------------------------
 
 
-def _words(text: str, sep: str | None = None) -> frozenset[str]:
-    return frozenset(w.strip() for w in text.split(sep) if w.strip())
+def _words(text: str, sep: str | None = None) -> tuple[str, ...]:
+    return tuple(w.strip() for w in text.split(sep) if w.strip())
 
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
@@ -129,12 +129,10 @@ _ZH_GENERIC = _words(
     """家 家里 老家 公司 单位 学校 办公室 宿舍 医院 路上 车上 外面 外地 这 这里 这儿 这边 那 那里 那儿 那边 楼下
     楼上 网上 线上 线下 本地 附近 床上 国内 市区 郊区 小区 园区 景区 一个 某个"""
 )
-_ZH_ACTIVITY = tuple(
-    _words(
-        """开会 吃饭 工作 上班 加班 出差 睡觉 休息 考虑 思考 准备 排队 开车 坐车 上课 上学 读书 学习 旅游 旅行 度假
-        散步 健身 锻炼 处理 测试 调试 写 想 忙 吃 喝 睡 看 玩 读 听 找 买 等 搞 弄 聊 做 打 跑 洗 跟 和 给 帮 用 赶
-        逛 哭 笑 努力 犹豫 纠结 发呆 面试 复习 考试 讨论 研究 参加 这 那 某 一个"""
-    )
+_ZH_ACTIVITY = _words(
+    """开会 吃饭 工作 上班 加班 出差 睡觉 休息 考虑 思考 准备 排队 开车 坐车 上课 上学 读书 学习 旅游 旅行 度假
+    散步 健身 锻炼 处理 测试 调试 写 想 忙 吃 喝 睡 看 玩 读 听 找 买 等 搞 弄 聊 做 干 打 跑 洗 跟 和 给 帮 用 赶
+    逛 哭 笑 努力 犹豫 纠结 发呆 面试 复习 考试 讨论 研究 参加 这 那 某 一个"""
 )
 _EN_STOP = _words(
     """a an my your his her our their this that it love trouble charge bed pain shock luck class school hospital
@@ -147,11 +145,10 @@ _EN_STOP = _words(
 )
 # First characters and words that cannot start a name: pronouns, errands (我叫了外卖), time words, conjunctions
 # (如果我住在北京 is a hypothetical, not a person called 如果我).
-_ZH_NOT_NAME = tuple(
-    _words(
-        """他 她 它 我 你 您 这 那 谁 某 有 每 别 人 一 了 过 车 醒 起 吃 回 去 来 出 睡 周末 今天 明天 昨天 平时 以前
-        现在 目前 最近 如果 要是 假如 虽然 因为 但是 所以 可能 也许 听说 据说 好像 感觉 觉得 希望 打算 准备 想 还 都 就 只 也 才 又"""
-    )
+_ZH_NOT_NAME = _words(
+    """他 她 它 我 你 您 这 那 谁 某 有 每 别 人 一 了 过 车 醒 起 吃 回 去 来 出 睡 周末 今天 明天 昨天 平时 以前
+    现在 目前 最近 如果 要是 假如 虽然 因为 但是 所以 可能 也许 听说 据说 好像 感觉 觉得 希望 打算 准备 想 还 都 就
+    只 也 才 又"""
 )
 _ZH_NOT_NAME_WORDS = _words("同事 朋友 公司 老板 外卖 快递 出租车 救护车 名字 大家 别人 有人")
 _QUESTION_WORDS = re.compile(r"哪|什么|啥|谁|几|多少|怎么|\b(?:where|what|which|who|whom)\b", re.I)
@@ -207,12 +204,9 @@ def _zh_place(value: str) -> bool:
                 return True
     if value.startswith(_ZH_ACTIVITY):
         return False
-    cjk = len(re.findall(rf"[{_CJK}]", value))
-    return (
-        cjk >= 2
-        and value.endswith(_ZH_PLACE_SUFFIX)
-        and re.fullmatch(rf"[{_CJK}0-9A-Za-z· ]+", value) is not None
-    )
+    if len(re.findall(rf"[{_CJK}]", value)) < 2 or not value.endswith(_ZH_PLACE_SUFFIX):
+        return False
+    return re.fullmatch(rf"[{_CJK}0-9A-Za-z· ]+", value) is not None
 
 
 def _en_place(value: str) -> bool:
@@ -224,10 +218,6 @@ def _en_place(value: str) -> bool:
     if not words or len(value) > 60 or words[0].lower() in _EN_STOP or _QUESTION_WORDS.search(value):
         return False
     return words[0][0].isupper() and all(ch.isalpha() or ch in " .,'-" for ch in value)
-
-
-def _place(value: str, english: bool) -> bool:
-    return _en_place(value) if english else _zh_place(value)
 
 
 def _is_tz(value: str, english: bool = False) -> bool:
@@ -257,14 +247,12 @@ def _any_value(value: str, english: bool = False) -> bool:
 def _employer_ok(value: str, english: bool = False) -> bool:
     if not _any_value(value) or value in _ZH_GENERIC or value.split()[0].lower() in _EN_STOP:
         return False
-    return not value.startswith(
-        ("一个", "这个", "那个", "做", "搞", "干", *_ZH_ACTIVITY)
-    ) and not value.endswith("的")
+    return not value.startswith(_ZH_ACTIVITY) and not value.endswith("的")
 
 
 _TESTS: dict[str, Callable[[str, bool], bool]] = {
     "any": _any_value,
-    "place": _place,
+    "place": lambda v, en: _en_place(v) if en else _zh_place(v),
     "tz": _is_tz,
     "lang": lambda v, en: True,
     "techy": lambda v, en: (
@@ -281,9 +269,16 @@ _TESTS: dict[str, Callable[[str, bool], bool]] = {
 
 # --- rules ------------------------------------------------------------------------------------------------
 
+_ZH_REL = (
+    "联合创始人|创始人|合伙人|同事|老板|上司|领导|经理|主管|导师|老师|同学|好朋友|朋友|闺蜜|室友|邻居|客户|"
+    "助理|妻子|老婆|丈夫|老公|女朋友|男朋友|对象|爱人|爸爸|妈妈|父亲|母亲|儿子|女儿|哥哥|姐姐|弟弟|妹妹|表哥|表姐|"
+    "表弟|表妹|叔叔|阿姨|爷爷|奶奶|外公|外婆|CEO|CTO|HR|队友"
+)
+_ZH_REL_WORDS = tuple(_ZH_REL.split("|"))
+
 # One rule per line: language (zh/en, en is case-insensitive), subject, test, anchored pattern. `{…}` are
 # macros. Order is precedence: time zone before place (我在东八区), employer before place (我在阿里巴巴工作),
-# `_work_at` re-routes 我在杭州工作 to a place. Named groups: v = value, n = a third party's name.
+# the `work_at` test re-routes 我在杭州工作 to a place. Named groups: v = value, n = a third party's name.
 _MACROS = {
     "{ADV}": "(?:现在|目前|如今|最近|已经|也|还|就|一直|平时|都|刚|刚刚)*",
     "{ADV_EN}": r"(?:(?:now|currently|still|actually|also|just|recently|finally|officially)\s+)*",
@@ -293,9 +288,7 @@ _MACROS = {
     "{LANG}": r"(?P<v>简体中文|繁体中文|中文|汉语|普通话|简体|繁体|英文|英语|日语|日文|韩语|韩文|法语|德语|西班牙语|俄语|粤语|"
     r"葡萄牙语|意大利语|阿拉伯语|越南语|泰语|(?:(?:simplified |traditional )?chinese|english|mandarin|cantonese|"
     r"japanese|korean|french|german|spanish|russian|portuguese|italian|arabic|hindi|vietnamese|thai|dutch)\b)",
-    "{ZH_REL}": "联合创始人|创始人|合伙人|同事|老板|上司|领导|经理|主管|导师|老师|同学|好朋友|朋友|闺蜜|室友|邻居|客户|"
-    "助理|妻子|老婆|丈夫|老公|女朋友|男朋友|对象|爱人|爸爸|妈妈|父亲|母亲|儿子|女儿|哥哥|姐姐|弟弟|妹妹|表哥|表姐|"
-    "表弟|表妹|叔叔|阿姨|爷爷|奶奶|外公|外婆|CEO|CTO|HR|队友",
+    "{ZH_REL}": _ZH_REL,
     "{EN_REL}": r"co-?founder|founder|partner|colleague|co-?worker|boss|manager|best friend|friend|roommate|"
     r"flatmate|neighbou?r|client|assistant|teacher|mentor|wife|husband|girlfriend|boyfriend|fianc[eé]e?|spouse|"
     r"mom|mum|dad|mother|father|son|daughter|brother|sister|cousin|uncle|aunt|grandma|grandpa|ceo|cto|teammate",
@@ -361,7 +354,7 @@ en 家乡 place ^i (?:grew up|was raised) in (?P<v>.+)$
 en 家乡 any ^my (?:hometown|home town)(?:'s| is) (?P<v>.+)$
 zh - person ^{NAME_ZH}是(?P<v>我们?的?(?:公司|团队|部门|项目|组)?的?(?:{ZH_REL}))$
 zh - person ^(?P<v>我们?的?(?:公司|团队|部门)?的?(?:{ZH_REL}))叫(?P<n>[\u4e00-\u9fff·]{2,4}|[A-Z][a-z]+)$
-zh - person ^我们?的?(?:{ZH_REL}){NAME_ZH}(?P<v>(?:现在|目前|也|一直)?(?:住在|在|是|就职于|搬到|搬去).+)$
+zh - person ^(?:我们?的?)?(?:{ZH_REL}){NAME_ZH}(?P<v>(?:现在|目前|也|一直)?(?:住在|在|是|就职于|搬到|搬去).+)$
 zh - person ^{NAME_ZH}(?P<v>(?:现在|目前|也|一直)?(?:住在|定居在|搬到了?|搬去了?|就职于).+)$
 en - person ^{NAME_EN}(?: is|'s) (?P<v>my (?:[\w-]+ ){0,2}(?:{EN_REL}))$
 en - person ^my (?:[\w-]+ )?(?:{EN_REL}),? {NAME_EN},? (?P<v>(?:now |just |recently |also )*(?:lives|is based|works|moved|is|has)\b.+)$
@@ -404,11 +397,11 @@ def _apply(rule: Rule, clause: str) -> tuple[str, str] | None:
 
 def _person(name: str, value: str) -> tuple[str, str] | None:
     """A named third party: ``person:<name>`` with the rest of the clause as value. Pronouns are refused."""
-    if not value or name.lower() in _EN_STOP or name.startswith(_ZH_NOT_NAME) or name in _ZH_NOT_NAME_WORDS:
+    if not value or name.lower() in _EN_STOP or name in _ZH_NOT_NAME_WORDS or name in _ZH_REL_WORDS:
         return None
-    if re.search("[我你您他她它们]", name) or (
-        name.isascii() and not all(w[0].isupper() for w in name.split())
-    ):
+    if name.startswith(_ZH_NOT_NAME) or re.search("[我你您他她它们]|[都也还就又才的了在是和跟]$", name):
+        return None  # 他/如果我/老婆孩子都…: a pronoun, a conjunction or a clause, not a name
+    if name.isascii() and not all(w[0].isupper() for w in name.split()):
         return None
     return (canonical_subject("person:" + name), value)
 

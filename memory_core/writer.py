@@ -33,7 +33,7 @@ from .lineformat import META_OPEN, RawMessage, Unparsed, parse_file, render_file
 from .namespace import Namespace
 from .ops import Op, Outcome, Record, message_from_json, op_from_json, op_to_json
 from .secretscan import contains_secret, redact
-from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, ConcurrentChange, Snapshot, Store
+from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, ConcurrentChange, Snapshot, Store, version_of
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,9 @@ class Writer:
         self.clock = clock
         self.lease_wait = lease_wait
         self.problems: list[tuple[str, str]] = []  # malformed lines seen by the last batch
+        # The book as this process last committed it, by namespace version: a batch that finds the files
+        # as it left them skips parsing (the common case when one process writes a hot namespace).
+        self._books: dict[Namespace, tuple[str, Book]] = {}
 
     # -------------------------------------------------------------------------------------- public
 
@@ -230,7 +233,9 @@ class Writer:
                 report.manual_edit = True
             if expect_version is not None and snap.version != expect_version:
                 return None
-            book = _book(snap)
+            cached = self._books.pop(ns, None)
+            book = cached[1] if cached is not None and cached[0] == snap.version else _book(snap)
+            book.changed = False
             self.problems = book.problems()
             now = self.clock()
             report.outcomes, raw = self._apply(ns, book, [op for _, op in ops], now)
@@ -249,7 +254,11 @@ class Writer:
                 with self.store.fenced(ns, lease.token, lease.held):
                     self.store.write_journal(
                         ns,
-                        {"message": msg, "ops": [r for r, _ in ops if r], "outcomes": [o.to_json() for o in report.outcomes]},
+                        {
+                            "message": msg,
+                            "ops": [r for r, _ in ops if r],
+                            "outcomes": [o.to_json() for o in report.outcomes],
+                        },
                     )
                     hashes = self.store.replace_files(ns, snap, files, raw)
             except ConcurrentChange:
@@ -259,6 +268,8 @@ class Writer:
             self.store.record_hashes(ns, hashes)
             report.revision = self.store.commit(ns, msg)
             self.store.clear_journal(ns)
+            if change is None:
+                self._books[ns] = (version_of(hashes), book)
             self._publish(ns, ops, report.outcomes)
             return report
         raise ConcurrentEdit(f"{ns} kept changing during the write; nothing was applied")
@@ -287,7 +298,9 @@ class Writer:
         except (KeyError, ValueError, TypeError) as exc:
             return Outcome(op.op_id, "rejected:invalid", detail=f"bad message: {exc}")
         if not msg.id or len(msg.id) > 200:
-            return Outcome(op.op_id, "rejected:invalid", detail="a message needs an id of at most 200 characters")
+            return Outcome(
+                op.op_id, "rejected:invalid", detail="a message needs an id of at most 200 characters"
+            )
         day = self.store.raw_day_name(msg.ts)
         ids = known.setdefault(day, self.store.raw_ids(ns, day))
         if msg.id in ids:

@@ -1,0 +1,179 @@
+"""Single-writer throughput: one hot namespace of 5,000 entries with 8 writer processes, and 1,000 namespaces.
+
+    python bench/writer.py [--entries 5000] [--procs 8] [--ops 100] [--namespaces 1000] --json
+
+Compared in the same run:
+- `batched`: the product's writer (Redis lease + fencing + shared op queue: whoever holds the lease applies
+  every pending op of the namespace as one batch, one git commit);
+- `baseline`: the same writer with a host-local lock and no queue, i.e. one lock / read / write / commit per op.
+Each op is one `remember` of a fresh text; latency is measured per op in the submitting process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from memory_core.namespace import Namespace  # noqa: E402
+from memory_core.ops import Put, Remember  # noqa: E402
+from memory_core.store import Store  # noqa: E402
+from memory_core.writer import Writer  # noqa: E402
+
+
+def _text(rng: random.Random) -> str:
+    return "".join(chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(14))
+
+
+def _writer(data: Path, url: str | None) -> Writer:
+    store = Store(data)
+    if url is None:
+        return Writer(store)
+    import redis
+
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+
+    client = redis.Redis.from_url(url)
+    return Writer(store, RedisLocker(client), RedisOpQueue(client))
+
+
+def child(data: Path, url: str | None, seed: int, ops: int, namespaces: list[str], go: float) -> None:
+    rng = random.Random(seed)
+    writer = _writer(data, url)
+    while time.time() < go:
+        time.sleep(0.001)
+    lat = []
+    for i in range(ops):
+        ns = Namespace.parse(namespaces[i % len(namespaces)])
+        t = time.perf_counter()
+        out = writer.submit(ns, [Remember(text=_text(rng))])[0]
+        lat.append(time.perf_counter() - t)
+        assert out.ok, out
+    print(json.dumps(lat))
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))] * 1000
+
+
+def run(data: Path, url: str | None, procs: int, ops: int, namespaces: list[str]) -> dict[str, float]:
+    go = time.time() + 1.5
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                str(data),
+                url or "-",
+                str(seed),
+                str(ops),
+                ",".join(namespaces),
+                str(go),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for seed in range(procs)
+    ]
+    lat: list[float] = []
+    for c in children:
+        out, _ = c.communicate()
+        lat.extend(json.loads(out))
+    wall = time.time() - go
+    return {
+        "ops": len(lat),
+        "ops_per_s": round(len(lat) / wall, 1),
+        "p50_ms": round(_pct(lat, 0.5), 1),
+        "p95_ms": round(_pct(lat, 0.95), 1),
+    }
+
+
+def seed(data: Path, ns: Namespace, n: int) -> None:
+    rng = random.Random(99)
+    ops = [Put(entry={"id": f"{i:016x}", "text": _text(rng), "at": "2026-01-01T00:00:00Z"}) for i in range(n)]
+    Writer(Store(data)).submit(ns, ops)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _, _, data, url, seed_s, ops, nss, go = sys.argv
+        child(Path(data), None if url == "-" else url, int(seed_s), int(ops), nss.split(","), float(go))
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--entries", type=int, default=5000)
+    ap.add_argument("--procs", type=int, default=8)
+    ap.add_argument("--ops", type=int, default=100, help="ops per process")
+    ap.add_argument("--namespaces", type=int, default=1000)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    from workers import embedded_redis
+
+    tmp = Path(tempfile.mkdtemp(prefix="lucid-bench-"))
+    server = embedded_redis.start(tmp / "redis", persist=False)
+    try:
+        results: dict[str, object] = {
+            "machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
+            "entries": args.entries,
+            "procs": args.procs,
+        }
+        hot = str(Namespace.of("bench", "hot", "default"))
+        for mode, url in (("batched", server.url), ("baseline", None)):
+            data = tmp / mode
+            seed(data, Namespace.parse(hot), args.entries)
+            results[f"hot_{mode}"] = run(data, url, args.procs, args.ops, [hot])
+        many = [str(Namespace.of("bench", f"u{i}", "default")) for i in range(args.namespaces)]
+        per = args.namespaces // args.procs
+        for mode, url in (("batched", server.url), ("baseline", None)):
+            data = tmp / f"many-{mode}"
+            go = time.time() + 1.5
+            children = [
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        str(data),
+                        url or "-",
+                        str(s),
+                        str(per),
+                        ",".join(many[s * per : (s + 1) * per]),
+                        str(go),
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                for s in range(args.procs)
+            ]
+            lat: list[float] = []
+            for c in children:
+                lat.extend(json.loads(c.communicate()[0]))
+            wall = time.time() - go
+            results[f"namespaces_{mode}"] = {
+                "namespaces": len(lat),
+                "ops_per_s": round(len(lat) / wall, 1),
+                "p50_ms": round(_pct(lat, 0.5), 1),
+                "p95_ms": round(_pct(lat, 0.95), 1),
+            }
+        hb, hl = results["hot_batched"], results["hot_baseline"]
+        assert isinstance(hb, dict) and isinstance(hl, dict)
+        results["hot_speedup"] = round(hb["ops_per_s"] / hl["ops_per_s"], 2)
+        print(json.dumps(results, indent=None if args.json else 2))
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
