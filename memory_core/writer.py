@@ -38,6 +38,7 @@ from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, ConcurrentChange, Snapshot,
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 500
+LEAD_TIME = 0.25
 _RETRIES = 8
 
 
@@ -208,10 +209,19 @@ class Writer:
             lease.release()
 
     def _drain(self, ns: Namespace, lease: Lease) -> None:
+        """Apply pending ops batch after batch while more keep arriving (up to LEAD_TIME).
+
+        Keeping the lease while the queue is busy keeps this process's parsed book valid, so a hot
+        namespace is written by one warm leader instead of eight processes re-reading the file in turn."""
         assert self.queue is not None
-        raw_ops = self.queue.pending(ns, MAX_BATCH)
-        if raw_ops:
+        started = time.monotonic()
+        while True:
+            raw_ops = self.queue.pending(ns, MAX_BATCH)
+            if not raw_ops:
+                return
             self._batch(ns, lease, _decode(raw_ops))
+            if time.monotonic() - started > LEAD_TIME or not lease.held():
+                return
 
     def _batch(
         self,
