@@ -167,8 +167,14 @@ class Book:
                 self.memory.headings[name] = f"## {name.capitalize()}"
                 self.memory.section_order.insert(0 if name == "resident" else 1, name)
         self._normalise_hand_moves()
-        self._dedup = _DedupIndex(self.memory.entries)
+        self._dedup_index: _DedupIndex | None = None  # built on the first write that needs it
         self.changed = False
+
+    @property
+    def _dedup(self) -> _DedupIndex:
+        if self._dedup_index is None:
+            self._dedup_index = _DedupIndex(self.memory.entries)
+        return self._dedup_index
 
     # ------------------------------------------------------------------------------------------ reading
 

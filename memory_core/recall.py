@@ -11,6 +11,7 @@ Everything here is pure: the caller passes entries, the query, the time and (opt
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 import unicodedata
@@ -18,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 
 import numpy as np
 
@@ -27,10 +29,35 @@ from .subjects import canonical_subject
 from .textindex import ENTRY_B, ENTRY_DENSE_WEIGHT, ENTRY_K1, BM25Index, minmax, tokenize
 
 HALF_LIFE_DAYS = 30.0
-TYPE_PRIOR = {"rule": 1.0, "identity": 1.0, "instruction": 0.8, "preference": 0.6, "fact": 0.4, "context": 0.4}
+TYPE_PRIOR = {
+    "rule": 1.0,
+    "identity": 1.0,
+    "instruction": 0.8,
+    "preference": 0.6,
+    "fact": 0.4,
+    "context": 0.4,
+}
 HINTS = (
-    "过敏", "重要", "务必", "一定要", "总是", "永远", "别忘", "不要忘", "千万", "切记", "请记住",
-    "allergic", "allergy", "important", "always", "never", "must", "critical", "remember", "deadline",
+    "过敏",
+    "重要",
+    "务必",
+    "一定要",
+    "总是",
+    "永远",
+    "别忘",
+    "不要忘",
+    "千万",
+    "切记",
+    "请记住",
+    "allergic",
+    "allergy",
+    "important",
+    "always",
+    "never",
+    "must",
+    "critical",
+    "remember",
+    "deadline",
 )
 #: A BM25 score at which lexical evidence counts as strong: relevance saturates as s/(s + this).
 EVIDENCE_SCALE = 1.0
@@ -53,6 +80,7 @@ def salience(entry: Entry) -> float:
     return min(0.5, hint + 0.2 * conf)
 
 
+@lru_cache(maxsize=200_000)
 def importance(entry: Entry) -> float:
     return TYPE_PRIOR.get(entry.type, 0.4) + salience(entry) + min(0.5, 0.1 * entry.hits)
 
@@ -84,30 +112,55 @@ def visible_in(entry: Entry, chat_type: str, chat: str | None) -> bool:
 
 
 class RelevanceIndex:
-    """BM25 over one namespace's entry texts, kept between queries and updated by difference.
+    """BM25 over one namespace's entries, kept between queries and updated by difference.
 
-    A warm query over 10,000 entries costs one sparse score pass, not a rebuild.
+    A warm query over 10,000 entries is one sparse score pass plus work proportional to the matches;
+    `sync` with the same list object as last time costs nothing.
     """
 
     def __init__(self) -> None:
         self._index = BM25Index(k1=ENTRY_K1, b=ENTRY_B)
         self._texts: dict[str, str] = {}
+        self.entries: dict[str, Entry] = {}
+        self._synced: object = None
 
-    def sync(self, entries: Iterable[Entry]) -> None:
-        wanted = {e.id: e.text for e in entries}
+    def sync(self, entries: Sequence[Entry]) -> None:
+        if entries is self._synced:
+            return
+        wanted = {e.id: e for e in entries}
         for ident in [i for i in self._texts if i not in wanted]:
             self._index.remove(ident)
             del self._texts[ident]
-        for ident, text in wanted.items():
+        fresh: list[Entry] = []
+        for ident, e in wanted.items():
             old = self._texts.get(ident)
-            if old == text:
+            if old == e.text:
                 continue
-            bag = Counter(tokenize(text)) or Counter({"\x00empty": 1})
             if old is None:
-                self._index.add(ident, bag)
+                fresh.append(e)
             else:
-                self._index.update(ident, bag)
-            self._texts[ident] = text
+                self._index.update(ident, _bag(e.text))
+            self._texts[ident] = e.text
+        if fresh:
+            self._bulk_add(fresh)
+        self.entries = wanted
+        self._synced = entries
+
+    def _bulk_add(self, fresh: list[Entry]) -> None:
+        docs: list[int] = []
+        terms: list[int] = []
+        weights: list[float] = []
+        for n, e in enumerate(fresh):
+            for term, count in _bag(e.text).items():
+                docs.append(n)
+                terms.append(self._index.term_id(term))
+                weights.append(float(count))
+        self._index.add_flat(
+            [e.id for e in fresh],
+            np.asarray(docs, dtype=np.int64),
+            np.asarray(terms, dtype=np.int64),
+            np.asarray(weights, dtype=np.float64),
+        )
 
     def relevance(self, query: str) -> dict[str, float]:
         """id → relevance in [0, 1] for every entry with lexical evidence (others are absent).
@@ -120,20 +173,25 @@ class RelevanceIndex:
         tokens = tokenize(expanded)
         if not tokens:
             return {}
-        raw = {k: v for k, v in self._index.scores(tokens).items() if v > 0}
+        raw = {str(k): v for k, v in self._index.scores(tokens).items() if v > 0}
         wanted = strong_terms(expanded)
         if wanted:
-            raw = {k: v for k, v in raw.items() if wanted & strong_terms(self._texts[str(k)])}
+            raw = {k: v for k, v in raw.items() if not wanted.isdisjoint(strong_terms(self._texts[k]))}
         if not raw:
             return {}
         top = max(raw.values())
         strength = top / (top + EVIDENCE_SCALE)  # a weak best match is not made to look strong
-        return {str(k): strength * v / top for k, v in raw.items()}
+        return {k: strength * v / top for k, v in raw.items()}
+
+
+def _bag(text: str) -> Counter[str]:
+    return Counter(tokenize(text)) or Counter({"\x00empty": 1})
 
 
 _CJK_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 
 
+@lru_cache(maxsize=100_000)
 def strong_terms(text: str) -> frozenset[str]:
     """Evidence-grade terms: adjacent CJK character pairs as written, and Latin/digit words."""
     pairs = {run[i : i + 2] for run in _CJK_RUN.findall(text) for i in range(len(run) - 1)}
@@ -161,8 +219,20 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
 
 #: Short questions about a standing attribute, answered by the entries holding that subject.
 _SUBJECT_QUESTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"(哪|什么).{0,4}(工作|上班|公司|单位)|在哪.{0,2}(工作|上班)|where do i work|my (employer|company)", re.I), "雇主"),
-    (re.compile(r"我(现在)?(在|住|人在)(哪|什么地方)|住哪|在哪儿|where (do|am) i( now)?( live| living| based)?\b|where i live", re.I), "所在地"),
+    (
+        re.compile(
+            r"(哪|什么).{0,4}(工作|上班|公司|单位)|在哪.{0,2}(工作|上班)|where do i work|my (employer|company)",
+            re.I,
+        ),
+        "雇主",
+    ),
+    (
+        re.compile(
+            r"我(现在)?(在|住|人在)(哪|什么地方)|住哪|在哪儿|where (do|am) i( now)?( live| living| based)?\b|where i live",
+            re.I,
+        ),
+        "所在地",
+    ),
     (re.compile(r"我叫什么|我的名字|what'?s my name|who am i", re.I), "姓名"),
     (re.compile(r"时区|time ?zone", re.I), "时区"),
     (re.compile(r"(用|说)什么语言|which language|what language", re.I), "语言"),
@@ -203,26 +273,29 @@ def recall(
 
     `as_of` answers what was current at that time (recency is still measured from `now`). With vectors
     for the query and the entries, relevance = 0.7 × minmax(cosine) + 0.3 × lexical, and an entry needs
-    lexical or vector evidence to be returned at all.
+    lexical or vector evidence to be returned at all. Pass the same `index` (and the same `entries`
+    list) between queries to keep the work proportional to the matches.
     """
     if not query.strip() or (gate and is_chitchat(query)):
         return []
     when = as_of or now
-    candidates = [e for e in entries if e.current(when) and visible_in(e, chat_type, chat)]
-    if not candidates:
-        return []
     if index is None:
         index = RelevanceIndex()
-    index.sync(candidates)
-    lexical = index.relevance(query)
+    index.sync(entries)
+    by_id = index.entries
+
+    def eligible(e: Entry) -> bool:
+        return e.current(when) and visible_in(e, chat_type, chat)
+
+    lexical = {i: r for i, r in index.relevance(query).items() if eligible(by_id[i])}
     rel = dict(lexical)
     subject = asked_subject(query)
     if subject is not None:
-        for e in candidates:
-            if e.subject and canonical_subject(e.subject) == subject:
+        for e in by_id.values():
+            if e.subject and canonical_subject(e.subject) == subject and eligible(e):
                 rel[e.id] = max(rel.get(e.id, 0.0), SUBJECT_RELEVANCE)
     if query_vector is not None and vectors:
-        ids = [e.id for e in candidates if e.id in vectors]
+        ids = [i for i in vectors if i in by_id and eligible(by_id[i])]
         if ids:
             mat = np.asarray([vectors[i] for i in ids], dtype=np.float64)
             cos = mat @ np.asarray(query_vector, dtype=np.float64)
@@ -231,11 +304,8 @@ def recall(
                 if c <= 0 and ident not in lexical:
                     continue  # no vector evidence either
                 rel[ident] = ENTRY_DENSE_WEIGHT * float(d) + (1 - ENTRY_DENSE_WEIGHT) * lexical.get(ident, 0.0)
-    scored = [
-        Scored(e, recency(e, now), importance(e), rel[e.id]) for e in candidates if rel.get(e.id, 0.0) > 0
-    ]
-    scored.sort(key=lambda s: (-s.score, -s.importance, s.entry.id))
-    return scored[:k]
+    scored = [Scored(by_id[i], recency(by_id[i], now), importance(by_id[i]), r) for i, r in rel.items() if r > 0]
+    return heapq.nsmallest(k, scored, key=lambda s: (-s.score, -s.importance, s.entry.id))
 
 
 # ---------------------------------------------------------------------------------------------- resident
@@ -309,7 +379,12 @@ BLOCK_NOTE = (
 def _clean(text: str) -> str:
     """One safe display line: no storage comment, no block delimiters, no line breaks."""
     t = text.replace("<!--", "<!‐‐").replace("-->", "‐‐>")
-    t = re.sub(r"</?\s*(memory-context|recalled-context)\s*>", lambda m: m.group(0).replace("<", "&lt;"), t, flags=re.I)
+    t = re.sub(
+        r"</?\s*(memory-context|recalled-context)\s*>",
+        lambda m: m.group(0).replace("<", "&lt;"),
+        t,
+        flags=re.I,
+    )
     t = "".join(" " if unicodedata.category(ch) in ("Cc", "Zl", "Zp") else ch for ch in t)
     return " ".join(t.split())
 
@@ -342,8 +417,14 @@ def memory_block(
             parts.append(f"## {title}\n" + "\n".join(kept))
 
     if profile and profile.strip():
-        section("Profile", [f"- {_clean(line.lstrip('-* '))}" for line in profile.splitlines() if line.strip()
-                            and not line.lstrip().startswith("#") and not line.lstrip().startswith("<!--")])
+        section(
+            "Profile",
+            [
+                f"- {_clean(line.lstrip('-* '))}"
+                for line in profile.splitlines()
+                if line.strip() and not line.lstrip().startswith("#") and not line.lstrip().startswith("<!--")
+            ],
+        )
     shown = {e.id for e in resident}
     section("Standing memory", [f"- {_clean(e.text)}" for e in resident])
     section(

@@ -64,6 +64,7 @@ class _BookCache:
     key: tuple[tuple[int, int], ...]
     book: Book
     index: RelevanceIndex = field(default_factory=RelevanceIndex)
+    entries: list[Entry] = field(default_factory=list)  # one stable list per load: the index syncs once
 
 
 @dataclass
@@ -127,7 +128,7 @@ class MemoryService:
                 arc = self.runtime.store.read_text(ns, ARCHIVE)
                 book = Book(parse_file(mem) if mem else None, parse_file(arc) if arc else None)
                 index = cached.index if cached is not None else RelevanceIndex()
-                cached = _BookCache(key, book, index)
+                cached = _BookCache(key, book, index, book.entries())
                 self._books[ns] = cached
             return cached
 
@@ -153,7 +154,7 @@ class MemoryService:
         cache = self._cache(ns)
         with self._lock:
             return recall(
-                cache.book.entries(), query, now, k=k, as_of=as_of, chat_type=chat_type, chat=chat,
+                cache.entries, query, now, k=k, as_of=as_of, chat_type=chat_type, chat=chat,
                 index=cache.index, gate=gate,
             )
 
