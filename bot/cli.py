@@ -73,14 +73,22 @@ def cmd_remember(args: argparse.Namespace, rt: Runtime) -> int:
 @command("forget")
 def cmd_forget(args: argparse.Namespace, rt: Runtime) -> int:
     outcome = rt.writer.submit(_ns(args), [Forget(id=args.id)])[0]
-    _emit(args, outcome.to_json(), f"{outcome.status} {args.id}" + (f": {outcome.detail}" if outcome.detail else ""))
+    _emit(
+        args,
+        outcome.to_json(),
+        f"{outcome.status} {args.id}" + (f": {outcome.detail}" if outcome.detail else ""),
+    )
     return 0 if outcome.ok else 3
 
 
 @command("pin")
 def cmd_pin(args: argparse.Namespace, rt: Runtime) -> int:
     outcome = rt.writer.submit(_ns(args), [Pin(id=args.id, pinned=not args.unpin)])[0]
-    _emit(args, outcome.to_json(), f"{outcome.status} {args.id}" + (f": {outcome.detail}" if outcome.detail else ""))
+    _emit(
+        args,
+        outcome.to_json(),
+        f"{outcome.status} {args.id}" + (f": {outcome.detail}" if outcome.detail else ""),
+    )
     return 0 if outcome.ok else 3
 
 
@@ -148,7 +156,9 @@ def cmd_undo(args: argparse.Namespace, rt: Runtime) -> int:
 
     report = rt.writer.transact(ns, change, message)
     rev = report.revision if report else None
-    _emit(args, {"message": message, "revision": rev}, f"{message} → {rev[:10] if rev else 'nothing to undo'}")
+    _emit(
+        args, {"message": message, "revision": rev}, f"{message} → {rev[:10] if rev else 'nothing to undo'}"
+    )
     return 0
 
 
@@ -276,8 +286,11 @@ def cmd_demo(args: argparse.Namespace, rt: Runtime) -> int:
     for i, (when, text, why) in enumerate(steps, start=1):
         rt.writer.clock = lambda when=when: when
         outcome = rt.writer.submit(ns, [Remember(text=text, source="user")])[0]
-        print(f"{i}. {format_time(when)}  remember {text!r}: {outcome.status}"
-              + (f" (supersedes {', '.join(outcome.superseded)})" if outcome.superseded else "") + f"  — {why}")
+        print(
+            f"{i}. {format_time(when)}  remember {text!r}: {outcome.status}"
+            + (f" (supersedes {', '.join(outcome.superseded)})" if outcome.superseded else "")
+            + f"  — {why}"
+        )
         if i == 2:
             book, _ = rt.writer.snapshot(ns)
             current = [e.text for e in book.current(when) if e.subject == "所在地"]
@@ -306,7 +319,9 @@ def _common(p: argparse.ArgumentParser, memory: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lucid", description="Lucid: a chat bot whose memory is plain Markdown.")
+    parser = argparse.ArgumentParser(
+        prog="lucid", description="Lucid: a chat bot whose memory is plain Markdown."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -334,7 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("query")
     p.add_argument("--k", type=int, default=5, help="how many (default 5)")
     p.add_argument("--as-of", help="what was current at this time (ISO 8601)")
-    p.add_argument("--chat-type", choices=("p2p", "group"), default="p2p", help="as seen from this kind of chat")
+    p.add_argument(
+        "--chat-type", choices=("p2p", "group"), default="p2p", help="as seen from this kind of chat"
+    )
     p.add_argument("--chat", help="the chat id (group scope)")
     p.add_argument("--no-gate", action="store_true", help="also answer greetings and fillers")
     _common(p)
@@ -367,7 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         overrides: dict[str, Any] = {}
         if getattr(args, "data", None):

@@ -17,11 +17,39 @@ from .namespace import Namespace
 from .ops import Op, Put, Record, Remember
 
 _FACT_FIELDS = {
-    "kind", "id", "text", "type", "subject", "valid_from", "valid_to", "supersedes", "hits", "pinned",
-    "confidence", "at", "last", "from", "scope", "user", "persona", "tenant", "source",
+    "kind",
+    "id",
+    "text",
+    "type",
+    "subject",
+    "valid_from",
+    "valid_to",
+    "supersedes",
+    "hits",
+    "pinned",
+    "confidence",
+    "at",
+    "last",
+    "from",
+    "scope",
+    "user",
+    "persona",
+    "tenant",
+    "source",
 }
 _MESSAGE_FIELDS = {
-    "kind", "id", "ts", "speaker", "text", "chat", "chat_type", "role", "session", "user", "persona", "tenant",
+    "kind",
+    "id",
+    "ts",
+    "speaker",
+    "text",
+    "chat",
+    "chat_type",
+    "role",
+    "session",
+    "user",
+    "persona",
+    "tenant",
 }
 
 
@@ -162,8 +190,14 @@ def _fact(obj: dict[str, Any], upsert: bool) -> Op:
         raise ValueError("id may hold letters, digits and _.:- only")
     if upsert:
         return Remember(
-            text=text, type=kind, subject=_str(obj, "subject"), source=_str(obj, "source") or "import",
-            origin=_str(obj, "from"), scope=scope, confidence=confidence, pinned=pinned,
+            text=text,
+            type=kind,
+            subject=_str(obj, "subject"),
+            source=_str(obj, "source") or "import",
+            origin=_str(obj, "from"),
+            scope=scope,
+            confidence=confidence,
+            pinned=pinned,
         )
     entry = {
         "id": ident or new_id(),

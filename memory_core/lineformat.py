@@ -15,8 +15,8 @@ import re
 import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 from datetime import UTC, datetime
+from functools import lru_cache
 from urllib.parse import quote, unquote
 
 from .entry import Entry, as_utc

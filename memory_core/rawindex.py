@@ -43,6 +43,7 @@ SPEAKER_BOOST = 0.3  # × the best score; the gain flattens from 0.2 up
 DENSE_WEIGHT = 0.3
 DENSE_CONTEXT = 0.3  # a vector is mixed with its ±1 neighbours' vectors: context without re-embedding
 CANDIDATES = 100
+BULK_CHUNK = 16_384
 _MONTHS = (
     "january", "february", "march", "april", "may", "june",
     "july", "august", "september", "october", "november", "december",
@@ -118,7 +119,7 @@ class RawIndex:
         self._speaker_names: list[tuple[frozenset[str], str]] = []  # (latin words, CJK part)
         self._own: OrderedDict[int, Counter[str]] = OrderedDict()  # LRU: recent messages gain neighbours
         self._vec: npt.NDArray[np.float32] | None = None
-        self._has_vec = np.zeros(0, dtype=bool)
+        self._has_vec = np.zeros(1024, dtype=bool)
         self.last_id: str | None = None
 
     def __len__(self) -> int:
@@ -177,7 +178,8 @@ class RawIndex:
         for later in seq[p + 1 :]:
             self._pos[later] += 1
         self._sess.set(slot, sid)
-        name = msg.speaker.strip().lower()
+        self._grow_vec_mask(slot + 1)
+        name = msg.speaker.strip().casefold()
         spk = self._speaker_ids.get(name)
         if spk is None:
             spk = self._speaker_ids[name] = len(self._speaker_names)
@@ -186,6 +188,10 @@ class RawIndex:
         self._spk.set(slot, spk)
         self.last_id = msg.id
         return slot
+
+    def _grow_vec_mask(self, n: int) -> None:
+        if n > self._has_vec.size:
+            self._has_vec = np.concatenate([self._has_vec, np.zeros(max(n, self._has_vec.size), dtype=bool)])
 
     def _neighbours(self, slot: int) -> list[int]:
         return [other for other, _ in self._window(slot)[1:]]
@@ -198,13 +204,28 @@ class RawIndex:
         if msg.id in self._bm25:
             return False
         slot = self._place(msg)
-        assert self._bm25.add(msg.id, self._doc_bag(slot)) == slot
+        got = self._bm25.add(msg.id, self._doc_bag(slot))
+        assert got == slot, "index slots and message slots move together"
         for other in self._neighbours(slot):
             self._bm25.update(self._msg(other).id, self._doc_bag(other))
         return True
 
     def add_many(self, msgs: Iterable[RawMessage]) -> int:
-        """Index a batch (a rebuild or an import) with one vectorised bulk insert; returns how many were new."""
+        """Index a batch (a rebuild or an import) with vectorised bulk inserts; returns how many were new.
+
+        Works in chunks so the numpy temporaries (≈ 40 rows a message) stay small whatever the batch size."""
+        added = 0
+        chunk: list[RawMessage] = []
+        for msg in msgs:
+            chunk.append(msg)
+            if len(chunk) == BULK_CHUNK:
+                added += self._add_chunk(chunk)
+                chunk = []
+        return added + self._add_chunk(chunk)
+
+    def _add_chunk(self, msgs: list[RawMessage]) -> int:
+        if len(msgs) < 16:  # a live trickle: the vectorised set-up would cost more than it saves
+            return sum(self.add(m) for m in msgs)
         fresh: list[int] = []
         seen: set[str] = set()
         for msg in msgs:
@@ -321,9 +342,11 @@ class RawIndex:
         usable = self._has_vec[:n] & (self._sess.data[:n] >= 0)
         if exclude_session is not None and exclude_session in self._session_ids:
             usable &= self._sess.data[:n] != self._session_ids[exclude_session]
-        have = np.flatnonzero(usable)
-        dense = self._vec[have] @ q
-        dense_top = have[np.argsort(-dense, kind="stable")[:CANDIDATES]]
+        m = min(n, self._vec.shape[0])
+        dense = np.full(n, -np.inf, dtype=np.float32)
+        dense[:m] = self._vec[:m] @ q  # one mat-vec over the stored rows: no copy of the matrix
+        dense[~usable] = -np.inf
+        dense_top = np.argsort(-dense, kind="stable")[: min(CANDIDATES, int(usable.sum()))]
         cand = np.union1d(top_slots(lexical, CANDIDATES), dense_top)
         if cand.size == 0:
             return []
@@ -357,15 +380,14 @@ class RawIndex:
         if self.embedder is None:
             return 0
         n = len(self._msgs)
-        if self._has_vec.size < n:
-            self._has_vec = np.concatenate([self._has_vec, np.zeros(n - self._has_vec.size, dtype=bool)])
         todo = np.flatnonzero(~self._has_vec[:n] & (self._sess.data[:n] >= 0))[:limit]
         for lo in range(0, todo.size, batch):
             chunk = todo[lo : lo + batch]
             texts = [f"{self._msg(int(s)).speaker}: {self._msg(int(s)).text}" for s in chunk]
             vecs = np.asarray(self.embedder(texts, "passage"), dtype=np.float32)
             if self._vec is None or self._vec.shape[0] < n:
-                grown = np.zeros((max(n, 1024), vecs.shape[1]), dtype=np.float32)
+                rows = max(n, 1024, 2 * (0 if self._vec is None else self._vec.shape[0]))
+                grown = np.zeros((rows, vecs.shape[1]), dtype=np.float32)
                 if self._vec is not None:
                     grown[: self._vec.shape[0]] = self._vec
                 self._vec = grown
@@ -466,12 +488,15 @@ class RawIndex:
             raise StaleIndex("index cache does not match its manifest")
         if "vectors" in arrays:
             fresh._vec = np.ascontiguousarray(arrays["vectors"], dtype=np.float32)
-            fresh._has_vec = np.asarray(arrays["has_vec"], dtype=bool)
+            fresh._has_vec = np.asarray(arrays["has_vec"], dtype=bool).copy()
         last = manifest.get("last_id")
         fresh.last_id = last if isinstance(last, str) else None
+        if "vectors" in arrays:
+            fresh._grow_vec_mask(len(fresh._msgs))
         return fresh
 
     def _place_removed(self) -> None:
+        self._grow_vec_mask(len(self._msgs) + 1)
         self._msgs.append(None)
         self._pos.append(-1)
         self._sess.set(len(self._msgs) - 1, -1)

@@ -303,8 +303,12 @@ def recall(
             for ident, c, d in zip(ids, cos, dense, strict=True):
                 if c <= 0 and ident not in lexical:
                     continue  # no vector evidence either
-                rel[ident] = ENTRY_DENSE_WEIGHT * float(d) + (1 - ENTRY_DENSE_WEIGHT) * lexical.get(ident, 0.0)
-    scored = [Scored(by_id[i], recency(by_id[i], now), importance(by_id[i]), r) for i, r in rel.items() if r > 0]
+                rel[ident] = ENTRY_DENSE_WEIGHT * float(d) + (1 - ENTRY_DENSE_WEIGHT) * lexical.get(
+                    ident, 0.0
+                )
+    scored = [
+        Scored(by_id[i], recency(by_id[i], now), importance(by_id[i]), r) for i, r in rel.items() if r > 0
+    ]
     return heapq.nsmallest(k, scored, key=lambda s: (-s.score, -s.importance, s.entry.id))
 
 

@@ -8,21 +8,21 @@ of its job, it costs microseconds on every write, and every decision is pinned b
 
 Precision matters as much as recall: a false positive makes the bot refuse to remember an ordinary fact. So
 digit runs must pass a checksum (Luhn, ISO 7064) and a plausibility rule, a contextual value ("密码是 …",
-``token=…``) must look like a secret and not a word, placeholder, path or count, and a free-standing
+``token=…``) must look like a secret and not a word, placeholder, path, count or code, and a free-standing
 high-entropy string counts only next to a secret-ish word. Spans cover the secret value, not the words around
-it, so ``redact("我的密码是 hunter2")`` is ``"我的密码是 [REDACTED:password]"``.
+it: ``redact("我的密码是 hunter2") == "我的密码是 [REDACTED:password]"``.
 
 Deliberately not secrets: one-time verification codes (验证码, "your code is 482913", 动态密码) -- they
-expire in minutes and blocking them would stop the bot remembering that a code arrived; public keys, Stripe
+expire in minutes, and blocking them would stop the bot remembering that a code arrived; public keys, Stripe
 publishable keys, Feishu app_id/open_id; masked or placeholder values (``********``, ``${DB_PASSWORD}``,
-``<token>``, ``user:password@``); UUIDs and hashes unless assigned to a key or token name.
+``<token>``, ``user:password@``); UUIDs and hashes, unless assigned to a key or token name.
 
 Known gaps: passwords made only of CJK characters or of unquoted hyphenated words ("密码是芝麻开门",
-``password: correct-horse-battery``) unless quoted; the old 15-digit ID format and foreign ID numbers; wallet
-seed phrases; all-uppercase random tokens standing alone without an assignment.
+``password: correct-horse-battery``); the old 15-digit ID format and foreign ID numbers; wallet seed phrases;
+all-uppercase random tokens standing alone, without a name or a separator.
 
-All patterns are linear: possessive quantifiers and look-behind anchors keep any pattern from re-scanning a
-long run, so a 10,000-character line costs a few milliseconds.
+Every pattern is linear: possessive quantifiers and look-behind anchors keep a pattern from re-scanning a long
+run, so a 10,000-character line costs milliseconds, whatever it contains.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date
+from functools import partial
 
 
 @dataclass(frozen=True)
@@ -50,46 +51,44 @@ class SecretFinding:
 
 Span = tuple[int, int, str]
 
-# Overlapping findings are merged into one span named after the most specific member, so that redaction never
-# leaves a piece of a secret behind (e.g. "token=ghp_…" is both a contextual token and a GitHub token).
+# Overlapping findings merge into one span named after the most specific member, so that redaction never
+# leaves a piece of a secret behind ("token=ghp_…" is both a contextual token and a GitHub token).
 _PRIORITY = {"private_key": 100, "cn_id_number": 80, "bank_card": 70, "connection_string": 60}
 _PRIORITY |= {"bearer_token": 50, "feishu_secret": 45, "password": 40, "pin": 40, "api_key": 40}
 _PRIORITY |= {"generic_token": 10}
 _FORMAT_PRIORITY = 90  # every fixed token format (jwt, aws_key, github_token, …)
 
-# --- helpers ---------------------------------------------------------------------------------------------
+# --- what a generated secret looks like ------------------------------------------------------------------
 
 _PIECES = re.compile(r"[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _HEX = frozenset("0123456789abcdefABCDEF-")
-# Identifiers that look random but are public: Feishu app/open/chat/message ids, Stripe publishable keys,
-# SSH public key blobs.
+# Identifiers that look random but are public: Feishu app/open/chat/message ids, Stripe publishable keys, SSH
+# public key blobs.
 _PUBLIC_PREFIXES = ("cli_", "ou_", "on_", "oc_", "om_", "pk_live_", "pk_test_", "AAAAB3NzaC1", "AAAAC3NzaC1")
 
 
-def _entropy(s: str) -> float:
-    n = len(s)
-    return -sum(c / n * math.log2(c / n) for c in Counter(s).values())
-
-
-def _has_digit_and_letter(s: str) -> bool:
-    return any("0" <= c <= "9" for c in s) and any(c.isascii() and c.isalpha() for c in s)
+def _wordish(v: str) -> bool:
+    """Mostly lowercase words between separators: a path, slug or name ("/open-apis/bot/v3/info")."""
+    return sum(len(w) for w in re.split(r"[^A-Za-z0-9]+", v) if len(w) >= 3 and w.isalpha()) >= 0.6 * len(v)
 
 
 def _machine_made(v: str) -> bool:
-    """A value that was generated rather than typed as words: long enough, digits and letters, varied."""
-    return len(v) >= 8 and _has_digit_and_letter(v) and len(set(v)) >= 5
+    """Generated rather than typed: long enough, digits and letters, varied, not made of words."""
+    letters_and_digits = any("0" <= c <= "9" for c in v) and any(c.isascii() and c.isalpha() for c in v)
+    return len(v) >= 8 and letters_and_digits and len(set(v)) >= 5 and not _wordish(v)
 
 
 def _random_enough(v: str, min_len: int = 20, allow_hex: bool = False) -> bool:
     """High-entropy and not made of words: what an unlabelled token looks like."""
-    if len(v) < min_len or not _has_digit_and_letter(v) or v.startswith(_PUBLIC_PREFIXES):
+    if len(v) < min_len or not _machine_made(v) or v.startswith(_PUBLIC_PREFIXES):
         return False
     if not allow_hex and set(v) <= _HEX:  # commit hashes, checksums, UUIDs: identifiers, not credentials
         return False
-    # camelCase names, slugs and paths ("getAccessTokenForUser2", "my-secret-token-2024") have long
-    # letter runs; random tokens switch between classes every one or two characters.
+    # camelCase names, slugs and paths ("getAccessTokenForUser2", "my-secret-token-2024") have long letter
+    # runs; random tokens switch between classes every one or two characters.
     pieces = _PIECES.findall(v)
-    return sum(map(len, pieces)) / len(pieces) < 3.0 and _entropy(v) >= 3.3
+    entropy = -sum(c / len(v) * math.log2(c / len(v)) for c in Counter(v).values())
+    return sum(map(len, pieces)) / len(pieces) < 3.0 and entropy >= 3.3
 
 
 def _varied(s: str) -> bool:
@@ -107,45 +106,62 @@ def _jwt_ok(tok: str) -> bool:
     return isinstance(obj, dict) and "alg" in obj
 
 
-def _openai_ok(tok: str) -> bool:
-    body = re.sub(r"^sk-(?:proj-|svcacct-|admin-)?", "", tok)
-    return _random_enough(body, allow_hex=True)
+# --- checksums -------------------------------------------------------------------------------------------
+
+_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
+_PROVINCES = frozenset((11, 12, 13, 14, 15, 21, 22, 23, 31, 32, 33, 34, 35, 36, 37, 41, 42, 43, 44, 45, 46))
+_PROVINCES |= frozenset((50, 51, 52, 53, 54, 61, 62, 63, 64, 65, 71, 81, 82, 83, 91))
 
 
-def _feishu_ok(tok: str) -> bool:
-    return tok.startswith("https://") or _random_enough(tok[2:], min_len=30, allow_hex=True)
+def cn_id_valid(s: str) -> bool:
+    """GB 11643: a known province code, a birth date in 1900-2099, the ISO 7064 MOD 11-2 check character."""
+    if len(s) != 18 or not s[:17].isdigit() or int(s[:2]) not in _PROVINCES:
+        return False
+    try:
+        born = date(int(s[6:10]), int(s[10:12]), int(s[12:14]))
+    except ValueError:
+        return False
+    total = sum(int(c) * w for c, w in zip(s, _ID_WEIGHTS, strict=False))
+    return 1900 <= born.year <= 2099 and "10X98765432"[total % 11] == s[17].upper()
 
 
-# --- fixed token formats ---------------------------------------------------------------------------------
+def luhn_valid(digits: str) -> bool:
+    doubled = (int(c) * 2 if i % 2 else int(c) for i, c in enumerate(reversed(digits)))
+    return sum(d - 9 if d > 9 else d for d in doubled) % 10 == 0
+
+
+# --- fixed formats: tokens and ID numbers ----------------------------------------------------------------
 
 _B = r"(?<![A-Za-z0-9_-])"  # the token starts here, not inside a longer word
-_FORMATS: tuple[tuple[str, re.Pattern[str], Callable[[str], bool]], ...] = tuple(
-    (kind, re.compile(rx), check)
-    for kind, rx, check in (
-        ("aws_key", r"(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])",
-         lambda s: len(set(s)) >= 8),
-        ("github_token", _B + r"(?:gh[pousr]_[A-Za-z0-9]{30,}+|github_pat_[A-Za-z0-9_]{30,}+)", _varied),
-        ("gitlab_token", _B + r"glpat-[A-Za-z0-9_-]{20,}+", _varied),
-        ("slack_token", _B + r"xox[abposr]-[A-Za-z0-9-]{10,}+|https://hooks\.slack\.com/services/[A-Za-z0-9/]{20,}+",
-         _varied),
-        ("stripe_key", _B + r"(?:[sr]k_(?:live|test)_[A-Za-z0-9]{16,}+|whsec_[A-Za-z0-9]{24,}+)", _varied),
-        ("anthropic_key", _B + r"sk-ant-[A-Za-z0-9_-]{20,}+", _varied),
-        ("openai_key", _B + r"sk-(?!ant-)[A-Za-z0-9_-]{20,}+", _openai_ok),
-        ("google_api_key", _B + r"AIza[A-Za-z0-9_-]{35}(?![A-Za-z0-9_-])", _varied),
-        ("jwt", _B + r"eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{4,}+\.[A-Za-z0-9_-]*+", _jwt_ok),
-        ("feishu_token", _B + r"[tu]-[A-Za-z0-9_-]{30,}+"
-         r"|https://open\.(?:feishu\.cn|larksuite\.com)/open-apis/bot/v2/hook/[A-Za-z0-9-]{20,}+", _feishu_ok),
-        ("api_key", _B + r"(?:hf_[A-Za-z0-9]{30,}+|npm_[A-Za-z0-9]{36,}+|pypi-AgE[A-Za-z0-9_-]{50,}+"
-         r"|SG\.[A-Za-z0-9_-]{20,}+\.[A-Za-z0-9_-]{20,}+)", _varied),
-    )
-)  # fmt: skip
+_FORMATS: dict[str, tuple[str, Callable[[str], bool]]] = {
+    "aws_key": (r"(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])",
+                lambda s: len(set(s)) >= 8),
+    "github_token": (_B + r"(?:gh[pousr]_[A-Za-z0-9]{30,}+|github_pat_[A-Za-z0-9_]{30,}+)", _varied),
+    "gitlab_token": (_B + r"glpat-[A-Za-z0-9_-]{20,}+", _varied),
+    "slack_token": (_B + r"(?:xox[abposr]-[A-Za-z0-9-]{10,}+"
+                    r"|https://hooks\.slack\.com/services/[A-Za-z0-9/]{20,}+)", _varied),
+    "stripe_key": (_B + r"(?:[sr]k_(?:live|test)_[A-Za-z0-9]{16,}+|whsec_[A-Za-z0-9]{24,}+)", _varied),
+    "anthropic_key": (_B + r"sk-ant-[A-Za-z0-9_-]{20,}+", _varied),
+    "openai_key": (_B + r"sk-(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}+",
+                   lambda s: _random_enough(re.sub(r"^sk-(?:proj-|svcacct-|admin-)?", "", s), 20, True)),
+    "google_api_key": (_B + r"AIza[A-Za-z0-9_-]{35}(?![A-Za-z0-9_-])", _varied),
+    "jwt": (_B + r"eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{4,}+\.[A-Za-z0-9_-]*+", _jwt_ok),
+    "feishu_token": (_B + r"(?:[tu]-[A-Za-z0-9_-]{30,}+|https://open\.(?:feishu\.cn|larksuite\.com)"
+                     r"/open-apis/bot/v2/hook/[A-Za-z0-9-]{20,}+)",
+                     lambda s: s.startswith("https://") or _random_enough(s[2:], 30, allow_hex=True)),
+    "cn_id_number": (r"(?<![0-9])[1-9][0-9]{16}[0-9Xx](?![0-9])", cn_id_valid),
+    "api_key": (_B + r"(?:hf_[A-Za-z0-9]{30,}+|npm_[A-Za-z0-9]{36,}+|pypi-AgE[A-Za-z0-9_-]{50,}+"
+                r"|SG\.[A-Za-z0-9_-]{20,}+\.[A-Za-z0-9_-]{20,}+)", _varied),
+}  # fmt: skip
+# One pass for all formats: their starts are disjoint, so at most one alternative can match at a position.
+_FORMAT_RE = re.compile("|".join(f"(?P<{kind}>{rx})" for kind, (rx, _) in _FORMATS.items()))
 
 
 def _formats(text: str) -> Iterator[Span]:
-    for kind, rx, check in _FORMATS:
-        for m in rx.finditer(text):
-            if check(m.group()):
-                yield m.start(), m.end(), kind
+    for m in _FORMAT_RE.finditer(text):
+        kind = m.lastgroup or ""
+        if _FORMATS[kind][1](m.group()):
+            yield m.start(), m.end(), kind
 
 
 # --- PEM private key blocks ------------------------------------------------------------------------------
@@ -174,97 +190,61 @@ def _pem(text: str) -> Iterator[Span]:
         pos = max(end, m.end())
 
 
-# --- Chinese resident ID numbers and bank cards ----------------------------------------------------------
-
-_CN_ID = re.compile(r"(?<![0-9])[1-9][0-9]{16}[0-9Xx](?![0-9])")
-_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
-_PROVINCES = frozenset([11, 12, 13, 14, 15, 21, 22, 23, 31, 32, 33, 34, 35, 36, 37, 41, 42, 43, 44, 45, 46])
-_PROVINCES |= frozenset([50, 51, 52, 53, 54, 61, 62, 63, 64, 65, 71, 81, 82, 83, 91])
-
-
-def cn_id_valid(s: str) -> bool:
-    """GB 11643: known province code, a real birth date in 1900-2099, ISO 7064 MOD 11-2 check character."""
-    if len(s) != 18 or not s[:17].isdigit() or int(s[:2]) not in _PROVINCES:
-        return False
-    try:
-        born = date(int(s[6:10]), int(s[10:12]), int(s[12:14]))
-    except ValueError:
-        return False
-    total = sum(int(c) * w for c, w in zip(s, _ID_WEIGHTS, strict=False))
-    return 1900 <= born.year <= 2099 and "10X98765432"[total % 11] == s[17].upper()
-
-
-def luhn_valid(digits: str) -> bool:
-    total = 0
-    for i, c in enumerate(reversed(digits)):
-        d = int(c) * (2 if i % 2 else 1)
-        total += d - 9 if d > 9 else d
-    return total % 10 == 0
-
-
-def _cn_ids(text: str) -> Iterator[Span]:
-    for m in _CN_ID.finditer(text):
-        if cn_id_valid(m.group()):
-            yield m.start(), m.end(), "cn_id_number"
-
+# --- bank cards ------------------------------------------------------------------------------------------
 
 # Backtracking here is bounded: at most 19 groups, and a separator is only taken when a digit follows.
 _CARD = re.compile(r"(?<![0-9])[0-9](?:[ -]?[0-9]){12,18}(?![0-9])")
 _CARD_CONTEXT = re.compile(r"(?i)卡|card|visa|master|amex|银联|unionpay|账号|帐号|account")
 # Numbers people do want remembered: orders, parcels, invoices, phones, books, staff ids.
 _NOT_CARD_CONTEXT = re.compile(
-    r"(?i)订单|单号|运单|快递|物流|发票|流水|交易号|工号|学号|编号|票号|电话|手机|"
-    r"order|tracking|invoice|phone|tel\b|isbn|serial|ticket|qq|微信"
+    r"(?i)订单|单号|运单|快递|物流|发票|流水|交易号|工号|学号|编号|票号|电话|手机|微信|"
+    r"order|tracking|invoice|phone|tel\b|isbn|serial|ticket|qq"
 )
 
 
 def _card_network(d: str) -> bool:
-    """The number has the prefix and length of a real card network (Visa, Mastercard, Amex, UnionPay…)."""
-    n = len(d)
-    if d[0] == "4":
-        return n in (13, 16, 19)
-    if "51" <= d[:2] <= "55" or "2221" <= d[:4] <= "2720":
-        return n == 16
-    if d[:2] in ("34", "37"):
+    """The prefix and length of a real card network: Visa, Mastercard, Amex, UnionPay, JCB, Discover…"""
+    n, p2 = len(d), d[:2]
+    if d[0] == "4" or "51" <= p2 <= "55" or "2221" <= d[:4] <= "2720":
+        return n in (13, 16, 19) if d[0] == "4" else n == 16
+    if p2 in ("34", "37"):
         return n == 15
-    if d[:2] in ("62", "35", "65") or d[:4] == "6011" or "644" <= d[:3] <= "649":
+    if p2 in ("62", "35", "65") or d[:4] == "6011" or "644" <= d[:3] <= "649":
         return 16 <= n <= 19
-    return d[:2] in ("30", "36", "38") and n in (14, 16)
-
-
-def _grouping_ok(raw: str) -> bool:
-    """Cards are written ungrouped or in fours (Amex 4-6-5); "+86 138 1234 5678" is not a card."""
-    groups = [len(g) for g in re.split(r"[ -]", raw)]
-    if len(groups) == 1:
-        return True
-    one_separator = len(set(re.sub(r"[0-9]", "", raw))) == 1
-    return one_separator and (groups == [4, 6, 5] or (all(g == 4 for g in groups[:-1]) and groups[-1] <= 4))
+    return p2 in ("30", "36", "38") and n in (14, 16)
 
 
 def _cards(text: str) -> Iterator[Span]:
     for m in _CARD.finditer(text):
-        digits = re.sub(r"[ -]", "", m.group())
-        if not _grouping_ok(m.group()) or not luhn_valid(digits):
+        raw = m.group()
+        digits = re.sub(r"[ -]", "", raw)
+        groups = [len(g) for g in re.split(r"[ -]", raw)]
+        # Cards are written ungrouped or in fours (Amex 4-6-5); "+86 138 1234 5678" is not a card.
+        if len(groups) > 1 and (
+            len(set(raw) - set("0123456789")) > 1
+            or not (groups == [4, 6, 5] or (all(g == 4 for g in groups[:-1]) and groups[-1] <= 4))
+        ):
             continue
         near = text[max(0, m.start() - 24) : m.start()] + " " + text[m.end() : m.end() + 8]
-        card_ctx = bool(_CARD_CONTEXT.search(near))
-        if _NOT_CARD_CONTEXT.search(near) and not card_ctx:
+        card_words = bool(_CARD_CONTEXT.search(near))
+        if not luhn_valid(digits) or (_NOT_CARD_CONTEXT.search(near) and not card_words):
             continue
         # A network prefix suffices; card wording also admits odd lengths, but never a 19xx/20xx date.
-        if _card_network(digits) or (card_ctx and digits[0] in "3456"):
+        if _card_network(digits) or (card_words and digits[0] in "3456"):
             yield m.start(), m.end(), "bank_card"
 
 
-# --- contextual values: "密码是 …", "password: …", "DB_PASSWORD=…", "Authorization: Bearer …" -----------
-# Matched in two steps -- first the secret word and its separator, then the value -- so a value is scanned only
-# after a secret word, and a long rejected value is skipped, not re-scanned from every word inside it.
+# --- contextual values: "密码是 …", "password: …", "DB_PASSWORD=…", "Authorization: Bearer …" ---------------
+# Matched in two steps -- the secret word and its separator, then the value -- so that a value is scanned only
+# after a secret word, and a long rejected value is skipped rather than re-scanned from every word inside it.
 
-# The value: quoted (no spaces, so "password's strength isn't" is not a quote), or a bare run of the ASCII
-# characters passwords are made of -- CJK and sentence punctuation end it, so the words around survive; "&"
-# belongs to it unless a URL query's next "&name=" starts there.
+# The value: in double or CJK quotes (spaces allowed: a passphrase), in single quotes (no spaces, so
+# "password's strength isn't" is no quote), or a bare run of the ASCII characters passwords are made of -- CJK
+# and sentence punctuation end it, so the words around survive; "&" is part of it unless a URL query's next
+# "&name=" starts there.
 _VALUE_MAX = 256
 _VALUE = re.compile(
-    r"(?P<q>[\"'`“‘「『])(?P<qv>[^\"'`”’」』\s]{1,128}+)[\"'`”’」』]"
+    r"[\"“「『](?P<qv>[^\"”」』\n]{1,64}+)[\"”」』]|['`‘](?P<qs>[^'`’\s]{1,128}+)['`’]"
     r"|(?:[!#$%*+\-./0-9:=?@A-Z\\^_a-z|~]|&(?![A-Za-z_][A-Za-z0-9_]{0,30}+=)){1,256}+"
 )
 
@@ -284,7 +264,7 @@ _PHRASE = re.compile(
     r"|(?P<generic_token>令牌|" + _en(r"(?:(?:access|refresh|auth|api|bot|session)[ _-]?)?token") + ")"
     r"|(?P<pin>安全码|" + _en(r"pin(?:[ _-]?(?:code|number)|[ ]?码)?|cvv2?|cvc2?") + ")"
     r"|(?P<password>密码|口令|" + _en(r"passwords?|passwd|pwd|passcode|pass[ ]?phrase") + "))"
-    # "password for the wifi is …", "password of my gmail account: …"
+    # "password for the wifi is …", "password of my gmail account: …" (only when a separator follows)
     r"(?P<qual>[ \t]++(?:for|of|on|to)[ \t]++(?:(?:my|the|our|your|this|that)[ \t]++)?[A-Za-z0-9_.@-]{1,40}+"
     r"(?:[ \t]++(?!(?:is|was|to)[ \t])[A-Za-z0-9_.@-]{1,40}+)?(?=[ \t]*+(?:is|was|[:：=])))?"
     r"(?P<sep>[ \t\u3000]*+(?:(?P<w>(?<![A-Za-z])(?:is(?:[ \t]++now)?|was|to)(?![A-Za-z]))"
@@ -294,13 +274,6 @@ _PHRASE = re.compile(
 )
 _IDENT = re.compile(
     r"(?<![A-Za-z0-9_.$-])([\"']?)(?P<name>[A-Za-z_][A-Za-z0-9_.-]{0,63}+)\1[ \t]*+(?::=|=>|[:=：])[ \t]*+"
-)
-_AUTH = re.compile(
-    r"(?i)(?<![A-Za-z0-9_-])(?:authorization[\"']?[ \t]*+[:=][ \t]*+[\"']?(?P<scheme>bearer|basic|token)?"
-    r"|bearer(?=[ \t]))[ \t]*+(?P<val>[A-Za-z0-9._~+/=-]{8,}+)"
-)
-_URL_CRED = re.compile(
-    r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{1,19}+://[^\s:/?#@\[\]]{0,64}+:(?P<pw>[^\s/?@\[\]]{1,128}+)@"
 )
 
 
@@ -313,21 +286,24 @@ _NAME_PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
 _META = _words(
     "policy length len min max hint reset expiry expires expire expired expiration ttl timeout rule rules "
     "strength type format field label prompt required enabled count limit url uri endpoint file path dir "
-    "env name id ids header param"
+    "env name id ids header param tenant primary sort partition foreign cache idempotency public pub routing "
+    "object hash index event message"
 )
 _STOPWORDS = _words(
     "required optional none null nil empty true false unknown incorrect wrong invalid expired reset changed "
     "hidden same different correct strong weak protected encrypted hashed masked saved stored forgotten "
-    "please here below above field policy length manager managers needed missing blank"
+    "please here below above field policy length manager managers needed missing blank every any all some "
+    "this that these those not see"
 )
+_SELF_NAMES = _words("password passwd pwd pass secret token")  # `password = password`, `user:password@`
 _PLACEHOLDER = re.compile(
     r"(?i)^(?:\$[A-Za-z{(]|<|%\(|\{\{|\[REDACTED|your|example|placeholder|dummy|sample)|^[*xX#._-]+$"
 )
-_PATHLIKE = re.compile(r"^(?:/|~/|\.\.?/|[A-Za-z]:\\)|://")
+_PATH_OR_CODE = re.compile(r"^(?:/|~/|\.\.?/|[A-Za-z]:\\)|://|^[A-Za-z_]+(?:\.[A-Za-z_]+)+$")
 _WORDY = re.compile(r"[A-Za-z]+(?:[-'][A-Za-z]+)*")
-_UNIT = re.compile(
-    r"[ \t]*+(?:(?:characters?|chars?|digits?|letters?|symbols?|bits?|bytes?|times?|days?|hours?|minutes?"
-    r"|months?|years?)(?![A-Za-z])|位|个|次|天|年|月|日|号|小时|分钟|秒|字|元|块|岁)",
+_UNIT_OR_CALL = re.compile(
+    r"[(\[]|[ \t]*+(?:(?:characters?|chars?|digits?|letters?|symbols?|bits?|bytes?|times?|days?|hours?"
+    r"|minutes?|months?|years?)(?![A-Za-z])|位|个|次|天|年|月|日|号|小时|分钟|秒|字|元|块|岁)",
     re.IGNORECASE,
 )
 _ONE_TIME = ("one-time ", "one time ", "otp ", "动态", "一次性", "短信")
@@ -339,62 +315,69 @@ def _one_time(text: str, i: int) -> bool:
     return text[max(0, i - 9) : i].lower().endswith(_ONE_TIME)
 
 
-def _value_at(text: str, pos: int) -> tuple[int, int, bool] | None:
-    """The value starting at `pos`: (start, end, quoted), or None."""
-    m = _VALUE.match(text, pos)
-    if not m:
-        return None
-    if m["qv"] is not None:
-        return m.start("qv"), m.end("qv"), True
-    s, e = m.span()
-    while e > s and text[e - 1] in ".:":  # sentence punctuation, not part of the value
-        e -= 1
-    return s, e, False
-
-
-def _value_ok(kind: str, v: str, how: str, after: str, cjk_keyword: bool = False) -> bool:
-    """Does `v`, found after a secret word, look like the secret itself? `how`: quoted/assign/word/bare."""
-    if not v or _PLACEHOLDER.search(v) or _PATHLIKE.search(v) or _UNIT.match(after):
+def _value_ok(kind: str, v: str, how: str, after: str) -> bool:
+    """Does `v`, after a secret word, look like the secret itself? `how`: assign, word (is/was/to), bare
+    (nothing between), bare-cjk (nothing after a Chinese word), quoted (after a separator), quoted-bare."""
+    if not v or _PLACEHOLDER.search(v) or _PATH_OR_CODE.search(v) or v.lower() in _SELF_NAMES:
+        return False
+    if _UNIT_OR_CALL.match(after):  # "password 8 characters", "password = input(…)"
         return False
     if kind == "pin":
-        return how != "bare" and v.isdigit() and 3 <= len(v) <= 12
+        return how in ("quoted", "assign", "word") and v.isdigit() and 3 <= len(v) <= 12
     if kind == "password":
-        if len(v) < 4 or v.lower() in _STOPWORDS or (v.isdigit() and how == "bare" and not cjk_keyword):
+        if len(v) < 4 or v.lower() in _STOPWORDS or (v.isdigit() and how == "bare"):
             return False
         if how == "quoted":
             return True
+        if " " in v:  # 'the password "reset link"': a quoted phrase needs a separator before it
+            return False
         if _WORDY.fullmatch(v):  # a word after "is" or with no separator is prose ("password is incorrect")
             return how == "assign" and v.isalpha()
-        if how == "bare":  # "密码 123456", "password hunter2" -- but not "password 2 times"
-            return any(c.isdigit() for c in v) and (cjk_keyword or len(v) >= 6)
+        if how.startswith("bare"):  # "密码 123456", "password hunter2" -- but not "password 2 times"
+            return any(c.isdigit() for c in v) and (how == "bare-cjk" or len(v) >= 6)
         return True
     # Keys and tokens must be explicitly assigned and look machine-made.
-    if how == "bare":
+    if how not in ("quoted", "assign", "word"):
         return False
     return _random_enough(v, 16, allow_hex=True) if kind == "weak_key" else _machine_made(v)
 
 
-def _phrases(text: str) -> Iterator[Span]:
+def _contextual(
+    text: str, head: re.Pattern[str], classify: Callable[[re.Match[str]], tuple[str, str] | None]
+) -> Iterator[Span]:
+    """The values after `head` matches (a secret word and its separator) that look like the secret.
+
+    `classify(match)` names the kind and how the value is introduced (assign/word/bare/bare-cjk), or None.
+    """
     pos = 0
-    while m := _PHRASE.search(text, pos):
+    while m := head.search(text, pos):
         pos = m.end()
-        kind = next(k for k in _KW_KINDS if m[k] is not None)
-        kw_start, kw_end = m.span(kind)
-        word = (m["w"] or "").lower()
-        if _one_time(text, kw_start) or (word == "to" and kind != "password"):  # not "pin to 2024"
+        if (c := classify(m)) is None or (v := _VALUE.match(text, pos)) is None:
             continue
-        if (val := _value_at(text, pos)) is None:
-            continue
-        s, e, quoted = val
-        if quoted and not m["sep"] and pos == kw_end:  # "password's …" is not a quote
-            continue
-        how = "quoted" if quoted else "word" if word else "assign" if m["sep"] else "bare"
-        if _value_ok(kind, text[s:e], how, text[e + quoted : e + 12], cjk_keyword=text[kw_start] > "~"):
-            feishu = kind == "api_key" and _FEISHU_WORDS.search(text, max(0, kw_start - 40), kw_start)
-            yield s, e, "feishu_secret" if feishu else kind
+        (kind, how), group = c, "qv" if v["qv"] else "qs" if v["qs"] else 0
+        quoted = group != 0
+        how = ("quoted" if how in ("assign", "word") else "quoted-bare") if quoted else how
+        s, e = v.span(group)
+        while not quoted and e > s and text[e - 1] in ".:":  # sentence punctuation, not part of the value
+            e -= 1
+        if _value_ok(kind, text[s:e], how, text[e + quoted : e + 12]):
+            yield s, e, "api_key" if kind == "weak_key" else kind
             pos = e
         elif e - s >= _VALUE_MAX:  # do not re-scan a long run from every secret word inside it
             pos = e
+
+
+def _classify_phrase(m: re.Match[str]) -> tuple[str, str] | None:
+    text, kind = m.string, next(k for k in _KW_KINDS if m[k] is not None)
+    kw_start, kw_end = m.span(kind)
+    word = (m["w"] or "").lower()
+    if _one_time(text, kw_start) or (word == "to" and kind != "password"):  # not "pin to 2024"
+        return None
+    if not m["sep"] and m.end() == kw_end and text[kw_end : kw_end + 1] in "'\"`":  # "password's …"
+        return None
+    if kind == "api_key" and _FEISHU_WORDS.search(text, max(0, kw_start - 40), kw_start):
+        kind = "feishu_secret"
+    return kind, "word" if word else "assign" if m["sep"] else "bare-cjk" if text[kw_start] > "~" else "bare"
 
 
 _NAME_WORDS = (
@@ -424,33 +407,32 @@ def _name_kind(name: str) -> str | None:
     return "pin" if "pin" in parts else "weak_key" if "key" in parts else None
 
 
-def _idents(text: str) -> Iterator[Span]:
-    pos = 0
-    while m := _IDENT.search(text, pos):
-        pos = m.end()
-        kind = _name_kind(m["name"])
-        if kind is None or _one_time(text, m.start("name")) or (val := _value_at(text, pos)) is None:
-            continue
-        s, e, quoted = val
-        if _value_ok(kind, text[s:e], "quoted" if quoted else "assign", text[e + quoted : e + 12]):
-            yield s, e, "api_key" if kind == "weak_key" else kind
-            pos = e
-        elif e - s >= _VALUE_MAX:
-            pos = e
+def _classify_ident(m: re.Match[str]) -> tuple[str, str] | None:
+    kind = _name_kind(m["name"])
+    if kind is None or _one_time(m.string, m.start("name")):
+        return None
+    return kind, "word" if m["name"].lower() in ("pass", "pw") else "assign"  # "Pass = every …" is prose
+
+
+_AUTH = re.compile(
+    r"(?i)(?<![A-Za-z0-9_-])(?:authorization[\"']?[ \t]*+[:=][ \t]*+[\"']?(?P<scheme>bearer|basic|token)?"
+    r"|bearer(?=[ \t]))[ \t]*+(?P<val>[A-Za-z0-9._~+/=-]{8,}+)"
+)
+_URL_CRED = re.compile(
+    r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{1,19}+://[^\s:/?#@\[\]]{0,64}+:(?P<pw>[^\s/?@\[\]]{1,128}+)@"
+)
 
 
 def _auth(text: str) -> Iterator[Span]:
     for m in _AUTH.finditer(text):
-        v = m.group("val")
-        if _machine_made(v) and not _PLACEHOLDER.search(v):
-            basic = (m.group("scheme") or "").lower() == "basic"
+        if _machine_made(m["val"]) and not _PLACEHOLDER.search(m["val"]):
+            basic = (m["scheme"] or "").lower() == "basic"  # base64 of user:password
             yield m.start("val"), m.end("val"), "password" if basic else "bearer_token"
 
 
 def _url_creds(text: str) -> Iterator[Span]:
     for m in _URL_CRED.finditer(text):
-        pw = m.group("pw")
-        if not _PLACEHOLDER.search(pw) and pw.lower() not in ("password", "pass", "passwd", "pwd", "secret"):
+        if not _PLACEHOLDER.search(m["pw"]) and m["pw"].lower() not in _SELF_NAMES:
             yield m.start("pw"), m.end("pw"), "connection_string"
 
 
@@ -466,14 +448,12 @@ _NEAR_WORD = re.compile(
 
 def _generic(text: str) -> Iterator[Span]:
     words = [m.span() for m in _NEAR_WORD.finditer(text)]
-    if not words:
-        return
     starts, ends = [w[0] for w in words], [w[1] for w in words]
-    for m in _CANDIDATE.finditer(text):
+    for m in _CANDIDATE.finditer(text) if words else ():
         s, e = m.span()
-        near = bisect.bisect_left(ends, s - 40) < bisect.bisect_right(ends, s) or bisect.bisect_left(
-            starts, e
-        ) < bisect.bisect_right(starts, e + 20)
+        # A secret word ending at most 40 characters before the string, or starting at most 20 after it.
+        near = bisect.bisect_left(ends, s - 40) < bisect.bisect_right(ends, s)
+        near = near or bisect.bisect_left(starts, e) < bisect.bisect_right(starts, e + 20)
         in_url = "://" in re.split(r"\s", text[max(0, s - 200) : s])[-1]  # a URL path, not a credential
         if near and not in_url and _random_enough(m.group()):
             yield s, e, "generic_token"
@@ -481,8 +461,16 @@ def _generic(text: str) -> Iterator[Span]:
 
 # --- the API ---------------------------------------------------------------------------------------------
 
-
-_DETECTORS = (_pem, _formats, _cn_ids, _cards, _url_creds, _auth, _idents, _phrases, _generic)
+_DETECTORS: tuple[Callable[[str], Iterator[Span]], ...] = (
+    _pem,
+    _formats,
+    _cards,
+    _url_creds,
+    _auth,
+    partial(_contextual, head=_IDENT, classify=_classify_ident),
+    partial(_contextual, head=_PHRASE, classify=_classify_phrase),
+    _generic,
+)
 
 
 def find_secrets(text: str) -> list[SecretFinding]:

@@ -42,7 +42,7 @@ ARCHIVE = "ARCHIVE.md"
 PROFILE = "PROFILE.md"
 DREAMS = "DREAMS.md"
 TRACKED = (MEMORY, ARCHIVE, PROFILE, DREAMS)
-_GITIGNORE = ".lucid/\n*.tmp\n.index/\n"
+_GITIGNORE = ".lucid/\n*.tmp\n.index/\n.vault/\n"
 _RAW_ID = re.compile(r"<!--r:id=([^;>]*)")
 
 
@@ -295,6 +295,23 @@ class Store:
     def clear_journal(self, ns: Namespace) -> None:
         with contextlib.suppress(FileNotFoundError):
             (self._meta(ns) / "journal.json").unlink()
+
+    # -------------------------------------------------------------------------------------- vault
+
+    def append_vault(self, ns: Namespace, lines: list[str]) -> None:
+        """Append sealed (encrypted) records to the namespace's vault; never in git (.gitignore)."""
+        path = self.path(ns) / ".vault" / "secrets.enc"
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, "".join(line + "\n" for line in lines).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read_vault(self, ns: Namespace) -> list[str]:
+        path = self.path(ns) / ".vault" / "secrets.enc"
+        return path.read_text().split() if path.exists() else []
 
     # -------------------------------------------------------------------------------------- raw archive
 

@@ -505,7 +505,8 @@ class BM25Index:
             "post_tf": np.frombuffer(b"".join(a.tobytes() for a in self._p_tf), dtype=np.float32),
             "dl": self._dl[: len(self._keys)].copy(),
             "params": np.array(
-                [self.k1, self.b, self.epsilon, math.nan if self.min_idf is None else self.min_idf], dtype=np.float64
+                [self.k1, self.b, self.epsilon, math.nan if self.min_idf is None else self.min_idf],
+                dtype=np.float64,
             ),
         }
 

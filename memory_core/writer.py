@@ -29,11 +29,12 @@ from typing import Protocol
 from .book import Book
 from .entry import utcnow
 from .errors import ConcurrentEdit, LeaseLost, LucidError
-from .lineformat import META_OPEN, RawMessage, Unparsed, parse_file, render_file
+from .lineformat import META_OPEN, RawMessage, Unparsed, format_time, parse_file, render_file
 from .namespace import Namespace
-from .ops import Op, Outcome, Record, message_from_json, op_from_json, op_to_json
+from .ops import Op, Outcome, Record, Remember, message_from_json, op_from_json, op_to_json
 from .secretscan import contains_secret, redact
 from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, ConcurrentChange, Snapshot, Store, version_of
+from .vault import seal
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +138,10 @@ class Writer:
         queue: OpQueue | None = None,
         clock: Callable[[], datetime] = utcnow,
         lease_wait: float = 30.0,
+        vault_key: bytes | None = None,
     ) -> None:
         self.store = store
+        self.vault_key = vault_key
         self.locker: Locker = locker if locker is not None else LocalLocker(store)
         self.queue = queue
         self.clock = clock
@@ -157,6 +160,7 @@ class Writer:
         if self.queue is None:
             with self._lease(ns) as lease:
                 report = self._batch(ns, lease, [(None, op) for op in ops])
+            assert report is not None  # only a version check returns None
             return report.outcomes
         ids = [op.op_id for op in ops]
         self.queue.push(ns, ops)
@@ -166,14 +170,14 @@ class Writer:
             done.update(self.queue.results([i for i in ids if i not in done], 0))
             if len(done) == len(ids):
                 return [done[i] for i in ids]
-            lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns))
-            if lease is not None:
+            taken = self.locker.acquire(ns, 0.0, self.store.read_fence(ns))
+            if taken is not None:
                 try:
-                    self._drain(ns, lease)
+                    self._drain(ns, taken)
                 except LeaseLost:
                     log.warning("lease lost during a batch of %s; retrying", ns.key)
                 finally:
-                    lease.release()
+                    taken.release()
                 continue
             done.update(self.queue.results([i for i in ids if i not in done], 0.05))
             if time.monotonic() > deadline:
@@ -231,7 +235,7 @@ class Writer:
         change: Change | None = None,
         message: str | None = None,
         expect_version: str | None = None,
-    ) -> BatchReport:
+    ) -> BatchReport | None:
         self.store.claim_fence(ns, lease.token)
         self.store.ensure_repo(ns)
         self._recover(ns)
@@ -290,11 +294,22 @@ class Writer:
         outcomes: list[Outcome] = []
         by_day: dict[str, list[RawMessage]] = {}
         known: dict[str, set[str]] = {}
+        sealed: list[str] = []
         for op in ops:
             if isinstance(op, Record):
                 outcomes.append(self._record(ns, op, by_day, known))
-            else:
-                outcomes.append(book.apply(op, now))
+                continue
+            outcome = book.apply(op, now)
+            if (
+                outcome.status == "rejected:secret"
+                and self.vault_key is not None
+                and isinstance(op, Remember)
+            ):
+                sealed.append(seal(self.vault_key, {"at": format_time(now), "text": op.text, "op": op.op_id}))
+                outcome = replace(outcome, detail="kept encrypted in the vault, not in memory")
+            outcomes.append(outcome)
+        if sealed:
+            self.store.append_vault(ns, sealed)
         raw: dict[str, str] = {}
         for day, messages in by_day.items():
             raw[day] = self.store.append_raw_lines(self.store.read_text_raw(ns, day), messages)

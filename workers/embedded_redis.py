@@ -103,11 +103,17 @@ def start(data_dir: Path, persist: bool = True, timeout: float = 10.0) -> Embedd
             port = _free_port()
             args += ["--port", str(port), "--bind", "127.0.0.1"]
             url = f"redis://127.0.0.1:{port}/0"
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while not _ping(url):
             if proc.poll() is not None:
-                log_tail = (directory / "redis.log").read_text(errors="replace")[-500:] if (directory / "redis.log").exists() else ""
+                log_tail = (
+                    (directory / "redis.log").read_text(errors="replace")[-500:]
+                    if (directory / "redis.log").exists()
+                    else ""
+                )
                 raise LucidError(f"redis-server exited at start (code {proc.returncode}): {log_tail}")
             if time.monotonic() > deadline:
                 proc.kill()

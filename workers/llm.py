@@ -59,7 +59,9 @@ class Usage:
 
 
 class LLM:
-    def __init__(self, host: str | None, timeout: float = 60.0, retries: int = 1, backoff: float = 0.5) -> None:
+    def __init__(
+        self, host: str | None, timeout: float = 60.0, retries: int = 1, backoff: float = 0.5
+    ) -> None:
         self.host = host
         self.timeout = timeout
         self.retries = retries
@@ -92,7 +94,9 @@ class LLM:
             if attempt + 1 < attempts:
                 time.sleep(self.backoff * (2**attempt))
         self.usage.failures += 1
-        raise LLMUnavailable(f"{what}: model server unavailable ({type(last).__name__}: {str(last)[:120]})") from last
+        raise LLMUnavailable(
+            f"{what}: model server unavailable ({type(last).__name__}: {str(last)[:120]})"
+        ) from last
 
     def chat(
         self,
@@ -108,8 +112,12 @@ class LLM:
 
         def run(client: ollama.Client) -> Any:
             return client.chat(
-                model=model, messages=list(messages), tools=list(tools) if tools else None, format=format,
-                options=options, stream=False,
+                model=model,
+                messages=list(messages),
+                tools=list(tools) if tools else None,
+                format=format,
+                options=options,
+                stream=False,
             )
 
         resp = self._call(f"chat with {model}", timeout, run)

@@ -154,8 +154,15 @@ class MemoryService:
         cache = self._cache(ns)
         with self._lock:
             return recall(
-                cache.entries, query, now, k=k, as_of=as_of, chat_type=chat_type, chat=chat,
-                index=cache.index, gate=gate,
+                cache.entries,
+                query,
+                now,
+                k=k,
+                as_of=as_of,
+                chat_type=chat_type,
+                chat=chat,
+                index=cache.index,
+                gate=gate,
             )
 
     def find(self, ns: Namespace, target: str) -> list[Entry]:
@@ -228,7 +235,9 @@ class MemoryService:
         except OSError as exc:
             log.warning("could not save the search index cache: %s", exc)
 
-    def search(self, ns: Namespace, query: str, k: int = 10, exclude_session: str | None = None) -> list[RawHit]:
+    def search(
+        self, ns: Namespace, query: str, k: int = 10, exclude_session: str | None = None
+    ) -> list[RawHit]:
         with self._lock:
             return self._raw_cache(ns).index.search(query, k=k, exclude_session=exclude_session)
 
@@ -278,9 +287,7 @@ class MemoryService:
 
     # -------------------------------------------------------------------------------------- a turn
 
-    def resident(
-        self, ns: Namespace, now: datetime, chat_type: str, chat: str, session: str
-    ) -> list[Entry]:
+    def resident(self, ns: Namespace, now: datetime, chat_type: str, chat: str, session: str) -> list[Entry]:
         """The resident tier, frozen per session: the same entries for the session's life, minus any the
         person removed or that stopped being current (a forget takes effect at once)."""
         book = self.book(ns)
@@ -338,4 +345,3 @@ class MemoryService:
             queue.push(ns, [op])  # applied with the next write of this namespace (the reply's record)
         else:
             self.apply(ns, [op])
-

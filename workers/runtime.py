@@ -13,6 +13,7 @@ from rq import Queue
 from memory_core.entry import utcnow
 from memory_core.errors import LucidError
 from memory_core.store import Store
+from memory_core.vault import derive_key
 from memory_core.writer import LocalLocker, Writer
 
 from . import embedded_redis
@@ -74,12 +75,13 @@ def build(settings: Settings, redis_url: str | None = None, git: bool = True) ->
     """
     store = Store(settings.data_dir, git=git)
     clock = make_clock(settings)
+    vault = derive_key(settings.vault_key) if settings.vault_key else None
     url = redis_url or settings.redis_url or embedded_redis.running_url(settings.data_dir)
     client = connect(url) if url else None
     if client is not None:
-        writer = Writer(store, RedisLocker(client), RedisOpQueue(client), clock=clock)
+        writer = Writer(store, RedisLocker(client), RedisOpQueue(client), clock=clock, vault_key=vault)
     else:
-        writer = Writer(store, LocalLocker(store), None, clock=clock)
+        writer = Writer(store, LocalLocker(store), None, clock=clock, vault_key=vault)
     llm = LLM(settings.ollama_host) if _wants_llm(settings) else None
     return Runtime(settings, store, writer, client, clock, llm)
 

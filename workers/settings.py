@@ -26,7 +26,9 @@ class Persona:
     verification_token: str = field(default="", repr=False)
     encrypt_key: str = field(default="", repr=False)
     admins: tuple[str, ...] = ()
-    system_prompt: str = "你是 Lucid，一个记得每位用户的助手。You are Lucid, an assistant who remembers each person."
+    system_prompt: str = (
+        "你是 Lucid，一个记得每位用户的助手。You are Lucid, an assistant who remembers each person."
+    )
     chat_model: str | None = None
     bot_open_id: str = ""
 

@@ -222,3 +222,18 @@ def test_paused_writer_past_its_lease_cannot_overwrite(data_dir: Path, redis_cli
     assert out.startswith("refused"), (out, err)
     text = (NS.path(data_dir) / "MEMORY.md").read_text("utf-8")
     assert "新的持有者写的" in text and "stale writer" not in text
+
+
+def test_secret_goes_to_the_encrypted_vault_when_a_key_is_set(data_dir: Path) -> None:
+    from memory_core.vault import derive_key, unseal
+
+    key = derive_key("correct horse battery staple")
+    writer = Writer(Store(data_dir), vault_key=key)
+    out = writer.submit(NS, [Remember(text="我的银行卡密码是 Xk9#mQ2!vL7p")])[0]
+    assert out.status == "rejected:secret" and "vault" in (out.detail or "")
+    root = NS.path(data_dir)
+    assert all("Xk9#mQ2!vL7p" not in p.read_text(errors="replace") for p in root.rglob("*") if p.is_file())
+    records = [unseal(key, line) for line in writer.store.read_vault(NS)]
+    assert records[0]["text"] == "我的银行卡密码是 Xk9#mQ2!vL7p"
+    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--ignored"], capture_output=True, text=True).stdout
+    assert ".vault/" in status  # ignored, never committed

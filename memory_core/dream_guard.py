@@ -1,0 +1,172 @@
+"""The text checks of the dream cage: what a model-written text must keep, and what it may never carry.
+
+Deep dreaming and profile distillation let a model write memory. Nothing it writes is trusted: these
+checks are deterministic, shared by both phases, and err towards rejecting (a rejected merge costs one
+tidy-up, an accepted bad one costs a fact). Every check compares against the source texts only.
+
+Key terms (`key_terms`) — what a rewrite must keep. All matching is on NFKC-normalised, lower-cased text
+with white space and punctuation removed (`similarity.normalise`), so 2026-06-20 and 2026年6月20日 agree:
+
+- numbers: every run of digits, compared as integers (leading zeros dropped, so 06 = 6);
+- Chinese numerals with a unit: 三月, 五号, 十点, 二十岁, 三楼 (`[零〇一二两三四五六七八九十百千万]+` + one of
+  年月日号点岁周天次楼层);
+- Latin words: in a text that has CJK characters, every Latin word of 2+ characters (Python, AWS, k8s);
+  in a Latin-only text, capitalised words and words with digits, except the first word of a sentence and
+  a short stop list (I, The, User, …), because English capitalises sentence starts, not only names;
+- CJK value terms: the two CJK characters right after a cue verb (叫, 姓, 是, 在, 住在, 来自, 养, 用, 对,
+  喜欢, 爱, 讨厌, 不吃, 不喝), skipping particles, measure words (了, 的, 一个, 一只…) and one light verb
+  (喝, 吃, 玩, 看…): 我住在西湖区 → 西湖, 我叫张三 → 张三, 我对花生过敏 → 花生, 我喜欢喝咖啡 → 咖啡. Compounds that are not cues (但是, 现在, 用户…) are excluded;
+- salience words: every hint word of recall importance (过敏, 务必, never, allergic…), because dropping
+  one changes how much the fact matters;
+- negation: a source with a negation (不, 没, 别, 未, never, not, n't, no) needs one in the rewrite.
+
+Coverage: besides the terms, each source must keep at least half of its character bigrams (ignoring
+bigrams with 我/的/了), so that a source whose facts have no cue word cannot silently vanish.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+
+from .recall import HINTS
+from .similarity import bigrams, normalise
+
+MIN_TEXT_CHARS = 4  # shorter than this is not a memory (spec §8.7)
+MIN_COVERAGE = 0.5  # share of a source's bigrams that must survive in the rewrite
+
+_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_HAS_CJK = re.compile(f"[{_CJK}]")
+_DIGITS = re.compile(r"\d+")
+_CN_NUMERAL = re.compile(r"[零〇一二两三四五六七八九十百千万]+[年月日号点岁周天次楼层]")
+_LATIN = re.compile(r"[A-Za-z][A-Za-z0-9+#]*(?:['.-][A-Za-z0-9+#]+)*")
+_SENTENCE_END = re.compile(r"[.!?;:。！？；：\n]")
+_EN_STOP = frozenset(
+    re.findall(
+        r"\S+",
+        "i i'm i've i'd me my mine the a an this that these those it its he she they we you your user users "
+        "and but or so also then when if in on at to of for from with by as is are was were be been",
+    )
+)
+_CUE = re.compile(
+    r"(?:叫做|名叫|叫|姓|(?<![这就但还可于总只像要若真老凡也都倒正即便])是|住在|(?<![现正存实所好])在(?!于)|来自|养了|养|"
+    rf"使用|(?<![费作有常信应使采])用(?!户)|对|喜欢|爱|讨厌|不吃|不喝)"
+    rf"(?:[了的很也还都又最]|[一两几][个只名位条家所种件]|[个只名位条家所种件])*"
+    rf"(?:[喝吃玩看听去做打穿养用](?=[{_CJK}]{{2}}))?([{_CJK}]{{2}})"
+)
+_NEGATION = re.compile(r"[不没别未勿]|\b(?:never|not|no|none|nobody|nothing)\b|n't", re.I)
+_COVERAGE_SKIP = frozenset("我的了")
+
+_REFUSAL = re.compile(
+    r"抱歉[，,]|对不起[，,]|很抱歉|无法根据|无法生成|无法完成|信息不足|没有足够|不便提供|"
+    r"作为(?:一个)?(?:ai|人工智能|语言模型)|"
+    r"\bi'?m sorry\b|\bi am sorry\b|\bi cannot\b|\bi can'?t\b|\bi'?m unable\b|"
+    r"\bunable to (?:generate|provide|create|complete)\b|\bas an ai(?: language)? model\b",
+    re.I,
+)
+_INSTRUCTION = re.compile(
+    r"\b(?:ignore|disregard|forget|override|bypass)\b[^.。\n]{0,30}?\b(?:previous|prior|above|earlier|preceding|"
+    r"all|any|the|your|system)\b[^.。\n]{0,20}?\b(?:instructions?|prompts?|rules?|messages?|context|memor(?:y|ies))\b|"
+    r"\b(?:delete|erase|wipe|purge|destroy)\b|\bremove (?:all|every(?:thing)?)\b|\bforget everything\b|"
+    r"\b(?:system|developer) prompt\b|\byou are now\b|\bnew instructions?\b|\bjailbreak\b|rm -rf|drop table|"
+    r"忽略(?:之前|以上|前面|上面|先前|此前|所有|全部)|无视(?:之前|以上|前面|所有)|不要理会|"
+    r"删除|删掉|清空|清除|抹掉|忘掉(?:所有|一切|全部)|忘记(?:所有|一切|全部)|系统提示|你现在是|新的指令|"
+    r"(?:指令|指示)[:：]",
+    re.I,
+)
+
+
+def _nfkc(text: str) -> str:
+    return unicodedata.normalize("NFKC", text)
+
+
+def numbers(text: str) -> frozenset[str]:
+    """Every digit run of `text` as a canonical integer string (06 → 6)."""
+    return frozenset(d.lstrip("0") or "0" for d in _DIGITS.findall(_nfkc(text)))
+
+
+def _latin_terms(text: str) -> set[str]:
+    if _HAS_CJK.search(text):
+        return {w.lower() for w in _LATIN.findall(text) if len(w) >= 2}
+    terms: set[str] = set()
+    for sentence in _SENTENCE_END.split(text):
+        for i, m in enumerate(_LATIN.finditer(sentence)):
+            word = m.group(0)
+            if word.lower() in _EN_STOP:
+                continue
+            capitalised = word[0].isupper() and (i > 0 or word.isupper())
+            if capitalised or any(ch.isdigit() for ch in word):
+                terms.add(word.lower())
+    return terms
+
+
+def _cjk_terms(text: str) -> set[str]:
+    found = {m.group(1) for m in _CUE.finditer(text)}
+    found.update(m.group(0) for m in _CN_NUMERAL.finditer(text))
+    low = text.lower()
+    found.update(h for h in HINTS if h in low)
+    return found
+
+
+def key_terms(text: str) -> frozenset[str]:
+    """The terms of `text` a rewrite must keep (see the module docstring), numbers excluded."""
+    nf = _nfkc(text)
+    return frozenset(normalise(t) for t in _latin_terms(nf) | _cjk_terms(nf) if normalise(t))
+
+
+def has_negation(text: str) -> bool:
+    return _NEGATION.search(_nfkc(text)) is not None
+
+
+def coverage(source: str, rewrite: str) -> float:
+    """Share of the source's character bigrams (without 我/的/了) found in the rewrite."""
+    grams = {g for g in bigrams(source) if len(g) == 2 and not (set(g) & _COVERAGE_SKIP)}
+    if not grams:
+        return 1.0
+    return len(grams & bigrams(rewrite)) / len(grams)
+
+
+def missing_terms(sources: Sequence[str], rewrite: str) -> list[str]:
+    """What of the sources the rewrite lost: terms, numbers, negation, or a whole source (coverage)."""
+    hay = normalise(rewrite)
+    kept_numbers = numbers(rewrite)
+    missing: list[str] = []
+    for src in sources:
+        missing.extend(sorted(t for t in key_terms(src) if t not in hay))
+        missing.extend(sorted(n for n in numbers(src) if n not in kept_numbers))
+        if coverage(src, rewrite) < MIN_COVERAGE:
+            missing.append(f"coverage<{MIN_COVERAGE:.0%}: {src[:24]}")
+    if any(has_negation(s) for s in sources) and not has_negation(rewrite):
+        missing.append("negation")
+    return list(dict.fromkeys(missing))
+
+
+def invented_terms(sources: Iterable[str], rewrite: str) -> list[str]:
+    """Numbers and key terms of the rewrite that no source contains: the model made them up."""
+    texts = list(sources)
+    hay = "".join(normalise(s) for s in texts)
+    have_numbers = frozenset().union(*(numbers(s) for s in texts)) if texts else frozenset()
+    invented = sorted(t for t in key_terms(rewrite) if t not in hay)
+    invented += sorted(n for n in numbers(rewrite) if n not in have_numbers)
+    return invented
+
+
+def is_refusal(text: str) -> bool:
+    return _REFUSAL.search(_nfkc(text)) is not None
+
+
+def instructions(text: str) -> frozenset[str]:
+    """Instruction-like phrases in `text` (prompt-injection markers), lower-cased."""
+    return frozenset(m.group(0).lower() for m in _INSTRUCTION.finditer(_nfkc(text)))
+
+
+def new_instructions(sources: Iterable[str], rewrite: str) -> list[str]:
+    """Instruction-like phrases of the rewrite that none of the sources contains."""
+    seen = frozenset().union(*(instructions(s) for s in sources))
+    return sorted(p for p in instructions(rewrite) if p not in seen)
+
+
+def one_line(text: str) -> str:
+    """Collapse all white space (newlines included) to single spaces: a memory is one line."""
+    return " ".join(text.split()) if text else ""
