@@ -1,0 +1,201 @@
+"""The secret detector against its corpus, plus properties that must hold for any text at all."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memory_core.secretscan import (
+    SecretFinding,
+    cn_id_valid,
+    contains_secret,
+    find_secrets,
+    luhn_valid,
+    redact,
+)
+
+from .secret_corpus import BENIGN, ORDER_NUMBER, POSITIVES, Positive, card, cn_id, luhn_ok
+
+
+def test_corpus_is_large_enough() -> None:
+    assert len(POSITIVES) >= 220
+    assert len(BENIGN) >= 80
+    assert len({p.id for p in POSITIVES}) == len(POSITIVES)
+    assert len({i for i, _ in BENIGN}) == len(BENIGN)
+
+
+@pytest.mark.parametrize("case", POSITIVES, ids=lambda c: c.id)
+def test_secret_is_found_and_redacted(case: Positive) -> None:
+    assert case.text.count(case.secret) == 1, "corpus case must hold its secret exactly once"
+    start = case.text.index(case.secret)
+    end = start + len(case.secret)
+    found = find_secrets(case.text)
+    covering = [f for f in found if f.start < end and start < f.end]
+    assert covering, f"not detected: {case.text!r}"
+    assert covering[0].kind in case.kinds, f"{covering[0].kind} not in {sorted(case.kinds)}"
+    out = redact(case.text)
+    assert case.secret not in out
+    # Exactly the secret goes: every character before and after it survives.
+    before, after = case.text[:start], case.text[end:]
+    assert out.startswith(before) and out.endswith(after), out
+    assert out == before + f"[REDACTED:{covering[0].kind}]" + after
+
+
+@pytest.mark.parametrize(("text"), [pytest.param(t, id=i) for i, t in BENIGN])
+def test_benign_text_passes(text: str) -> None:
+    assert find_secrets(text) == []
+    assert not contains_secret(text)
+    assert redact(text) == text
+
+
+# --- the corpus helpers agree with the module's checksums ------------------------------------------------
+
+
+def test_order_number_in_corpus_fails_luhn() -> None:
+    assert not luhn_ok(ORDER_NUMBER)
+    assert not luhn_valid(ORDER_NUMBER)
+
+
+def test_checksum_helpers_agree() -> None:
+    for prefix, n in [("4", 16), ("622202", 19), ("37", 15), ("5", 16)]:
+        number = card(prefix, n)
+        assert luhn_ok(number) and luhn_valid(number)
+        broken = number[:-1] + str((int(number[-1]) + 1) % 10)
+        assert not luhn_valid(broken)
+    assert luhn_valid("4111111111111111")
+    ident = cn_id("110105", "19491231", "002")
+    assert ident == "11010519491231002X"
+    assert cn_id_valid(ident) and cn_id_valid(ident.lower())
+    assert not cn_id_valid("110105194912310021")  # wrong check character
+    assert not cn_id_valid(cn_id("110105", "19490230", "002"))  # February 30th
+    assert not cn_id_valid(cn_id("990105", "19490101", "002"))  # no such province
+    assert not cn_id_valid(cn_id("110105", "18490101", "002"))  # implausible birth year
+
+
+# --- behaviour worth stating on its own ------------------------------------------------------------------
+
+
+def test_contextual_span_is_the_value() -> None:
+    assert redact("我的密码是 hunter2") == "我的密码是 [REDACTED:password]"
+    assert redact("password: xyz12, user alice") == "password: [REDACTED:password], user alice"
+    assert redact("my pin is 4821.") == "my pin is [REDACTED:pin]."
+
+
+def test_several_secrets_in_one_message() -> None:
+    text = "账号 bob 密码 hunter2x，身份证 11010519491231002X，token=ghp_" + "a1B2c3D4e5" * 4
+    kinds = [f.kind for f in find_secrets(text)]
+    assert kinds == ["password", "cn_id_number", "github_token"]
+    assert redact(text) == (
+        "账号 bob 密码 [REDACTED:password]，身份证 [REDACTED:cn_id_number]，token=[REDACTED:github_token]"
+    )
+
+
+def test_pem_without_end_is_one_finding() -> None:
+    body = "\n".join("MIIEowIBAAKCAQEA" + "x9Yz" * 12 for _ in range(3))
+    text = f"-----BEGIN RSA PRIVATE KEY-----\n{body}\n\nthanks"
+    found = find_secrets(text)
+    assert [(f.kind, f.start) for f in found] == [("private_key", 0)]
+    assert redact(text) == "[REDACTED:private_key]\n\nthanks"
+
+
+def test_specific_kind_wins_when_detectors_overlap() -> None:
+    text = "OPENAI_API_KEY=sk-proj-" + "Ab3dE5fG7hJ9kL1m" * 4
+    assert [f.kind for f in find_secrets(text)] == ["openai_key"]
+
+
+def test_unicode_and_surrogates_do_not_break_spans() -> None:
+    text = "\ud800 密码：Abc12345 \U0001f600"
+    (f,) = find_secrets(text)
+    assert text[f.start : f.end] == "Abc12345"
+
+
+def test_long_adversarial_lines_finish() -> None:
+    # No timing assertion here (CI machines vary); the point is that these return at all. Each is shaped to
+    # make a backtracking pattern go quadratic or worse.
+    lines = [
+        "a" * 10_000,
+        "1" * 10_000,
+        "1 " * 5_000,
+        "password: " * 1_000,
+        "密码是" * 3_000,
+        "-----BEGIN RSA PRIVATE KEY-----" * 300,
+        "-----BEGIN RSA PRIVATE KEY-----\n" + "A" * 10_000,
+        "eyJ" * 3_000 + ".",
+        "ghp_" * 2_500,
+        "a:" * 5_000,
+        "x://" * 2_500,
+        "token " + "Ab3_" * 2_500,
+        "&" * 10_000,
+        "password=" + "a&" * 5_000,
+    ]
+    for line in lines:
+        for f in find_secrets(line):
+            assert 0 <= f.start < f.end <= len(line)
+
+
+# --- properties ------------------------------------------------------------------------------------------
+
+# Text built from pieces that make detectors fire, glued with arbitrary Unicode (lone surrogates included).
+_PIECES = st.sampled_from(
+    [
+        "密码是 ",
+        "password: ",
+        "token=",
+        "Authorization: Bearer ",
+        "hunter2",
+        "Abc12345",
+        "ghp_" + "a1B2c3D4e5" * 4,
+        "sk-",
+        "11010519491231002X",
+        "6222 0212 3456 7890 128",
+        "4111111111111111",
+        "-----BEGIN RSA PRIVATE KEY-----\n",
+        "MIIEowIBAAKCAQEAx9Yz",
+        "postgres://u:",
+        "@",
+        "[REDACTED:password]",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.",
+        " ",
+        "，",
+        "\n",
+    ]
+)
+_TEXT = st.lists(st.one_of(_PIECES, st.text(max_size=8)), max_size=12).map("".join)
+
+
+def _check_spans(text: str, found: list[SecretFinding]) -> None:
+    last_end = 0
+    for f in found:
+        assert 0 <= f.start < f.end <= len(text)
+        assert f.start >= last_end, "findings overlap or are out of order"
+        last_end = f.end
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_arbitrary_unicode_never_crashes(text: str) -> None:
+    _check_spans(text, find_secrets(text))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_TEXT)
+def test_spans_are_ordered_and_in_bounds(text: str) -> None:
+    _check_spans(text, find_secrets(text))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_TEXT)
+def test_redact_is_idempotent(text: str) -> None:
+    once = redact(text)
+    assert redact(once) == once
+    assert find_secrets(once) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(), _TEXT))
+def test_text_without_findings_is_unchanged(text: str) -> None:
+    if not find_secrets(text):
+        assert redact(text) == text
+    else:
+        assert redact(text) != text
