@@ -1,0 +1,147 @@
+"""Service metrics, aggregated in Redis and served by the bot as Prometheus text at `/metrics`.
+
+Why Redis and not `prometheus_client`: the events happen in several processes on several hosts (webhook
+replicas, RQ work-horses that fork per job, the cron process) and only the bot serves HTTP. The client
+library's multi-process mode needs a shared directory on one host; Redis is already shared by every
+process, so counters are `HINCRBYFLOAT` on one hash and a scrape reads it back. Metric names follow the
+Prometheus conventions; labels are sorted and escaped here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+
+import redis
+
+log = logging.getLogger(__name__)
+
+_KEY = "lucid:metrics"
+TURN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+HELP = {
+    "lucid_events_received_total": ("counter", "Webhook events received, by persona."),
+    "lucid_events_deduplicated_total": (
+        "counter",
+        "Webhook events dropped as repeats (event or message id).",
+    ),
+    "lucid_events_rejected_total": ("counter", "Webhook requests rejected, by reason."),
+    "lucid_events_ignored_total": ("counter", "Events accepted but not answered, by reason."),
+    "lucid_turns_total": ("counter", "Chat turns run, by outcome."),
+    "lucid_turn_seconds": ("histogram", "Wall time of a chat turn, from job start to reply sent."),
+    "lucid_dream_runs_total": ("counter", "Dream runs, by phase and outcome."),
+    "lucid_dream_operations_total": ("counter", "Dream operations applied, by phase and kind."),
+    "lucid_dream_rejections_total": ("counter", "Dream operations rejected by the cage, by reason."),
+    "lucid_llm_calls_total": ("counter", "Calls to the model server, by purpose and outcome."),
+    "lucid_llm_tokens_total": ("counter", "Tokens spent, by purpose and direction."),
+    "lucid_memory_writes_total": ("counter", "Memory operations applied by the writer, by outcome."),
+    "lucid_queue_depth": ("gauge", "Jobs waiting in each RQ queue."),
+}
+
+
+def _labels(labels: Mapping[str, str] | None) -> str:
+    if not labels:
+        return ""
+    parts = []
+    for k in sorted(labels):
+        v = str(labels[k]).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        parts.append(f'{k}="{v}"')
+    return "{" + ",".join(parts) + "}"
+
+
+class Metrics:
+    """Counters and histograms shared by every process through one Redis hash. Never raises, and never
+    slows a caller down for long: after a failure, metrics are skipped for `PAUSE` seconds."""
+
+    PAUSE = 10.0
+
+    def __init__(self, client: redis.Redis | None) -> None:
+        self.client = client
+        self._paused_until = 0.0
+
+    def _usable(self) -> bool:
+        return self.client is not None and time.monotonic() >= self._paused_until
+
+    def _failed(self) -> None:
+        self._paused_until = time.monotonic() + self.PAUSE
+        log.debug("metrics unavailable")
+
+    def inc(self, name: str, labels: Mapping[str, str] | None = None, value: float = 1.0) -> None:
+        if not self._usable():
+            return
+        assert self.client is not None
+        try:
+            self.client.hincrbyfloat(_KEY, name + _labels(labels), value)
+        except redis.RedisError:
+            self._failed()
+
+    def observe(
+        self,
+        name: str,
+        seconds: float,
+        labels: Mapping[str, str] | None = None,
+        buckets: Iterable[float] = TURN_BUCKETS,
+    ) -> None:
+        if not self._usable():
+            return
+        assert self.client is not None
+        base = dict(labels or {})
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for b in buckets:
+                if seconds <= b:
+                    pipe.hincrbyfloat(_KEY, f"{name}_bucket" + _labels({**base, "le": f"{b:g}"}), 1)
+            pipe.hincrbyfloat(_KEY, f"{name}_bucket" + _labels({**base, "le": "+Inf"}), 1)
+            pipe.hincrbyfloat(_KEY, f"{name}_sum" + _labels(base), seconds)
+            pipe.hincrbyfloat(_KEY, f"{name}_count" + _labels(base), 1)
+            pipe.execute()
+        except redis.RedisError:
+            self._failed()
+
+    def render(self, gauges: Mapping[str, float] | None = None) -> str:
+        """The Prometheus text exposition of every recorded series, plus gauges computed at scrape time."""
+        series: dict[str, float] = {}
+        if self.client is not None:
+            try:
+                raw = self.client.hgetall(_KEY)
+                series = {(k.decode() if isinstance(k, bytes) else str(k)): float(v) for k, v in raw.items()}
+            except redis.RedisError:
+                series = {}
+        series.update(gauges or {})
+        lines: list[str] = []
+        for family, (kind, text) in HELP.items():
+            members = sorted(s for s in series if _family(s) == family)
+            lines.append(f"# HELP {family} {text}")
+            lines.append(f"# TYPE {family} {kind}")
+            for s in members:
+                value = series[s]
+                lines.append(f"{s} {int(value) if value.is_integer() else value}")
+        return "\n".join(lines) + "\n"
+
+
+def _family(series: str) -> str:
+    name = series.split("{", 1)[0]
+    for suffix in ("_bucket", "_sum", "_count"):
+        if (
+            name.endswith(suffix)
+            and name[: -len(suffix)] in HELP
+            and HELP[name[: -len(suffix)]][0] == "histogram"
+        ):
+            return name[: -len(suffix)]
+    return name
+
+
+def queue_depths(client: redis.Redis | None, names: Iterable[str]) -> dict[str, float]:
+    """`lucid_queue_depth{queue=…}` for each RQ queue (read at scrape time)."""
+    if client is None:
+        return {}
+    from rq import Queue
+
+    out: dict[str, float] = {}
+    for name in names:
+        try:
+            out["lucid_queue_depth" + _labels({"queue": name})] = float(Queue(name, connection=client).count)
+        except redis.RedisError:
+            continue
+    return out
