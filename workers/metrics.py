@@ -102,12 +102,12 @@ class Metrics:
     def render(self, gauges: Mapping[str, float] | None = None) -> str:
         """The Prometheus text exposition of every recorded series, plus gauges computed at scrape time."""
         series: dict[str, float] = {}
-        if self.client is not None:
+        if self._usable() and self.client is not None:
             try:
                 raw = self.client.hgetall(_KEY)
                 series = {(k.decode() if isinstance(k, bytes) else str(k)): float(v) for k, v in raw.items()}
             except redis.RedisError:
-                series = {}
+                self._failed()
         series.update(gauges or {})
         lines: list[str] = []
         for family, (kind, text) in HELP.items():

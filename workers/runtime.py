@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 from rq import Queue
 
 from memory_core.entry import utcnow
@@ -65,7 +67,12 @@ def current() -> Runtime:
 
 
 def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+    """A client that fails within about a second when Redis is down (the webhook answers 503 then),
+    instead of redis-py's default retries of several seconds."""
+    retry = Retry(ExponentialBackoff(cap=0.25, base=0.05), 2)
+    return redis.Redis.from_url(
+        url, socket_connect_timeout=1, health_check_interval=30, retry=retry, retry_on_timeout=True
+    )
 
 
 def build(settings: Settings, redis_url: str | None = None, git: bool = True) -> Runtime:

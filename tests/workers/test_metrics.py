@@ -26,7 +26,9 @@ def test_counters_and_histograms_aggregate_across_clients(redis_client: redis.Re
 
 
 def test_metrics_never_raise_without_redis() -> None:
-    m = Metrics(redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.1))
+    from workers.runtime import connect
+
+    m = Metrics(connect("redis://127.0.0.1:1/0"))
     m.inc("lucid_turns_total")
     m.observe("lucid_turn_seconds", 1.0)
     assert "# TYPE lucid_turns_total counter" in m.render()
