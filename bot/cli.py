@@ -378,6 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="a scripted story: remember → supersede → recall, printing the files")
     _common(p)
+
+    from . import serve
+
+    serve.add_parsers(sub)
     return parser
 
 
@@ -395,6 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides["data_dir"] = Path(tempfile.mkdtemp(prefix="lucid-demo-"))
             print(f"(demo data directory: {overrides['data_dir']})\n")
         settings = Settings.from_env(**overrides)
+        from . import serve
+
+        if args.command in serve.ROLES:
+            return serve.ROLES[args.command](args, settings)
         runtime = build(settings)
         return COMMANDS[args.command](args, runtime)
     except LucidError as exc:
