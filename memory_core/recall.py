@@ -59,8 +59,6 @@ HINTS = (
     "remember",
     "deadline",
 )
-#: A BM25 score at which lexical evidence counts as strong: relevance saturates as s/(s + this).
-EVIDENCE_SCALE = 1.0
 RESIDENT_BUDGET = 800
 #: Queries up to this many characters need word-level evidence (see RelevanceIndex.relevance).
 EVIDENCE_RULE_MAX_CHARS = 40
@@ -182,9 +180,18 @@ class RelevanceIndex:
             raw = {k: v for k, v in raw.items() if not wanted.isdisjoint(strong_terms(self._texts[k]))}
         if not raw:
             return {}
-        top = max(raw.values())
-        strength = top / (top + EVIDENCE_SCALE)  # a weak best match is not made to look strong
+        best = max(raw, key=lambda k: raw[k])
+        top = raw[best]
+        # How much of the query the best match covers: a weak best match is not made to look strong.
+        # (An absolute BM25 scale would not do: idf, and so every score, shrinks in a small namespace.)
+        asked = set(tokens)
+        strength = len(asked & set(_tokens(self._texts[best]))) / len(asked)
         return {k: strength * v / top for k, v in raw.items()}
+
+
+@lru_cache(maxsize=100_000)
+def _tokens(text: str) -> tuple[str, ...]:
+    return tuple(tokenize(text))
 
 
 def _bag(text: str) -> Counter[str]:

@@ -35,6 +35,7 @@ from memory_core.recall import (
 )
 from memory_core.store import ARCHIVE, MEMORY, PROFILE
 
+from .embedding import Embeddings, from_settings
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -97,9 +98,17 @@ class _Breaker:
 
 
 class MemoryService:
-    def __init__(self, runtime: Runtime, active_budget: float = ACTIVE_RECALL_BUDGET) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        active_budget: float = ACTIVE_RECALL_BUDGET,
+        embeddings: Embeddings | None = None,
+    ) -> None:
         self.runtime = runtime
         self.active_budget = active_budget
+        self.embeddings = (
+            embeddings if embeddings is not None else from_settings(runtime.settings.embed_model, runtime.llm)
+        )
         self._books: dict[Namespace, _BookCache] = {}
         self._raw: dict[Namespace, _RawCache] = {}
         self._breakers: dict[Namespace, _Breaker] = {}
@@ -152,6 +161,14 @@ class MemoryService:
         gate: bool = True,
     ) -> list[Scored]:
         cache = self._cache(ns)
+        qvec: list[float] | None = None
+        vectors: dict[str, list[float]] | None = None
+        if self.embeddings is not None and query.strip():
+            qvec = self.embeddings.query(query)
+            if qvec is not None:
+                when = as_of or now
+                by_text = self.embeddings.passages([e.text for e in cache.entries if e.current(when)])
+                vectors = {e.id: by_text[e.text] for e in cache.entries if e.text in by_text}
         with self._lock:
             return recall(
                 cache.entries,
@@ -163,6 +180,8 @@ class MemoryService:
                 chat=chat,
                 index=cache.index,
                 gate=gate,
+                query_vector=qvec,
+                vectors=vectors,
             )
 
     def find(self, ns: Namespace, target: str) -> list[Entry]:

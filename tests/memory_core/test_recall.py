@@ -40,7 +40,7 @@ def test_old_important_warning_is_not_buried_under_recent_chatter() -> None:
     entries = [Entry(id="allergy", text="孩子对花生过敏，千万不能吃花生", at=NOW - timedelta(days=200))]
     chatter = ["今天吃了花生米当零食", "孩子今天去公园玩了", "晚饭吃的饺子", "孩子的作业写完了", "买了一袋零食"]
     entries += [Entry(id=f"c{i}", text=t, at=NOW - timedelta(days=1)) for i, t in enumerate(chatter)]
-    got = [s.entry.id for s in recall(entries, "孩子能吃花生酱吗", NOW, k=3)]
+    got = [s.entry.id for s in recall(entries, "孩子能吃花生酱吗", NOW)]  # the default k (5)
     assert "allergy" in got
 
 

@@ -1,0 +1,111 @@
+"""The memory service a turn uses: active recall, its breaker, hit feedback, the frozen resident tier and
+embeddings through the real `ollama` client against a fake Ollama over HTTP."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import redis
+
+from memory_core.lineformat import RawMessage, parse_file
+from memory_core.namespace import Namespace
+from memory_core.ops import Forget, Remember
+from tests.fakes.ollama import FakeOllama
+from workers.memory_service import MemoryService
+from workers.runtime import build
+from workers.settings import Settings
+
+NS = Namespace.of("t1", "alice", "default")
+NOW = datetime(2026, 6, 26, 12, 0, tzinfo=UTC)
+
+
+def _service(data_dir: Path, redis_url: str | None = None, **settings: object) -> MemoryService:
+    rt = build(
+        Settings(data_dir=data_dir, now=NOW, config_path=data_dir / "none.toml", **settings),
+        redis_url=redis_url,
+    )
+    return MemoryService(rt)
+
+
+def _say(
+    svc: MemoryService, ident: str, text: str, session: str, chat: str = "oc_alice", days_ago: int = 0
+) -> None:
+    ts = NOW - timedelta(days=days_ago)
+    out = svc.record(NS, RawMessage(id=ident, ts=ts, speaker="alice", text=text, chat=chat, session=session))
+    assert out.status == "recorded"
+
+
+def test_active_recall_finds_old_sessions_not_the_current_one(data_dir: Path) -> None:
+    svc = _service(data_dir)
+    _say(svc, "m1", "上次去京都玩的时候住在岚山附近的民宿", "s-old", days_ago=40)
+    _say(svc, "m2", "京都的红叶季节是十一月中旬", "s-old", days_ago=40)
+    _say(svc, "m3", "京都还有什么好玩的地方", "s-now")
+    snippets = svc.active_recall(NS, "京都还有什么好玩的地方", session="s-now", chat="oc_alice")
+    ids = [s.message_id for s in snippets]
+    assert ids and set(ids) <= {"m1", "m2"} and len(ids) <= 3
+    block = svc.assemble(
+        NS, "京都还有什么好玩的地方", chat_type="p2p", chat="oc_alice", session="s-now", now=NOW
+    ).block
+    assert "岚山" in block and "Earlier conversation" in block
+    group = svc.assemble(NS, "京都还有什么好玩的地方", chat_type="group", chat="oc_g", session="s-g", now=NOW)
+    assert group.snippets == [] and "岚山" not in group.block  # never in a group
+
+
+def test_active_recall_breaker_skips_for_a_minute_after_three_failures(data_dir: Path) -> None:
+    svc = _service(
+        data_dir,
+    )
+    _say(svc, "m1", "上次去京都玩的时候住在岚山附近的民宿", "s-old", days_ago=40)
+    svc.active_budget = 0.0  # every search now counts as too slow
+    for _ in range(3):
+        assert svc.active_recall(NS, "京都民宿", session="s-now", chat="oc_alice") == []
+    svc.active_budget = 10.0
+    assert svc.active_recall(NS, "京都民宿", session="s-now", chat="oc_alice") == []  # breaker open
+    assert svc.search(NS, "京都民宿")  # the archive itself is fine
+
+
+def test_hit_feedback_lands_with_the_next_write(
+    data_dir: Path, redis_client: redis.Redis, redis_url: str
+) -> None:
+    svc = _service(data_dir, redis_url)
+    svc.apply(NS, [Remember(text="孩子对花生过敏", source="user")])
+    got = svc.assemble(NS, "孩子能吃花生酱吗", chat_type="p2p", chat="oc_alice", session="s1", now=NOW)
+    ids = [s.entry.id for s in got.recalled]
+    assert ids
+    svc.feedback(NS, ids, NOW)
+    _say(svc, "m9", "好的谢谢", "s1")  # the reply's record carries the queued feedback into the same batch
+    entry = next(iter(parse_file((data_dir / "t1/alice/default/MEMORY.md").read_text("utf-8")).entries()))
+    assert entry.hits == 1 and entry.last == NOW
+
+
+def test_resident_tier_is_frozen_for_the_session_but_forget_is_immediate(data_dir: Path) -> None:
+    svc = _service(data_dir)
+    a = svc.apply(NS, [Remember(text="回答要简洁", type="instruction")])[0]
+    first = svc.assemble(NS, "你好", chat_type="p2p", chat="oc_alice", session="s1", now=NOW)
+    assert [e.text for e in first.resident] == ["回答要简洁"]
+    svc.apply(NS, [Remember(text="我喜欢用中文交流", type="preference")])
+    same = svc.assemble(NS, "你好", chat_type="p2p", chat="oc_alice", session="s1", now=NOW)
+    assert [e.text for e in same.resident] == ["回答要简洁"]  # the prompt prefix stays stable
+    fresh = svc.assemble(NS, "你好", chat_type="p2p", chat="oc_alice", session="s2", now=NOW)
+    assert {e.text for e in fresh.resident} == {"回答要简洁", "我喜欢用中文交流"}
+    svc.apply(NS, [Forget(id=a.id or "")])
+    after = svc.assemble(NS, "你好", chat_type="p2p", chat="oc_alice", session="s1", now=NOW)
+    assert after.resident == []
+
+
+def test_embeddings_through_ollama_and_fallback_when_it_is_down(data_dir: Path) -> None:
+    with FakeOllama(models=["embedder"]) as fake:
+        svc = _service(data_dir, ollama_host=fake.url, embed_model="embedder")
+        svc.apply(NS, [Remember(text="我喜欢喝咖啡"), Remember(text="周末常去爬山")])
+        with_vectors = svc.recall(NS, "我很喜欢喝咖啡吗", NOW)
+        assert with_vectors[0].entry.text == "我喜欢喝咖啡"
+        assert fake.embed_requests  # the real client called the fake's /api/embed
+        fake.down()
+        calls = len(fake.embed_requests)
+        for _ in range(4):
+            lexical = svc.recall(NS, "喝咖啡", NOW)
+            assert [s.entry.text for s in lexical] == ["我喜欢喝咖啡"]  # lexical fallback, never an error
+        fake.up()
+        svc.recall(NS, "喝咖啡", NOW)
+        assert len(fake.embed_requests) == calls  # breaker open: no call for a minute
