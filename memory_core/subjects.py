@@ -339,6 +339,7 @@ zh 所在地 any ^我的?(?:所在地|居住地|住址|地址|住处|所在城�
 zh 所在地 place ^我?(?:现在|目前)?坐标(?P<v>.+)$
 zh 所在地 place ^我{ADV}人?(?:住在|住|居住在|居住于|定居在|定居于|生活在|常驻|常住在?|长住在?)(?P<v>.+)$
 zh - moved ^我{ADV}(?:搬家|搬)了?(?:到|去|来)了?(?P<v>.+)$
+zh 所在地 place ^我{ADV}(?:又|已经)?(?:回到|搬回|搬回到|回)了?(?P<v>.+)$
 zh 所在地 place ^我{ADV}人?(?:在|于)(?P<v>.+)$
 en 所在地 place ^i {ADV_EN}(?:live|reside) (?:in|at) (?P<v>.+)$
 en 所在地 place ^{I_AM} {ADV_EN}(?:living|residing|based|located|settled|staying) (?:in|at|out of) (?P<v>.+)$
