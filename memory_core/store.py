@@ -414,6 +414,13 @@ class Store:
             rows.append({"rev": rev, "time": when, "message": subject})
         return rows
 
+    def show(self, ns: Namespace, rev: str, limit: int = 20_000) -> str:
+        """The diff one commit made to the tracked files (for the viewer's dream journal)."""
+        if not re.fullmatch(r"[0-9a-fA-F]{4,40}", rev):
+            raise StoreError(f"not a revision: {rev!r}")
+        out = self._git(ns, "show", "--format=", "--unified=0", rev, "--", *TRACKED, check=False).stdout
+        return out if len(out) <= limit else out[:limit] + "\n… (diff cut)"
+
     def revert(self, ns: Namespace, rev: str) -> tuple[str, dict[str, str]]:
         """Compute the files as they would be with commit `rev` reverted (no commit is made here).
 

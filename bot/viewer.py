@@ -1,0 +1,247 @@
+"""The memory viewer: a read-only page for operators, behind the admin token.
+
+    GET /admin/viewer                      the page (log in with ?token=… once; an HttpOnly cookie follows)
+    GET /admin/api/namespaces              every namespace with its entry counts
+    GET /admin/api/ns/{tenant}/{user}/{persona}[?q=…]
+                                           resident and recall tiers (scored against q when given), archive,
+                                           profile, timeline per subject, dream journal with each run's diff
+
+It never writes. Everything shown goes into the page through `textContent`, never as HTML, so a memory that
+contains markup is shown as text. Without LUCID_ADMIN_TOKEN the viewer does not exist (404).
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from aiohttp import web
+
+from memory_core.lineformat import format_time
+from memory_core.namespace import Namespace, list_namespaces
+from memory_core.ops import entry_to_json
+from memory_core.recall import importance, recency
+from memory_core.store import DREAMS
+from memory_core.timeline import subject_timelines
+from workers.memory_service import MemoryService
+from workers.runtime import Runtime
+
+COOKIE = "lucid_admin"
+SERVICE: web.AppKey[MemoryService] = web.AppKey("viewer_service", MemoryService)
+RUNTIME: web.AppKey[Runtime] = web.AppKey("viewer_runtime", Runtime)
+
+
+def authorised(request: web.Request, token: str | None) -> bool:
+    """Bearer header or the viewer cookie, compared in constant time; no token configured → nobody."""
+    if not token:
+        return False
+    header = request.headers.get("Authorization", "")
+    given = header[7:] if header.startswith("Bearer ") else request.cookies.get(COOKIE, "")
+    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
+
+
+def _guard(request: web.Request) -> None:
+    token = request.app[RUNTIME].settings.admin_token
+    if not token:
+        raise web.HTTPNotFound()
+    if not authorised(request, token):
+        raise web.HTTPUnauthorized(text="admin token required", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def page(request: web.Request) -> web.StreamResponse:
+    token = request.app[RUNTIME].settings.admin_token
+    if not token:
+        raise web.HTTPNotFound()
+    given = request.query.get("token")
+    if given is not None:
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise web.HTTPUnauthorized(text="wrong admin token")
+        response = web.HTTPFound("/admin/viewer")
+        response.set_cookie(COOKIE, given, httponly=True, samesite="Strict", path="/admin")
+        raise response
+    _guard(request)
+    return web.Response(text=PAGE, content_type="text/html", headers=_SECURITY_HEADERS)
+
+
+async def namespaces(request: web.Request) -> web.Response:
+    _guard(request)
+    runtime = request.app[RUNTIME]
+    service = request.app[SERVICE]
+    out = []
+    for ns in list_namespaces(runtime.settings.data_dir):
+        book = service.book(ns)
+        out.append(
+            {
+                "tenant": ns.tenant,
+                "user": ns.user,
+                "persona": ns.persona,
+                "entries": len(book.entries()),
+                "archived": len(book.archived()),
+            }
+        )
+    return web.json_response({"namespaces": out})
+
+
+async def namespace(request: web.Request) -> web.Response:
+    _guard(request)
+    runtime = request.app[RUNTIME]
+    service = request.app[SERVICE]
+    ns = Namespace.of(request.match_info["tenant"], request.match_info["user"], request.match_info["persona"])
+    if not runtime.store.path(ns).is_dir():
+        raise web.HTTPNotFound(text="no such namespace")
+    return web.json_response(view(runtime, service, ns, request.query.get("q", "")))
+
+
+def view(runtime: Runtime, service: MemoryService, ns: Namespace, query: str = "") -> dict[str, Any]:
+    """Everything the page shows about one namespace (also used by tests and the CLI)."""
+    now = runtime.clock()
+    book = service.book(ns)
+    current = book.current(now)
+
+    def row(e: Any) -> dict[str, Any]:
+        data = entry_to_json(e)
+        data.update(
+            recency=round(recency(e, now), 3), importance=round(importance(e), 3), current=e.current(now)
+        )
+        return data
+
+    scored = {}
+    if query.strip():
+        scored = {s.entry.id: s for s in service.recall(ns, query, now, k=50, gate=False)}
+    recall_rows = []
+    for e in current:
+        if e.resident:
+            continue
+        r = row(e)
+        s = scored.get(e.id)
+        r["relevance"] = round(s.relevance, 3) if s else None
+        r["score"] = round(s.score, 3) if s else round(r["recency"] + r["importance"], 3)
+        recall_rows.append(r)
+    recall_rows.sort(key=lambda r: -r["score"])
+    timelines = {
+        subject: [
+            {
+                "id": st.entry.id,
+                "text": st.entry.text,
+                "from": format_time(st.start) if st.start else None,
+                "to": format_time(st.end) if st.end else None,
+                "archived": st.archived,
+                "current": st.entry.current(now) and not st.archived,
+            }
+            for st in steps
+        ]
+        for subject, steps in subject_timelines(book.entries(), book.archived()).items()
+    }
+    dreams = []
+    for commit in runtime.store.history(ns, limit=200):
+        if commit["message"].startswith(("dream", "undo")):
+            dreams.append({**commit, "diff": runtime.store.show(ns, commit["rev"])})
+        if len(dreams) >= 20:
+            break
+    return {
+        "namespace": str(ns),
+        "now": format_time(now),
+        "query": query,
+        "resident": [row(e) for e in current if e.resident],
+        "recall": recall_rows,
+        "history": [row(e) for e in book.entries() if not e.current(now)],
+        "archive": [row(e) for e in book.archived()],
+        "profile": service.profile(ns) or "",
+        "timelines": timelines,
+        "journal": runtime.store.read_text(ns, DREAMS) or "",
+        "dreams": dreams,
+        "problems": [{"line": line, "problem": why} for line, why in book.problems()],
+    }
+
+
+def mount(app: web.Application, runtime: Runtime) -> None:
+    app[RUNTIME] = runtime
+    app[SERVICE] = MemoryService(runtime)
+    app.router.add_get("/admin/viewer", page)
+    app.router.add_get("/admin/api/namespaces", namespaces)
+    app.router.add_get("/admin/api/ns/{tenant}/{user}/{persona}", namespace)
+
+
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src 'self' data:",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+PAGE = """<!doctype html>
+<html lang="zh"><head><meta charset="utf-8"><title>Lucid · memory viewer</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+ body{font:14px/1.5 system-ui,-apple-system,"PingFang SC","Noto Sans CJK SC",sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+ header{background:#1d2330;color:#fff;padding:10px 20px;display:flex;gap:16px;align-items:center}
+ header h1{font-size:16px;margin:0;font-weight:600} select,input{font:inherit;padding:4px 8px}
+ main{display:grid;grid-template-columns:1fr 1fr;gap:16px;padding:16px 20px}
+ section{background:#fff;border-radius:8px;padding:12px 16px;box-shadow:0 1px 2px rgba(0,0,0,.06)}
+ section.wide{grid-column:1 / -1} h2{font-size:14px;margin:0 0 8px;color:#4a5568;text-transform:uppercase;letter-spacing:.04em}
+ table{width:100%;border-collapse:collapse} td,th{padding:4px 6px;border-bottom:1px solid #edf0f3;text-align:left;vertical-align:top}
+ th{font-weight:600;color:#718096;font-size:12px} .num{text-align:right;font-variant-numeric:tabular-nums;color:#4a5568}
+ .tag{display:inline-block;font-size:11px;padding:0 6px;border-radius:9px;background:#edf2f7;color:#4a5568;margin-left:4px}
+ .old{color:#a0aec0;text-decoration:line-through} .chain{display:flex;flex-wrap:wrap;align-items:center;gap:6px;margin:6px 0}
+ .step{border:1px solid #cbd5e0;border-radius:6px;padding:4px 8px;background:#fff} .step.current{border-color:#2f855a;background:#f0fff4}
+ .step small{display:block;color:#718096;font-size:11px} .arrow{color:#a0aec0}
+ pre{white-space:pre-wrap;background:#f7fafc;padding:8px;border-radius:6px;font-size:12px;max-height:320px;overflow:auto}
+ .empty{color:#a0aec0}
+</style></head>
+<body>
+<header><h1>Lucid · memory viewer</h1><select id="ns" aria-label="namespace"></select>
+<input id="q" placeholder="score against a query…" size="28"><span id="now" class="tag"></span></header>
+<main>
+ <section class="wide" id="timelines-box"><h2>Timeline per subject</h2><div id="timelines"></div></section>
+ <section><h2>Resident</h2><table id="resident"></table></section>
+ <section><h2>Recall</h2><table id="recall"></table></section>
+ <section><h2>Profile</h2><pre id="profile"></pre></section>
+ <section><h2>Archive &amp; history</h2><table id="archive"></table></section>
+ <section class="wide"><h2>Dream journal</h2><div id="dreams"></div></section>
+</main>
+<script>
+const $ = (id) => document.getElementById(id);
+function el(tag, text, cls) { const e = document.createElement(tag); if (text !== undefined && text !== null) e.textContent = String(text); if (cls) e.className = cls; return e; }
+function day(t) { return t ? t.slice(0, 10) : "…"; }
+function table(id, rows, cols) {
+  const t = $(id); t.replaceChildren();
+  if (!rows.length) { const r = t.insertRow(); r.appendChild(el("td", "(none)", "empty")); return; }
+  const h = t.insertRow(); cols.forEach(c => h.appendChild(el("th", c[0])));
+  rows.forEach(r => { const tr = t.insertRow(); tr.dataset.id = r.id;
+    cols.forEach(c => { const td = el("td", null, c[2] || ""); const v = c[1](r);
+      if (v instanceof Node) td.appendChild(v); else td.textContent = v === null || v === undefined ? "" : String(v); tr.appendChild(td); }); });
+}
+function textCell(r) { const s = el("span", r.text, r.current === false ? "old" : ""); if (r.pinned) s.appendChild(el("span", "pinned", "tag"));
+  if (r.subject) s.appendChild(el("span", r.subject, "tag")); return s; }
+async function load() {
+  const ns = $("ns").value; if (!ns) return;
+  const res = await fetch("/admin/api/ns/" + ns + "?q=" + encodeURIComponent($("q").value), {credentials: "same-origin"});
+  const d = await res.json();
+  $("now").textContent = "now " + d.now;
+  table("resident", d.resident, [["memory", textCell], ["type", r => r.type], ["hits", r => r.hits, "num"]]);
+  table("recall", d.recall, [["memory", textCell], ["score", r => r.score.toFixed(2), "num"], ["rec", r => r.recency.toFixed(2), "num"],
+    ["imp", r => r.importance.toFixed(2), "num"], ["rel", r => r.relevance === null ? "–" : r.relevance.toFixed(2), "num"]]);
+  table("archive", d.history.concat(d.archive), [["memory", textCell], ["valid", r => day(r.valid_from || r.at) + " → " + day(r.valid_to)]]);
+  $("profile").textContent = d.profile || "(no profile yet)";
+  const tl = $("timelines"); tl.replaceChildren();
+  const subjects = Object.keys(d.timelines);
+  if (!subjects.length) tl.appendChild(el("p", "(no subjects yet)", "empty"));
+  subjects.forEach(s => { const row = el("div", null, "chain"); row.dataset.subject = s; row.appendChild(el("strong", s));
+    d.timelines[s].forEach((st, i) => { if (i) row.appendChild(el("span", "→", "arrow"));
+      const b = el("span", st.text, "step" + (st.current ? " current" : "")); b.appendChild(el("small", day(st.from) + " – " + (st.to ? day(st.to) : "now")));
+      row.appendChild(b); }); tl.appendChild(row); });
+  const dr = $("dreams"); dr.replaceChildren();
+  if (!d.dreams.length) dr.appendChild(el("p", "(no dream runs yet)", "empty"));
+  d.dreams.forEach(x => { const det = document.createElement("details"); det.appendChild(el("summary", day(x.time) + "  " + x.message));
+    det.appendChild(el("pre", x.diff)); dr.appendChild(det); });
+}
+async function init() {
+  const res = await fetch("/admin/api/namespaces", {credentials: "same-origin"});
+  const d = await res.json();
+  d.namespaces.forEach(n => { const o = el("option", n.tenant + " / " + n.user + " / " + n.persona + "  (" + n.entries + ")");
+    o.value = [n.tenant, n.user, n.persona].map(encodeURIComponent).join("/"); $("ns").appendChild(o); });
+  $("ns").onchange = load; $("q").onchange = load; await load(); document.body.dataset.ready = "1";
+}
+init();
+</script></body></html>
+"""

@@ -1,0 +1,106 @@
+"""The memory viewer: behind the admin token, read-only, and in a real headless browser the timeline shows
+the supersede chain 余杭区 → 西湖区 → 余杭区 (a screenshot is saved under test-artifacts/)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from aiohttp import web
+
+from bot import viewer
+from memory_core.namespace import Namespace
+from memory_core.ops import Remember
+from tests.browser import CHROMIUM_ARGS, chromium_path
+from tests.fakes.ollama import BackgroundServer
+from workers.runtime import build
+from workers.settings import Settings
+
+NS = Namespace.of("t1", "alice", "default")
+T0 = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
+TOKEN = "s3cret-admin-token"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+class AppServer(BackgroundServer):
+    def __init__(self, app: web.Application) -> None:
+        super().__init__()
+        self._app = app
+
+    def build_app(self) -> web.Application:
+        return self._app
+
+
+def _story(data_dir: Path) -> web.Application:
+    runtime = build(
+        Settings(
+            data_dir=data_dir,
+            admin_token=TOKEN,
+            now=T0 + timedelta(days=60),
+            config_path=data_dir / "none.toml",
+        )
+    )
+    steps = [
+        "我在余杭区",
+        "我搬到西湖区了",
+        "我又回到余杭区了",
+        "我喜欢<b>深色</b>主题<script>alert(1)</script>",
+    ]
+    for i, text in enumerate(steps):
+        runtime.writer.clock = lambda i=i: T0 + timedelta(days=20 * i)
+        runtime.writer.submit(NS, [Remember(text=text, type="preference" if "主题" in text else "fact")])
+    app = web.Application()
+    viewer.mount(app, runtime)
+    return app
+
+
+async def test_api_needs_the_token_and_shows_the_chain(aiohttp_client, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    client = await aiohttp_client(_story(data_dir))
+    assert (await client.get("/admin/api/namespaces")).status == 401
+    assert (await client.get("/admin/viewer?token=wrong")).status == 401
+    bad = await client.get("/admin/api/namespaces", headers={"Authorization": "Bearer nope"})
+    assert bad.status == 401
+    ok = await client.get("/admin/api/ns/t1/alice/default", headers={"Authorization": f"Bearer {TOKEN}"})
+    data = await ok.json()
+    chain = [s["text"] for s in data["timelines"]["所在地"]]
+    assert chain == ["我在余杭区", "我搬到西湖区了", "我又回到余杭区了"]
+    assert [s["current"] for s in data["timelines"]["所在地"]] == [False, False, True]
+    assert data["resident"][0]["text"].startswith("我喜欢<b>")
+    missing = await client.get(
+        "/admin/api/ns/t1/nobody/default", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert missing.status == 404
+
+
+async def test_no_token_configured_means_no_viewer(aiohttp_client, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    runtime = build(Settings(data_dir=data_dir, config_path=data_dir / "none.toml"))
+    app = web.Application()
+    viewer.mount(app, runtime)
+    client = await aiohttp_client(app)
+    assert (await client.get("/admin/viewer")).status == 404
+    assert (await client.get("/admin/api/namespaces", headers={"Authorization": "Bearer x"})).status == 404
+
+
+def test_viewer_page_in_headless_chromium(data_dir: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with AppServer(_story(data_dir)) as server, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            dialogs: list[str] = []
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.goto(f"{server.url}/admin/viewer?token={TOKEN}")
+            page.wait_for_selector("body[data-ready='1']", timeout=15_000)
+            chain = page.locator("#timelines .chain[data-subject='所在地'] .step")
+            texts = [t.split("\n")[0] for t in chain.all_inner_texts()]
+            assert texts == ["我在余杭区", "我搬到西湖区了", "我又回到余杭区了"]
+            assert "current" in (chain.nth(2).get_attribute("class") or "")
+            assert "2026-06-01 – 2026-06-21" in chain.nth(0).inner_text()
+            resident = page.locator("#resident").inner_text()
+            assert "<script>alert(1)</script>" in resident and not dialogs  # shown as text, never run
+            page.screenshot(path=str(ARTIFACTS / "viewer.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (ARTIFACTS / "viewer.png").stat().st_size > 10_000
