@@ -1,0 +1,92 @@
+"""The HTTP admin API: trigger a dream phase, read dream status and service stats.
+
+    POST /admin/dream          {"namespace": "tenant/user/persona", "phase": "light", "dry_run": false}
+    GET  /admin/dream/status?namespace=tenant/user/persona
+    GET  /admin/stats[?namespace=tenant/user/persona]
+
+Every request needs `Authorization: Bearer <LUCID_ADMIN_TOKEN>`, compared in constant time. With no token
+configured the routes are not mounted at all (404): an admin API must never be open by omission. The work
+is the same code the Feishu /dream and /stats commands run (`workers.turn`), called off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from memory_core.errors import InvalidInput, LucidError
+from memory_core.namespace import Namespace
+from workers import turn
+from workers.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def setup(app: web.Application, runtime: Runtime) -> None:
+    token = runtime.settings.admin_token
+    if not token:
+        log.info("LUCID_ADMIN_TOKEN not set: the HTTP admin API is disabled")
+        return
+    expected = f"Bearer {token}".encode()
+
+    def guarded(handler: Callable[[web.Request, Runtime], Awaitable[web.Response]]) -> Handler:
+        async def check(request: web.Request) -> web.Response:
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, expected):
+                log.warning("admin %s %s refused: bad or missing token", request.method, request.path)
+                return web.json_response(
+                    {"error": "unauthorized"}, status=401, headers={"WWW-Authenticate": "Bearer"}
+                )
+            try:
+                return await handler(request, runtime)
+            except InvalidInput as exc:
+                return web.json_response({"error": str(exc)}, status=400)
+            except LucidError as exc:
+                return web.json_response({"error": str(exc)}, status=409)
+
+        return check
+
+    app.router.add_post("/admin/dream", guarded(_dream))
+    app.router.add_get("/admin/dream/status", guarded(_dream_status))
+    app.router.add_get("/admin/stats", guarded(_stats))
+
+
+def _namespace(value: Any) -> Namespace:
+    if not isinstance(value, str):
+        raise web.HTTPBadRequest(text='{"error": "namespace (tenant/user/persona) is required"}')
+    try:
+        return Namespace.parse(value)
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text='{"error": "namespace must be tenant/user/persona"}') from exc
+
+
+async def _dream(request: web.Request, runtime: Runtime) -> web.Response:
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text='{"error": "body must be JSON"}') from exc
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text='{"error": "body must be a JSON object"}')
+    ns = _namespace(body.get("namespace"))
+    phase, dry_run = str(body.get("phase") or "light"), bool(body.get("dry_run", False))
+    job = await asyncio.to_thread(turn.dream, runtime, ns, phase, dry_run)
+    log.warning("admin API: %s dream (dry=%s) for ns=%s: %s", phase, dry_run, ns.key, job.get("status"))
+    return web.json_response({**job, "dry_run": dry_run}, status=202)
+
+
+async def _dream_status(request: web.Request, runtime: Runtime) -> web.Response:
+    ns = _namespace(request.query.get("namespace"))
+    return web.json_response(await asyncio.to_thread(turn.dream_status, runtime, ns))
+
+
+async def _stats(request: web.Request, runtime: Runtime) -> web.Response:
+    raw = request.query.get("namespace")
+    ns = _namespace(raw) if raw is not None else None
+    return web.json_response(await asyncio.to_thread(turn.stats, runtime, ns))

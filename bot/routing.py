@@ -1,0 +1,175 @@
+"""Routing: a verified Feishu event → the `Inbound` message a turn answers, or the reason it is ignored.
+
+Pure: no I/O, no clock of its own. Who is speaking (tenant, union_id else open_id), which persona, which chat;
+in a group only messages that @mention the bot (matched by the bot's open_id, never by its display name,
+research/feishu.md §6) get through, one-to-one chats always. `@_user_N` placeholders become `@Name`, the
+bot's own mention is removed, `@_all` becomes `@所有人`. Text and rich-text (`post`) messages are read; every
+other message type is ignored. Ids that reach Redis keys and paths are checked here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from workers.turn import Inbound, Mention
+
+MESSAGE_EVENT = "im.message.receive_v1"
+MAX_TEXT = 8000  # characters handed to a turn; Feishu allows far more, a chat turn needs no more
+_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")
+_PLACEHOLDER = re.compile(r"@_user_\d+|@_all")
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """An event that gets a 200 and no turn; `reason` goes to the log line."""
+
+    reason: str
+    message_id: str = ""
+    retry: bool = False  # answer 503 so Feishu delivers it again later (we could not decide yet)
+
+
+def _get(data: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _id(value: Any) -> str:
+    return value if isinstance(value, str) and _ID.match(value) else ""
+
+
+def route(
+    event: dict[str, Any], persona: str, bot_open_id: str, *, now_ms: int, stale_ms: int
+) -> Inbound | Ignored:
+    """Decide what `event` (decrypted, verified, v2.0) means for `persona`.
+
+    `bot_open_id` empty means the bot's identity is not known yet: a group message is then refused for a
+    retry (an unknown bot cannot tell whether it was addressed); one-to-one chats still work.
+    """
+    header = event.get("header")
+    if event.get("schema") != "2.0" or not isinstance(header, dict):
+        return Ignored("not a v2.0 event")
+    if header.get("event_type") != MESSAGE_EVENT:
+        return Ignored(f"unsupported event type {str(header.get('event_type'))[:64]}")
+    message = _get(event, "event", "message")
+    sender = _get(event, "event", "sender")
+    if not isinstance(message, dict) or not isinstance(sender, dict):
+        return Ignored("malformed message event")
+    message_id = _id(message.get("message_id"))
+    if not message_id:
+        return Ignored("malformed message id")
+    if sender.get("sender_type") not in (None, "user"):
+        return Ignored("not sent by a person", message_id)
+    open_id = _id(_get(sender, "sender_id", "open_id"))
+    union_id = _id(_get(sender, "sender_id", "union_id"))
+    chat_id = _id(message.get("chat_id"))
+    tenant = _id(header.get("tenant_key") or sender.get("tenant_key")) or "default"
+    if not open_id or not chat_id:
+        return Ignored("malformed sender or chat", message_id)
+    try:
+        created = int(message.get("create_time") or header.get("create_time") or 0)
+    except (TypeError, ValueError):
+        return Ignored("malformed create_time", message_id)
+    if created and now_ms - created > stale_ms:
+        return Ignored("stale", message_id)
+    chat_type = "p2p" if message.get("chat_type") == "p2p" else "group"
+    raw_text = _text(message)
+    if raw_text is None:
+        return Ignored(f"unsupported message type {str(message.get('message_type'))[:32]}", message_id)
+    if chat_type == "group" and not bot_open_id:
+        return Ignored("bot identity not known yet", message_id, retry=True)
+    text, mentioned_bot, mentions = resolve_mentions(raw_text, message.get("mentions"), bot_open_id)
+    if chat_type == "group" and not mentioned_bot:
+        return Ignored("group message without an @mention of the bot", message_id)
+    if not text:
+        return Ignored("empty text", message_id)
+    return Inbound(
+        tenant=tenant,
+        user=union_id or open_id,
+        open_id=open_id,
+        persona=persona,
+        chat_id=chat_id,
+        chat_type=chat_type,
+        message_id=message_id,
+        text=text[:MAX_TEXT],
+        mentioned_bot=mentioned_bot,
+        create_time=created,
+        event_id=_id(header.get("event_id")),
+        mentions=mentions,
+    )
+
+
+def _text(message: dict[str, Any]) -> str | None:
+    """The text of a `text` or `post` message (`content` is a JSON string); None for anything else."""
+    kind = message.get("message_type")
+    if kind not in ("text", "post"):
+        return None
+    try:
+        content = json.loads(message.get("content") or "")
+    except (ValueError, TypeError, RecursionError):
+        return None
+    if kind == "text":
+        text = content.get("text") if isinstance(content, dict) else None
+        return text if isinstance(text, str) else None
+    return _post_text(content)
+
+
+def _post_text(content: Any) -> str | None:
+    """Rich text, in any of the shapes seen: direct, locale-wrapped, or under `post`."""
+    if isinstance(content, dict) and isinstance(content.get("post"), dict):
+        content = content["post"]
+    if isinstance(content, dict) and "content" not in content:
+        content = next((v for v in content.values() if isinstance(v, dict) and "content" in v), None)
+    if not isinstance(content, dict) or not isinstance(content.get("content"), list):
+        return None
+    lines = [str(content["title"])] if content.get("title") else []
+    for paragraph in content["content"]:
+        parts = []
+        for node in paragraph if isinstance(paragraph, list) else ():
+            if not isinstance(node, dict):
+                continue
+            if node.get("tag") == "at":
+                parts.append(str(node.get("user_id") or ""))
+            elif isinstance(node.get("text"), str):
+                parts.append(node["text"])
+        lines.append("".join(parts))
+    return "\n".join(lines)
+
+
+def resolve_mentions(text: str, mentions: Any, bot_open_id: str) -> tuple[str, bool, tuple[Mention, ...]]:
+    """Replace `@_user_N` by `@Name` (the bot's own mention by nothing) and report who was mentioned.
+
+    Placeholders are looked up whole, so `@_user_10` is never read as `@_user_1` followed by "0".
+    """
+    by_key: dict[str, dict[str, Any]] = {}
+    for m in mentions if isinstance(mentions, list) else ():
+        if isinstance(m, dict) and isinstance(m.get("key"), str):
+            by_key[m["key"]] = m
+    mentioned_bot = False
+    others: list[Mention] = []
+
+    def swap(match: re.Match[str]) -> str:
+        nonlocal mentioned_bot
+        key = match.group()
+        if key == "@_all":
+            return "@所有人"
+        m = by_key.get(key)
+        if m is None:
+            return ""
+        open_id = _id(_get(m, "id", "open_id"))
+        if bot_open_id and open_id == bot_open_id:
+            mentioned_bot = True
+            return ""
+        name = str(m.get("name") or "").strip()
+        if open_id and all(o.open_id != open_id for o in others):
+            others.append(Mention(name=name, open_id=open_id, union_id=_id(_get(m, "id", "union_id"))))
+        return f"@{name}" if name else ""
+
+    resolved = _PLACEHOLDER.sub(swap, text)
+    lines = (" ".join(line.split()) for line in resolved.splitlines())
+    return "\n".join(line for line in lines if line), mentioned_bot, tuple(others)

@@ -1,0 +1,362 @@
+"""The webhook against deliveries built exactly as Feishu sends them (and as the lark-oapi SDK accepts them).
+
+Real aiohttp server (aiohttp_client), real Redis, real RQ queue; nothing of ours is mocked. What a user
+would notice: a forged or broken delivery never becomes a turn, a retried one never becomes two, and a
+Redis outage makes Feishu deliver again instead of losing the message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lark_oapi as lark
+import pytest
+import redis
+from aiohttp.test_utils import TestClient
+from rq import Queue
+
+from bot.app import create_app
+from memory_core.namespace import Namespace
+from tests.fakes.feishu import FakeFeishu
+from tests.fakes.feishu_events import (
+    ALICE,
+    BOB,
+    VERIFICATION_TOKEN,
+    Delivery,
+    deliver,
+    group_mention_event,
+    message_event,
+    sign,
+    url_verification,
+)
+from workers.runtime import Runtime, build
+from workers.settings import Persona, Settings
+from workers.turn import Inbound
+
+KEY = "test-encrypt-key"
+BOT = "ou_bot_webhook_000000000000000000"
+ClientFactory = Callable[..., Any]
+
+
+def _runtime(data_dir: Path, redis_url: str, **extra: Any) -> Runtime:
+    personas = {
+        "enc": Persona("enc", verification_token=VERIFICATION_TOKEN, encrypt_key=KEY, bot_open_id=BOT),
+        "plain": Persona("plain", verification_token=VERIFICATION_TOKEN, bot_open_id=BOT),
+        "notoken": Persona("notoken"),
+    }
+    settings = Settings(data_dir=data_dir, personas=personas, **extra)
+    return build(settings, redis_url, git=False)
+
+
+@pytest.fixture
+def runtime(data_dir: Path, redis_url: str, redis_client: redis.Redis) -> Runtime:
+    return _runtime(data_dir, redis_url)
+
+
+@pytest.fixture
+async def client(aiohttp_client: ClientFactory, runtime: Runtime) -> TestClient:
+    return await aiohttp_client(create_app(runtime))
+
+
+async def post(client: TestClient, d: Delivery, persona: str = "enc") -> tuple[int, Any]:
+    resp = await client.post(f"/feishu/{persona}/events", data=d.body, headers=d.headers)
+    return resp.status, await resp.json()
+
+
+def queued(redis_client: redis.Redis) -> list[Inbound]:
+    return [Inbound.from_json(job.args[0]) for job in Queue("chat", connection=redis_client).jobs]
+
+
+# ------------------------------------------------------------------------------------------- happy paths
+
+
+async def test_url_verification_is_answered_encrypted_or_plain_signed_or_not(client: TestClient) -> None:
+    for persona, d in (
+        ("enc", deliver(url_verification("c-1"), encrypt_key=KEY, signed=False)),
+        ("enc", deliver(url_verification("c-2"), encrypt_key=KEY)),
+        ("plain", deliver(url_verification("c-3"))),
+    ):
+        status, body = await post(client, d, persona)
+        assert (status, body) == (200, {"challenge": body["challenge"]})
+    status, _ = await post(client, deliver(url_verification("c-4", token="wrong"), encrypt_key=KEY))
+    assert status == 401
+
+
+async def test_a_signed_encrypted_message_is_queued_once_with_its_namespace(
+    client: TestClient, redis_client: redis.Redis
+) -> None:
+    event = message_event("我住在余杭区", sender=ALICE)
+    status, body = await post(client, deliver(event, encrypt_key=KEY))
+
+    assert (status, body["msg"]) == (200, "queued")
+    [inbound] = queued(redis_client)
+    assert inbound.text == "我住在余杭区" and inbound.chat_type == "p2p"
+    assert inbound.ns == Namespace.of(event["header"]["tenant_key"], ALICE.union_id, "enc")
+    assert inbound.message_id == event["event"]["message"]["message_id"]
+
+
+async def test_retries_and_redeliveries_never_queue_a_second_turn(
+    client: TestClient, redis_client: redis.Redis
+) -> None:
+    event = message_event("你好", sender=ALICE)
+    same_message_new_event = json.loads(json.dumps(event))
+    same_message_new_event["header"]["event_id"] = uuid.uuid4().hex
+    same_event_new_message = json.loads(json.dumps(event))
+    same_event_new_message["event"]["message"]["message_id"] = "om_" + uuid.uuid4().hex
+
+    answers = [
+        await post(client, deliver(e, encrypt_key=KEY))
+        for e in (event, event, same_message_new_event, same_event_new_message)
+    ]
+
+    assert [a[1]["msg"] for a in answers] == ["queued", "duplicate", "duplicate", "duplicate"]
+    assert all(a[0] == 200 for a in answers)  # any 200 stops Feishu's retries
+    assert len(queued(redis_client)) == 1
+
+
+async def test_a_group_message_needs_an_at_mention_of_the_bot_and_loses_the_placeholder(
+    client: TestClient, redis_client: redis.Redis
+) -> None:
+    plain_group = message_event("大家好", sender=ALICE, chat_type="group")
+    mentioned = group_mention_event("问问 @_user_2 吧", bot_open_id=BOT, sender=ALICE, mentions=[BOB])
+    other_bot = group_mention_event("hi", bot_open_id="ou_someone_else", sender=ALICE)
+
+    results = [await post(client, deliver(e, encrypt_key=KEY)) for e in (plain_group, mentioned, other_bot)]
+
+    assert [r[1]["msg"].split(":")[0] for r in results] == ["ignored", "queued", "ignored"]
+    [inbound] = queued(redis_client)
+    assert inbound.text == "问问 @Bob 吧" and inbound.mentioned_bot and inbound.chat_type == "group"
+    assert [m.open_id for m in inbound.mentions] == [BOB.open_id]
+
+
+# ------------------------------------------------------------------------------------------- rejections
+
+
+def _bad_signature() -> Delivery:
+    d = deliver(message_event("hi"), encrypt_key=KEY)
+    return Delivery(d.body, {**d.headers, "X-Lark-Signature": "0" * 64})
+
+
+def _bad_ciphertext() -> Delivery:
+    return _resign(json.dumps({"encrypt": "bm90IGEgcmVhbCBjaXBoZXJ0ZXh0IGF0IGFsbCEh"}).encode())
+
+
+def _resign(body: bytes) -> Delivery:
+    """A correctly signed delivery of an arbitrary body: only what is inside can be wrong."""
+    ts, nonce = str(int(time.time())), uuid.uuid4().hex[:16]
+    headers = {
+        "Content-Type": "application/json",
+        "X-Lark-Request-Timestamp": ts,
+        "X-Lark-Request-Nonce": nonce,
+    }
+    headers["X-Lark-Signature"] = sign(ts, nonce, KEY, body)
+    return Delivery(body, headers)
+
+
+def _deep_bomb() -> Delivery:
+    return _resign(b'{"encrypt": ' + b"[" * 200_000 + b"]" * 200_000 + b"}")
+
+
+def _inner_bomb() -> Delivery:
+    event = message_event("hi")
+    nested: Any = "x"
+    for _ in range(100):
+        nested = [nested]
+    event["event"]["extra"] = nested
+    return deliver(event, encrypt_key=KEY)
+
+
+CASES: dict[str, tuple[Callable[[], Delivery], int]] = {
+    "wrong signature": (_bad_signature, 401),
+    "missing signature": (lambda: deliver(message_event("hi"), encrypt_key=KEY, signed=False), 401),
+    "wrong token": (lambda: deliver(message_event("hi", token="forged"), encrypt_key=KEY), 401),
+    "wrong encrypt key": (lambda: deliver(message_event("hi"), encrypt_key="other-key"), 401),
+    "bad ciphertext": (_bad_ciphertext, 400),
+    "plaintext to an encrypted persona": (lambda: deliver(message_event("hi")), 401),
+    "not JSON": (lambda: _resign(b"\xff\xfe not json"), 400),
+    "JSON bomb (deep)": (_deep_bomb, 400),
+    "JSON bomb inside the ciphertext": (_inner_bomb, 400),
+    "oversized body": (lambda: _resign(b'{"encrypt": "' + b"A" * (1024 * 1024 + 10) + b'"}'), 413),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_forged_broken_and_hostile_deliveries_are_rejected_and_logged(
+    case: str, client: TestClient, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    make, expected = CASES[case]
+    with caplog.at_level(logging.INFO, logger="bot.app"):
+        status, _ = await post(client, make())
+    assert status == expected
+    assert queued(redis_client) == []
+    assert any(f"status={expected}" in r.getMessage() for r in caplog.records)
+
+
+async def test_old_non_text_and_v1_events_are_ignored_with_200(
+    client: TestClient, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = message_event("还记得吗", create_time_ms=int(time.time() * 1000) - 2 * 3600 * 1000)
+    image = message_event("", message_type="image", content={"image_key": "img_x"})
+    read = message_event("x")
+    read["header"]["event_type"] = "im.message.message_read_v1"
+    v1 = {
+        "uuid": "u1",
+        "token": VERIFICATION_TOKEN,
+        "ts": "1",
+        "type": "event_callback",
+        "event": {"type": "message"},
+    }
+
+    with caplog.at_level(logging.INFO, logger="bot.app"):
+        results = [await post(client, deliver(e, encrypt_key=KEY)) for e in (old, image, read, v1)]
+
+    assert [r[0] for r in results] == [200, 200, 200, 200]
+    assert all(r[1]["msg"].startswith("ignored") for r in results)
+    assert queued(redis_client) == []
+    assert sum("outcome=ignored" in r.getMessage() for r in caplog.records) == 4
+
+
+async def test_unknown_persona_is_404_and_a_persona_without_token_refuses_everything(
+    client: TestClient,
+) -> None:
+    assert (await post(client, deliver(message_event("hi"), encrypt_key=KEY), "nobody"))[0] == 404
+    for payload in (message_event("hi", token=""), url_verification(token="")):
+        assert (await post(client, deliver(payload), "notoken"))[0] == 403
+
+
+async def test_logs_carry_ids_never_text_or_secrets(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    event = message_event("我的秘密是 swordfish-42", sender=ALICE)
+    with caplog.at_level(logging.DEBUG):
+        await post(client, deliver(event, encrypt_key=KEY))
+        await post(client, _bad_signature())
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert event["event"]["message"]["message_id"] in text
+    assert "swordfish" not in text and KEY not in text and VERIFICATION_TOKEN not in text
+
+
+# ------------------------------------------------------------------------------------------- agrees with the SDK
+
+
+def _sdk_accepts(d: Delivery, encrypt_key: str) -> bool:
+    handler = (
+        lark.EventDispatcherHandler.builder(encrypt_key, VERIFICATION_TOKEN)
+        .register_p2_im_message_receive_v1(lambda _: None)
+        .build()
+    )
+    return handler.do(d.raw_request()).status_code == 200
+
+
+async def test_the_verifier_accepts_exactly_what_the_sdk_accepts(client: TestClient) -> None:
+    deliveries = {
+        "good": deliver(message_event("hi"), encrypt_key=KEY),
+        "challenge": deliver(url_verification(), encrypt_key=KEY, signed=False),
+        "wrong signature": _bad_signature(),
+        "wrong token": deliver(message_event("hi", token="forged"), encrypt_key=KEY),
+        "missing signature": deliver(message_event("hi"), encrypt_key=KEY, signed=False),
+    }
+    for name, d in deliveries.items():
+        ours = (await post(client, d))[0] == 200
+        assert ours == _sdk_accepts(d, KEY), name
+
+
+# ------------------------------------------------------------------------------------------- availability
+
+
+async def test_redis_down_answers_503_so_feishu_retries(
+    aiohttp_client: ClientFactory, data_dir: Path
+) -> None:
+    dead = _runtime(data_dir, "redis://127.0.0.1:1/0")
+    client = await aiohttp_client(create_app(dead))
+
+    status, _ = await post(client, deliver(message_event("hi"), encrypt_key=KEY))
+    health = await client.get("/healthz")
+
+    assert status == 503 and health.status == 503
+
+
+async def test_healthz_reports_redis_and_bot_identity(client: TestClient) -> None:
+    resp = await client.get("/healthz")
+    assert resp.status == 200
+    assert (await resp.json())["bot_identity"]["enc"] is True
+
+
+async def test_the_bot_learns_its_open_id_at_startup_and_then_accepts_group_mentions(
+    aiohttp_client: ClientFactory, data_dir: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    with FakeFeishu(bot_open_id=BOT) as fake:
+        persona = Persona(
+            "fetch",
+            app_id=f"cli_{uuid.uuid4().hex[:12]}",
+            app_secret="s",
+            verification_token=VERIFICATION_TOKEN,
+        )
+        settings = Settings(data_dir=data_dir, feishu_domain=fake.url, personas={"fetch": persona})
+        client = await aiohttp_client(create_app(build(settings, redis_url, git=False)))
+        for _ in range(100):
+            if (await (await client.get("/healthz")).json())["bot_identity"]["fetch"]:
+                break
+            await asyncio.sleep(0.02)
+        event = group_mention_event("在吗", bot_open_id=BOT)
+        status, body = await post(client, deliver(event), "fetch")
+    assert (status, body["msg"]) == (200, "queued")
+    assert fake.calls("bot_info")
+
+
+# ------------------------------------------------------------------------------------------- admin API
+
+
+async def test_admin_api_is_absent_without_a_token_and_guarded_with_one(
+    client: TestClient,
+    aiohttp_client: ClientFactory,
+    data_dir: Path,
+    redis_url: str,
+    redis_client: redis.Redis,
+) -> None:
+    assert (await client.get("/admin/stats")).status == 404
+    guarded = await aiohttp_client(create_app(_runtime(data_dir, redis_url, admin_token="s3cret-admin")))
+    assert (await guarded.get("/admin/stats")).status == 401
+    assert (await guarded.get("/admin/stats", headers={"Authorization": "Bearer nope"})).status == 401
+    ok = await guarded.get(
+        "/admin/stats", params={"namespace": "t/u/enc"}, headers={"Authorization": "Bearer s3cret-admin"}
+    )
+    assert ok.status == 200
+    assert (await ok.json())["memory"]["current"] == 0
+    auth = {"Authorization": "Bearer s3cret-admin"}
+    assert (await guarded.post("/admin/dream", json={"namespace": "nope"}, headers=auth)).status == 400
+    assert (
+        await guarded.post("/admin/dream", json={"namespace": "t/u/enc", "phase": "nap"}, headers=auth)
+    ).status == 400
+    queued_dream = await guarded.post(
+        "/admin/dream", json={"namespace": "t/u/enc", "phase": "light"}, headers=auth
+    )
+    assert queued_dream.status == 202 and (await queued_dream.json())["status"] == "queued"
+    assert len(Queue("dream", connection=redis_client)) == 1
+    status = await guarded.get("/admin/dream/status", params={"namespace": "t/u/enc"}, headers=auth)
+    assert (await status.json())["queued"] == 1
+
+
+# ------------------------------------------------------------------------------------------- routing
+
+
+def test_placeholders_resolve_whole_and_the_bots_own_mention_disappears() -> None:
+    from bot.routing import resolve_mentions
+
+    mentions = [
+        {"key": "@_user_1", "name": "Lucid", "id": {"open_id": BOT}},
+        {"key": "@_user_2", "name": "Bob", "id": {"open_id": BOB.open_id, "union_id": BOB.union_id}},
+        *({"key": f"@_user_{i}", "name": f"P{i}", "id": {"open_id": f"ou_p{i}"}} for i in range(3, 11)),
+    ]
+    text, mentioned_bot, others = resolve_mentions(
+        "@_user_1 ask @_user_2 about @_user_10 and @_all please\n@_user_1  second   line", mentions, BOT
+    )
+    assert text == "ask @Bob about @P10 and @所有人 please\nsecond line"
+    assert mentioned_bot and [m.name for m in others] == ["Bob", "P10"] and others[0].user == BOB.union_id

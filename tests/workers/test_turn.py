@@ -1,0 +1,298 @@
+"""The turn: memory-only mode, the model with its `manage_memory` tool, commands, scope and ordering.
+
+Real Redis, real files, the real `ollama` client against FakeOllama. The model's tool calls go through
+the same writer as everything else, so these tests read MEMORY.md to see what a person would see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from rq import Queue
+
+from bot import chat_cli
+from memory_core.namespace import Namespace
+from tests.fakes.ollama import Delay, FakeOllama
+from workers.feishu_send import FeishuError
+from workers.llm import LLM
+from workers.runtime import Runtime, build
+from workers.settings import Persona, Settings
+from workers.turn import Inbound, Intake, Mailbox, TurnLimits, run_turn
+
+MODEL = "qwen3:4b"
+GROUP = "oc_team_group"
+_clock = itertools.count(1)
+
+
+@pytest.fixture
+def ollama() -> Iterator[FakeOllama]:
+    with FakeOllama() as fake:
+        yield fake
+
+
+def make_runtime(
+    data_dir: Path, redis_url: str | None, *, ollama: FakeOllama | None = None, admins: tuple[str, ...] = ()
+) -> Runtime:
+    personas = {name: Persona(name, admins=admins) for name in ("default", "other")}
+    settings = Settings(data_dir=data_dir, personas=personas, chat_model=MODEL if ollama else None)
+    runtime = build(settings, redis_url, git=False)
+    # A short model timeout and no retry: a slow or dead Ollama must cost the turn at most ~1 s here.
+    return replace(runtime, llm=LLM(ollama.url, timeout=1.0, retries=0) if ollama else None)
+
+
+@pytest.fixture
+def rt(data_dir: Path, redis_url: str, redis_client: redis.Redis) -> Runtime:
+    return make_runtime(data_dir, redis_url)
+
+
+def msg(
+    text: str, user: str = "alice", *, persona: str = "default", group: bool = False, open_id: str = ""
+) -> Inbound:
+    return Inbound(
+        tenant="t1", user=user, open_id=open_id or f"ou_{user}", persona=persona,
+        chat_id=GROUP if group else f"oc_p2p_{user}", chat_type="group" if group else "p2p",
+        message_id=f"om_{uuid.uuid4().hex}", text=text, mentioned_bot=group,
+        create_time=int(time.time() * 1000) + next(_clock),
+    )  # fmt: skip
+
+
+def say(runtime: Runtime, text: str, **kw: Any) -> str:
+    replies: list[str] = []
+    run_turn(runtime, msg(text, **kw), replies.append)
+    assert len(replies) == 1
+    return replies[0]
+
+
+def memory_file(runtime: Runtime, user: str = "alice", persona: str = "default") -> str:
+    return (runtime.store.path(Namespace.of("t1", user, persona)) / "MEMORY.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------- memory-only
+
+
+def test_the_seed_story_without_a_model(rt: Runtime) -> None:
+    say(rt, "我住在余杭区")
+    update = say(rt, "我现在在西湖区")
+    answer = say(rt, "我在哪")
+
+    assert "西湖区" in update
+    assert "西湖区" in answer and "余杭区" not in answer
+    assert "没有配置对话模型" in answer  # says plainly why it is terse
+    lines = {line.split(" <!--")[0]: line for line in memory_file(rt).splitlines() if line.startswith("- ")}
+    assert "vt=" in lines["- ~~我住在余杭区~~"] and "sup=" in lines["- 我现在在西湖区"]
+
+
+def test_explicit_requests_are_handled_deterministically(rt: Runtime) -> None:
+    assert "我记住了" in say(rt, "记住我对花生过敏")
+    assert "以后回答都用中文" in memory_file(rt) or "我记住了" in say(rt, "以后回答都用中文")
+    assert "密码" in say(rt, "记住我的密码是 Xk9#mQ2$vL8pR4wZ") and "Xk9#" not in memory_file(rt)
+    assert "已忘掉" in say(rt, "忘掉我对花生过敏")
+    assert "花生" not in memory_file(rt)
+    assert "Hi" in say(rt, "hello") and "No chat model" in say(rt, "where do I live?")
+
+
+def test_forget_never_guesses_between_several_memories(rt: Runtime) -> None:
+    say(rt, "记住我喜欢喝咖啡")
+    say(rt, "记住我不喜欢咖啡因太高的咖啡")
+    ask = say(rt, "/forget 咖啡")
+    assert "哪一条" in ask and memory_file(rt).count("咖啡") >= 2
+    short_id = ask.splitlines()[1][3:11]
+    assert "已忘掉" in say(rt, f"/forget {short_id}")
+
+
+def test_commands_and_their_chinese_aliases(rt: Runtime) -> None:
+    say(rt, "我叫小明")
+    assert "小明" in say(rt, "/memory") and "小明" in say(rt, "记忆")
+    assert "/memory" in say(rt, "帮助") and "/dream" not in say(rt, "/help")
+    assert "memory-only" in say(rt, "/persona please") or "仅记忆" in say(rt, "/persona")
+    assert "ou_alice" in say(rt, "/whoami")
+
+
+def test_admin_commands_fail_closed(data_dir: Path, redis_url: str, redis_client: redis.Redis) -> None:
+    nobody = make_runtime(data_dir, redis_url)
+    assert "管理员" in say(nobody, "/stats") and "管理员" in say(nobody, "做梦 deep")
+    admin = make_runtime(data_dir, redis_url, admins=("ou_boss",))
+    assert "管理员" in say(admin, "/stats", open_id="ou_intern")
+    assert '"queues"' in say(admin, "/stats", open_id="ou_boss")
+    assert "/dream" in say(admin, "/help", open_id="ou_boss")
+    assert "light" in say(admin, "/dream", open_id="ou_boss") and "deep" in say(
+        admin, "做梦 deep", open_id="ou_boss"
+    )
+    assert len(Queue("dream", connection=admin.redis)) == 2
+
+
+# ------------------------------------------------------------------------------------------- scope
+
+
+def test_private_facts_never_reach_a_group_and_group_learning_stays_there(rt: Runtime) -> None:
+    say(rt, "我住在余杭区")
+    in_group = say(rt, "我在哪", group=True)
+    learned = say(rt, "记住我负责前端", group=True)
+    group_list = say(rt, "/memory", group=True)
+    private_list = say(rt, "/memory")
+
+    assert "余杭区" not in in_group and "余杭区" not in group_list
+    assert "我记住了" in learned and "负责前端" in group_list
+    assert "余杭区" in private_list and "负责前端" in private_list
+    assert f"scope=g:{GROUP}" in memory_file(rt)
+
+
+def test_people_and_personas_are_isolated(rt: Runtime) -> None:
+    say(rt, "我住在余杭区", user="alice")
+    assert "余杭区" not in say(rt, "我在哪", user="bob")
+    assert "余杭区" not in say(rt, "/memory", user="bob")
+    assert "余杭区" not in say(rt, "我在哪", user="alice", persona="other")
+
+
+# ------------------------------------------------------------------------------------------- the model
+
+
+def _tool(**arguments: Any) -> dict[str, Any]:
+    return {"content": "", "tool_calls": [{"function": {"name": "manage_memory", "arguments": arguments}}]}
+
+
+def test_the_model_saves_through_its_tool_and_sees_memory_next_time(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama
+) -> None:
+    rt = make_runtime(data_dir, redis_url, ollama=ollama)
+    ollama.script(
+        _tool(action="add", text="我喜欢喝美式咖啡", type="preference"), "好的，记住了！", "你喜欢美式咖啡。"
+    )
+
+    first = say(rt, "我平时喜欢喝美式")
+    second = say(rt, "我喜欢喝什么")
+
+    assert (first, second) == ("好的，记住了！", "你喜欢美式咖啡。")
+    assert "我喜欢喝美式咖啡" in memory_file(rt) and "src=tool" in memory_file(rt)
+    tool_answer = ollama.chat_requests[1]["messages"][-1]
+    assert tool_answer["role"] == "tool" and '"added"' in tool_answer["content"]
+    system = ollama.chat_requests[2]["messages"][0]["content"]
+    assert "我喜欢喝美式咖啡" in system and "memory-context" in system
+    assert ollama.chat_requests[2]["messages"][1:3] == [
+        {"role": "user", "content": "我平时喜欢喝美式"},
+        {"role": "assistant", "content": "好的，记住了！"},
+    ]
+
+
+def test_tool_calls_are_validated_and_secrets_never_stored(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama
+) -> None:
+    rt = make_runtime(data_dir, redis_url, ollama=ollama)
+    ollama.script(
+        _tool(action="add", text="我的 GitHub token 是 ghp_16C7e42F292c6912E7710c838347Ae178B4a"),
+        _tool(action="explode"),
+        _tool(action="forget", target="根本不存在的记忆"),
+        "处理完了",
+    )
+    replies: list[str] = []
+    result = run_turn(rt, msg("帮我记一下 token"), replies.append)
+
+    answers = [m["content"] for m in ollama.chat_requests[-1]["messages"] if m["role"] == "tool"]
+    assert (
+        '"rejected:secret"' in answers[0]
+        and "action must be" in answers[1]
+        and "no single memory" in answers[2]
+    )
+    assert result.tool_calls == 3 and replies == ["处理完了"]
+    assert "ghp_" not in memory_file(rt)
+
+
+def test_the_tool_loop_is_bounded(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama
+) -> None:
+    rt = make_runtime(data_dir, redis_url, ollama=ollama)
+    ollama.script(*[_tool(action="add", text=f"第{i}件要紧事是{i * 37}号文件") for i in range(10)])
+    replies: list[str] = []
+    run_turn(rt, msg("我有很多事实"), replies.append, TurnLimits(tool_rounds=2))
+    # Two rounds of tools, then one last call that offers none; a tool call there is not run.
+    assert len(ollama.chat_requests) == 3 and not ollama.chat_requests[-1].get("tools")
+    assert replies == ["好的，记下了。"]
+    assert "第1件" in memory_file(rt) and "第2件" not in memory_file(rt)
+
+
+def test_an_explicit_remember_is_kept_even_if_the_model_forgets_its_tool(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama
+) -> None:
+    rt = make_runtime(data_dir, redis_url, ollama=ollama)
+    ollama.script("好的！")
+    say(rt, "记住我对花生过敏")
+    assert "我对花生过敏" in memory_file(rt)
+    [job] = Queue("memory", connection=rt.redis).jobs  # background extraction, as the second safety net
+    assert job.args[0] == str(Namespace.of("t1", "alice", "default")) and job.args[1] == "记住我对花生过敏"
+
+
+def test_ollama_down_answers_from_memory_and_then_stops_trying_for_a_while(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama
+) -> None:
+    rt = make_runtime(data_dir, redis_url, ollama=ollama)
+    ollama.down()
+    first = say(rt, "我住在余杭区")
+    ollama.up()
+    second = say(rt, "我在哪")
+    assert "我记住了" in first and "暂时不可用" in first
+    assert "余杭区" in second and "暂时不可用" in second
+    assert ollama.chat_requests == []  # the model was skipped while flagged down
+
+
+def test_a_slow_ollama_costs_one_short_timeout(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama
+) -> None:
+    rt = make_runtime(data_dir, redis_url, ollama=ollama)
+    say(rt, "记住我住在余杭区")  # memory first (the model answers it)
+    ollama.script(Delay(5.0, "too late"))
+    started = time.monotonic()
+    answer = say(rt, "我在哪")
+    assert time.monotonic() - started < 3.0
+    assert "余杭区" in answer and "暂时不可用" in answer
+
+
+# ------------------------------------------------------------------------------------------- delivery
+
+
+def test_an_undelivered_reply_is_not_recorded_as_said(rt: Runtime) -> None:
+    def broken(_: str) -> None:
+        raise FeishuError("reply: code 230002 (bot not in chat)", code=230002)
+
+    inbound = msg("你好")
+    result = run_turn(rt, inbound, broken)
+    raw = "".join(p.read_text() for p in (rt.store.path(inbound.ns) / "raw").iterdir())
+    assert not result.delivered and inbound.message_id in raw and f"{inbound.message_id}:reply" not in raw
+
+
+def test_messages_of_one_person_are_answered_oldest_first(rt: Runtime, redis_client: redis.Redis) -> None:
+    intake = Intake(redis_client)
+    first, second = msg("第一条"), msg("第二条")
+    assert intake.accept(second) and intake.accept(first) and not intake.accept(first)
+    answered: list[str] = []
+
+    outcome = Mailbox(redis_client).deliver(second, lambda m: answered.append(m.text))
+    again = Mailbox(redis_client).deliver(first, lambda m: answered.append(m.text))
+
+    assert answered == ["第一条", "第二条"]
+    assert (outcome, again) == ("answered", "answered")
+
+
+def test_lucid_chat_runs_the_same_turn_from_piped_input(data_dir: Path) -> None:
+    rt = make_runtime(data_dir, None)  # no Redis at all: the terminal chat still works
+    parser = argparse.ArgumentParser()
+    chat_cli.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["chat", "--user", "alice", "--tenant", "t1"])
+    out = io.StringIO()
+
+    code = chat_cli.run(
+        args, rt, io.StringIO("我住在余杭区\n\n我现在在西湖区\n我在哪\n/quit\n我叫小明\n"), out
+    )
+
+    replies = out.getvalue().strip().split("\n")
+    assert code == 0 and "西湖区" in replies[-2] and "小明" not in out.getvalue()
+    assert "sup=" in memory_file(rt)

@@ -1,0 +1,372 @@
+"""Outbound Feishu: replies, reactions and the bot's identity through the real, synchronous lark-oapi client.
+
+Workers call the SDK's sync methods only: its `a*` twins build a new httpx client per call and block on a
+cold token cache (research/feishu.md §2.5). Everything Feishu can throw at a sender is handled here, and
+only `FeishuError` leaves the module:
+
+- every reply is threaded to the inbound message with `uuid` = the inbound message id (`:<n>` for later
+  chunks), so a retried request or a re-run turn never posts twice (Feishu runs one uuid at most once an hour);
+- HTTP 429 / 99991400 (honouring `x-ogw-ratelimit-reset`), 230020, 11232, 230049, 5xx, non-JSON bodies,
+  timeouts and refused connections are retried with backoff, reusing the same request and so the same uuid;
+- 99991663/4/5 (invalid tenant token) drops the SDK's process-wide cached token, which it never does itself,
+  and retries once;
+- sends are paced per chat (4/s, under Feishu's 5 QPS that every bot in a group shares) and per app (40/s)
+  by a slot scheduler in Redis that every worker process shares;
+- long answers are split on paragraph boundaries; Markdown goes out as a `post` with one `md` node, plain text
+  as `text`, and a `post` Feishu refuses is sent again as plain text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import lark_oapi as lark
+import redis
+import requests
+from lark_oapi.api.im.v1 import (
+    CreateMessageReactionRequest,
+    CreateMessageReactionRequestBody,
+    DeleteMessageReactionRequest,
+    Emoji,
+    ReplyMessageRequest,
+    ReplyMessageRequestBody,
+)
+from lark_oapi.core.exception import ObtainAccessTokenException
+from lark_oapi.core.token import TokenManager
+
+from memory_core.errors import LucidError
+
+from .settings import Persona
+
+log = logging.getLogger(__name__)
+
+TOKEN_INVALID = frozenset({99991663, 99991664, 99991665})
+RATE_LIMITED = frozenset({99991400, 230020, 11232, 230049})
+CONTENT_REFUSED = frozenset({230001, 230025, 99992402})
+MESSAGE_GONE = frozenset({230011, 231003})
+CHUNK_CHARS = 3000
+THINKING = "THINKING"
+_MARKDOWN = re.compile(r"(\*\*|__|`|^#{1,6} |^\s*[-*+] |^\s*\d+\. |\[[^\]]+\]\([^)]+\)|^> )", re.M)
+
+
+class FeishuError(LucidError):
+    """Feishu refused a request, or kept failing after retries. `code` is Feishu's, 0 for transport errors."""
+
+    def __init__(
+        self, message: str, code: int = 0, log_id: str | None = None, retryable: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.log_id = log_id
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How hard a sender tries: attempts per request and the backoff between them (seconds)."""
+
+    attempts: int = 4
+    backoff: float = 0.5
+    max_wait: float = 10.0
+
+
+# ----------------------------------------------------------------------------------------------- pacing
+
+_PACE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local slot = now
+for i, key in ipairs(KEYS) do
+  local nxt = tonumber(redis.call('GET', key) or '0')
+  if nxt > slot then slot = nxt end
+end
+for i, key in ipairs(KEYS) do
+  redis.call('SET', key, slot + tonumber(ARGV[i]), 'PX', tonumber(ARGV[i]) + 2000)
+end
+return slot - now
+"""
+
+
+class Pacer:
+    """Hands out send slots: at most `chat_qps` per chat and `app_qps` per app, across every process.
+
+    Each call reserves the next free slot of both buckets atomically (one Lua call) and sleeps until it.
+    Without Redis (the terminal chat) the same schedule is kept in process.
+    """
+
+    def __init__(self, client: redis.Redis | None, chat_qps: float = 4.0, app_qps: float = 40.0) -> None:
+        self.client = client
+        self.chat_ms = int(1000 / chat_qps)
+        self.app_ms = int(1000 / app_qps)
+        self._script = client.register_script(_PACE) if client is not None else None
+        self._local: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def wait(self, app_id: str, chat_id: str | None) -> float:
+        keys = [f"lucid:pace:app:{app_id}"] + ([f"lucid:pace:chat:{chat_id}"] if chat_id else [])
+        spacing = [self.app_ms] + ([self.chat_ms] if chat_id else [])
+        delay = self._reserve(keys, spacing) / 1000
+        if delay > 0:
+            time.sleep(delay)
+        return delay
+
+    def _reserve(self, keys: list[str], spacing: list[int]) -> float:
+        if self._script is not None:
+            try:
+                return float(self._script(keys=keys, args=spacing))
+            except redis.RedisError as exc:  # pacing is a courtesy: never fail a send over it
+                log.warning("send pacing unavailable (%s); sending unpaced", type(exc).__name__)
+                return 0.0
+        with self._lock:
+            now = time.monotonic() * 1000
+            slot = max([now] + [self._local.get(k, 0.0) for k in keys])
+            for key, gap in zip(keys, spacing, strict=True):
+                self._local[key] = slot + gap
+            return slot - now
+
+
+# ----------------------------------------------------------------------------------------------- content
+
+
+def split(text: str, limit: int = CHUNK_CHARS) -> list[str]:
+    """Cut `text` into chunks of at most `limit` characters, at paragraph, then line, then hard boundaries.
+
+    A chunk that ends inside a code fence is closed with ``` and the next one reopens it, so every chunk
+    renders on its own.
+    """
+    text = text.strip()
+    if len(text) <= limit:
+        return [text] if text else []
+    chunks: list[str] = []
+    rest = text
+    reopen = ""
+    while rest:
+        rest = reopen + rest
+        if len(rest) <= limit:
+            chunks.append(rest)
+            break
+        window = rest[: limit - 4]
+        cut = max(window.rfind("\n\n"), 0) or max(window.rfind("\n"), 0) or len(window)
+        if cut < limit // 4:
+            cut = len(window)
+        chunk, rest = rest[:cut].rstrip(), rest[cut:].lstrip("\n")
+        fences = chunk.count("```")
+        if fences % 2:
+            fence_line = chunk[chunk.rfind("```") :].split("\n", 1)[0]
+            chunk += "\n```"
+            reopen = fence_line + "\n"
+        else:
+            reopen = ""
+        chunks.append(chunk)
+    return chunks
+
+
+def render(chunk: str) -> tuple[str, str]:
+    """(msg_type, content JSON) for one chunk: Markdown as a `post` with one `md` node, else plain `text`.
+
+    Content is serialised with ensure_ascii=False: escaped CJK would more than double the body (§3.2).
+    """
+    if _MARKDOWN.search(chunk):
+        post = {"zh_cn": {"title": "", "content": [[{"tag": "md", "text": chunk}]]}}
+        return "post", json.dumps(post, ensure_ascii=False)
+    return "text", plain(chunk)
+
+
+def plain(chunk: str) -> str:
+    return json.dumps({"text": chunk}, ensure_ascii=False)
+
+
+# ----------------------------------------------------------------------------------------------- sender
+
+
+class FeishuSender:
+    """One persona's Feishu app, as seen from a worker."""
+
+    def __init__(
+        self,
+        persona: Persona,
+        domain: str,
+        redis_client: redis.Redis | None = None,
+        *,
+        timeout: float = 10.0,
+        retry: Retry | None = None,
+        pacer: Pacer | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not persona.app_id or not persona.app_secret:
+            raise FeishuError(f"persona {persona.name} has no Feishu app_id/app_secret configured")
+        self.persona = persona
+        self.app_id = persona.app_id
+        self.retry = retry or Retry()
+        self.pacer = pacer or Pacer(redis_client)
+        self._sleep = sleep
+        self.client = (
+            lark.Client.builder()
+            .app_id(persona.app_id)
+            .app_secret(persona.app_secret)
+            .domain(domain)
+            .timeout(timeout)
+            .log_level(lark.LogLevel.WARNING)
+            .build()
+        )
+
+    # -------------------------------------------------------------------------------------- API
+
+    def reply(self, message_id: str, text: str, *, chat_id: str | None = None) -> list[str]:
+        """Reply to `message_id` with `text` (split as needed); returns the ids of the messages posted."""
+        sent: list[str] = []
+        for i, chunk in enumerate(split(text)):
+            uuid = message_id if i == 0 else f"{message_id}:{i}"
+            msg_type, content = render(chunk)
+            try:
+                sent.append(self._reply_once(message_id, msg_type, content, uuid, chat_id))
+            except FeishuError as exc:
+                if msg_type == "text" or exc.code not in CONTENT_REFUSED:
+                    raise
+                log.warning(
+                    "post refused (code %s, log %s) for %s; resending as text",
+                    exc.code,
+                    exc.log_id,
+                    message_id,
+                )
+                sent.append(self._reply_once(message_id, "text", plain(chunk), uuid, chat_id))
+        return sent
+
+    def react(self, message_id: str, emoji: str = THINKING) -> str | None:
+        """Add a reaction; best effort (a missing "thinking" sign must never cost the answer)."""
+        body = CreateMessageReactionRequestBody.builder().reaction_type(
+            Emoji.builder().emoji_type(emoji).build()
+        )
+        req = CreateMessageReactionRequest.builder().message_id(message_id).request_body(body.build()).build()
+        try:
+            resp = self._call(self.client.im.v1.message_reaction.create, req, "react", None, attempts=2)
+        except FeishuError as exc:
+            log.info("reaction on %s not added (code %s)", message_id, exc.code)
+            return None
+        return str(resp.data.reaction_id) if resp.data is not None else None
+
+    def unreact(self, message_id: str, reaction_id: str | None) -> None:
+        if not reaction_id:
+            return
+        req = DeleteMessageReactionRequest.builder().message_id(message_id).reaction_id(reaction_id).build()
+        try:
+            self._call(self.client.im.v1.message_reaction.delete, req, "unreact", None, attempts=2)
+        except FeishuError as exc:
+            log.info("reaction on %s not removed (code %s)", message_id, exc.code)
+
+    def bot_open_id(self) -> str:
+        """The bot's own open_id (GET /open-apis/bot/v3/info), used to tell an @mention of the bot."""
+        req = (
+            lark.BaseRequest.builder()
+            .http_method(lark.HttpMethod.GET)
+            .uri("/open-apis/bot/v3/info")
+            .token_types({lark.AccessTokenType.TENANT})
+            .build()
+        )
+        resp = self._call(self.client.request, req, "bot_info", None)
+        try:
+            data = json.loads(resp.raw.content)
+            bot = data.get("bot") or (data.get("data") or {}).get("bot") or {}
+            open_id = str(bot.get("open_id") or "")
+        except (ValueError, AttributeError) as exc:
+            raise FeishuError("bot info: unreadable answer", retryable=True) from exc
+        if not open_id:
+            raise FeishuError("bot info: no open_id in the answer")
+        return open_id
+
+    # -------------------------------------------------------------------------------------- internals
+
+    def _reply_once(
+        self, message_id: str, msg_type: str, content: str, uuid: str, chat_id: str | None
+    ) -> str:
+        body = ReplyMessageRequestBody.builder().msg_type(msg_type).content(content).uuid(uuid).build()
+        req = ReplyMessageRequest.builder().message_id(message_id).request_body(body).build()
+        resp = self._call(self.client.im.v1.message.reply, req, "reply", chat_id or message_id)
+        return str(resp.data.message_id) if resp.data is not None else ""
+
+    def _call(
+        self, fn: Callable[[Any], Any], req: Any, what: str, pace: str | None, attempts: int = 0
+    ) -> Any:
+        """Run one SDK call with the retry policy above; the same `req` (and so the same uuid) every time."""
+        attempts = attempts or self.retry.attempts
+        token_dropped = False
+        last: FeishuError | None = None
+        attempt = 0
+        while attempt < attempts:
+            attempt += 1
+            if pace is not None:
+                self.pacer.wait(self.app_id, pace)
+            wait = self.retry.backoff * 2 ** (attempt - 1)
+            try:
+                resp = fn(req)
+            except requests.RequestException as exc:  # timeout, refused, reset
+                last = FeishuError(f"{what}: {type(exc).__name__}", retryable=True)
+            except ObtainAccessTokenException as exc:
+                last = FeishuError(f"{what}: tenant token refused (code {exc.code})", code=int(exc.code or 0))
+                if exc.code in (10003, 10014):  # wrong app id or secret: no retry helps
+                    raise last from exc
+            except ValueError as exc:  # a non-JSON body (an HTML 502 from a proxy)
+                last = FeishuError(f"{what}: unreadable answer ({type(exc).__name__})", retryable=True)
+            else:
+                if resp.success():
+                    return resp
+                code = int(resp.code or 0)
+                status = resp.raw.status_code if resp.raw is not None else 0
+                log_id = resp.get_log_id()
+                last = FeishuError(f"{what}: code {code} ({resp.msg})", code=code, log_id=log_id)
+                if code in TOKEN_INVALID and not token_dropped:
+                    forget_token(self.app_id)
+                    token_dropped = True
+                    attempts += 1  # the retry after a token refresh is free
+                    log.info("%s: tenant token rejected (log %s); dropped it, retrying once", what, log_id)
+                    continue
+                if code in RATE_LIMITED or status == 429:
+                    last.retryable = True
+                    wait = max(wait, _reset_after(resp))
+                elif status >= 500:
+                    last.retryable = True
+                else:
+                    raise last
+            if attempt < attempts:
+                log.info("%s failed (%s); retry %d/%d in %.2fs", what, last, attempt, attempts - 1, wait)
+                self._sleep(min(wait, self.retry.max_wait))
+        assert last is not None
+        raise last
+
+
+def _reset_after(resp: Any) -> float:
+    headers = getattr(resp.raw, "headers", None) or {}
+    value = headers.get("x-ogw-ratelimit-reset") or headers.get("X-Ogw-Ratelimit-Reset")
+    try:
+        return float(value) if value is not None else 0.0
+    except ValueError:
+        return 0.0
+
+
+def forget_token(app_id: str) -> None:
+    """Drop the SDK's cached tenant token for `app_id`: the SDK keeps an invalid one until it expires."""
+    TokenManager.cache.set(f"self_tenant_token:{app_id}", "", 0)
+
+
+# ----------------------------------------------------------------------------------------------- per process
+
+_senders: dict[tuple[str, str, str], FeishuSender] = {}
+_senders_lock = threading.Lock()
+
+
+def sender_for(persona: Persona, domain: str, redis_client: redis.Redis | None) -> FeishuSender:
+    """One sender per (app, domain) per process, so the SDK client and its connections are reused."""
+    key = (persona.app_id, persona.app_secret, domain)
+    with _senders_lock:
+        sender = _senders.get(key)
+        if sender is None:
+            sender = FeishuSender(persona, domain, redis_client)
+            _senders[key] = sender
+        return sender
