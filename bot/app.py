@@ -42,11 +42,12 @@ import redis
 from aiohttp import web
 from lark_oapi.core.utils import AESCipher
 
-from bot import admin
+from bot import admin, viewer
 from bot.routing import Ignored, route
 from memory_core.errors import LucidError
 from workers.feishu_send import FeishuSender, Retry
-from workers.runtime import Runtime
+from workers.metrics import Buffered, queue_depths
+from workers.runtime import QUEUES, Runtime
 from workers.settings import Persona
 from workers.turn import Inbound, Intake
 
@@ -213,6 +214,7 @@ class Webhook:
     ciphers: dict[str, AESCipher | None] = field(default_factory=dict)
     pool: ThreadPoolExecutor | None = None
     learning: asyncio.Task[None] | None = None
+    metrics: Buffered = field(default_factory=lambda: Buffered(None))
 
     async def handle(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
@@ -254,7 +256,19 @@ class Webhook:
 
     def _done(self, status: int, outcome: str, persona: str, started: float, *ids: str) -> web.Response:
         self._log(status, outcome, persona, started, *ids)
+        self._count(status, outcome, persona)
         return web.json_response({"msg": outcome if status < 500 else "retry later"}, status=status)
+
+    def _count(self, status: int, outcome: str, persona: str) -> None:
+        labels = {"persona": persona if persona in self.runtime.settings.personas else "unknown"}
+        self.metrics.inc("lucid_events_received_total", labels)
+        if outcome == "duplicate":
+            self.metrics.inc("lucid_events_deduplicated_total", labels)
+        elif outcome.startswith("ignored: "):
+            self.metrics.inc("lucid_events_ignored_total", {**labels, "reason": outcome[9:]})
+        elif status >= 400:
+            reason = outcome.split(" (")[0] if status >= 500 else outcome
+            self.metrics.inc("lucid_events_rejected_total", {**labels, "reason": reason})
 
     @staticmethod
     def _log(status: int, outcome: str, persona: str, started: float, *ids: str) -> None:
@@ -299,15 +313,50 @@ WEBHOOK = web.AppKey("webhook", Webhook)
 
 
 async def healthz(request: web.Request) -> web.Response:
-    hook = request.app[WEBHOOK]
-    loop = asyncio.get_running_loop()
+    """Liveness: the process is up and its event loop answers."""
+    return web.json_response({"status": "ok"})
+
+
+def _readiness(hook: Webhook) -> dict[str, Any]:
+    from rq import Worker
+
+    client = hook.intake.client
     try:
-        redis_ok = bool(await loop.run_in_executor(hook.pool, hook.intake.client.ping))
+        client.ping()
+        workers = [w for w in Worker.all(connection=client) if "chat" in w.queue_names()]
     except redis.RedisError:
-        redis_ok = False
-    personas = {name: bool(hook.bot_ids.get(name)) for name in hook.runtime.settings.personas}
-    body = {"status": "ok" if redis_ok else "degraded", "redis": redis_ok, "bot_identity": personas}
-    return web.json_response(body, status=200 if redis_ok else 503)
+        return {"redis": False, "workers": 0}
+    return {"redis": True, "workers": len(workers)}
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: Redis answers and at least one worker serves the chat queue (else turns would pile up)."""
+    hook = request.app[WEBHOOK]
+    state = await asyncio.get_running_loop().run_in_executor(hook.pool, _readiness, hook)
+    state["bot_identity"] = {name: bool(hook.bot_ids.get(name)) for name in hook.runtime.settings.personas}
+    ready = state["redis"] and state["workers"] > 0
+    return web.json_response(
+        {"status": "ready" if ready else "not ready", **state}, status=200 if ready else 503
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text: counters from every process (aggregated in Redis) and queue depths."""
+    hook = request.app[WEBHOOK]
+
+    def scrape() -> str:
+        hook.metrics.flush()
+        return hook.metrics.render(queue_depths(hook.intake.client, QUEUES))
+
+    text = await asyncio.get_running_loop().run_in_executor(hook.pool, scrape)
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+async def _flush_metrics(hook: Webhook) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(1.0)
+        await loop.run_in_executor(hook.pool, hook.metrics.flush)
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
@@ -319,7 +368,12 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         max_workers=hook.config.threads, thread_name_prefix="webhook"
     )
     hook.learn_soon()
+    flusher = asyncio.get_running_loop().create_task(_flush_metrics(hook))
     yield
+    flusher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await flusher
+    hook.metrics.flush()
     if hook.learning is not None:
         hook.learning.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -333,7 +387,7 @@ def create_app(runtime: Runtime, config: WebhookConfig | None = None) -> web.App
         raise LucidError("the webhook needs Redis: set REDIS_URL or run `lucid serve`")
     config = config or WebhookConfig()
     intake = Intake(runtime.redis)
-    hook = Webhook(runtime, config, intake, Batcher(intake))
+    hook = Webhook(runtime, config, intake, Batcher(intake), metrics=Buffered(runtime.redis))
     for name, persona in runtime.settings.personas.items():
         hook.ciphers[name] = AESCipher(persona.encrypt_key) if persona.encrypt_key else None
         if persona.bot_open_id:
@@ -345,6 +399,9 @@ def create_app(runtime: Runtime, config: WebhookConfig | None = None) -> web.App
     app[WEBHOOK] = hook
     app.router.add_post("/feishu/{persona}/events", hook.handle)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
     admin.setup(app, runtime)
+    viewer.mount(app, runtime)
     app.cleanup_ctx.append(_resources)
     return app

@@ -384,8 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data", help="data directory")
 
-    from . import serve
+    from . import chat_cli, serve
 
+    chat_cli.add_parser(sub)
+    COMMANDS["chat"] = chat_cli.run
     serve.add_parsers(sub)
     return parser
 

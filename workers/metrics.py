@@ -120,6 +120,32 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
+class Buffered(Metrics):
+    """Counters kept in memory and flushed to Redis in one pipeline: for the webhook's event loop, which
+    must never wait on a Redis round trip per event. Call `flush()` periodically (off the loop)."""
+
+    def __init__(self, client: redis.Redis | None) -> None:
+        super().__init__(client)
+        self._pending: dict[str, float] = {}
+
+    def inc(self, name: str, labels: Mapping[str, str] | None = None, value: float = 1.0) -> None:
+        key = name + _labels(labels)
+        self._pending[key] = self._pending.get(key, 0.0) + value
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, {}
+        if not pending or not self._usable():
+            return
+        assert self.client is not None
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key, value in pending.items():
+                pipe.hincrbyfloat(_KEY, key, value)
+            pipe.execute()
+        except redis.RedisError:
+            self._failed()
+
+
 def _family(series: str) -> str:
     name = series.split("{", 1)[0]
     for suffix in ("_bucket", "_sum", "_count"):

@@ -279,14 +279,39 @@ async def test_redis_down_answers_503_so_feishu_retries(
 
     status, _ = await post(client, deliver(message_event("hi"), encrypt_key=KEY))
     health = await client.get("/healthz")
+    ready = await client.get("/readyz")
 
-    assert status == 503 and health.status == 503
+    assert status == 503 and health.status == 200 and ready.status == 503
+    assert (await ready.json())["redis"] is False
 
 
-async def test_healthz_reports_redis_and_bot_identity(client: TestClient) -> None:
-    resp = await client.get("/healthz")
-    assert resp.status == 200
-    assert (await resp.json())["bot_identity"]["enc"] is True
+async def test_readyz_needs_a_worker_on_the_chat_queue(client: TestClient, redis_client: redis.Redis) -> None:
+    from rq import Queue, Worker
+
+    resp = await client.get("/readyz")
+    assert resp.status == 503 and (await resp.json())["workers"] == 0
+    worker = Worker([Queue("chat", connection=redis_client)], connection=redis_client)
+    worker.register_birth()
+    try:
+        resp = await client.get("/readyz")
+        body = await resp.json()
+        assert resp.status == 200 and body["workers"] == 1 and body["bot_identity"]["enc"] is True
+    finally:
+        worker.register_death()
+
+
+async def test_metrics_count_events_by_outcome(client: TestClient) -> None:
+    await post(client, deliver(message_event("hi", message_id="om_m1"), encrypt_key=KEY))
+    await post(client, deliver(message_event("hi", message_id="om_m1"), encrypt_key=KEY))
+    bad = deliver(message_event("hi"), encrypt_key=KEY)
+    await client.post(
+        "/feishu/enc/events", data=bad.body, headers={**bad.headers, "X-Lark-Signature": "0" * 64}
+    )
+    text = await (await client.get("/metrics")).text()
+    assert 'lucid_events_received_total{persona="enc"} 3' in text
+    assert 'lucid_events_deduplicated_total{persona="enc"} 1' in text
+    assert 'lucid_events_rejected_total{persona="enc",reason="bad signature"} 1' in text
+    assert 'lucid_queue_depth{queue="chat"} 1' in text
 
 
 async def test_the_bot_learns_its_open_id_at_startup_and_then_accepts_group_mentions(
@@ -302,7 +327,7 @@ async def test_the_bot_learns_its_open_id_at_startup_and_then_accepts_group_ment
         settings = Settings(data_dir=data_dir, feishu_domain=fake.url, personas={"fetch": persona})
         client = await aiohttp_client(create_app(build(settings, redis_url, git=False)))
         for _ in range(100):
-            if (await (await client.get("/healthz")).json())["bot_identity"]["fetch"]:
+            if (await (await client.get("/readyz")).json())["bot_identity"]["fetch"]:
                 break
             await asyncio.sleep(0.02)
         event = group_mention_event("在吗", bot_open_id=BOT)
