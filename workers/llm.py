@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +68,15 @@ class LLM:
         self.backoff = backoff
         self.usage = Usage()
         self._clients: dict[float, ollama.Client] = {}
+        # Told of every call: (what, model, ok, prompt tokens, completion tokens); wired to metrics.
+        self.on_call: Callable[[str, str, bool, int, int], None] | None = None
+
+    def _report(self, what: str, model: str, ok: bool, prompt: int = 0, completion: int = 0) -> None:
+        if self.on_call is not None:
+            try:
+                self.on_call(what, model, ok, prompt, completion)
+            except Exception:  # metrics must never break a model call
+                log.debug("on_call hook failed", exc_info=True)
 
     def _client(self, timeout: float) -> ollama.Client:
         client = self._clients.get(timeout)
@@ -120,7 +129,11 @@ class LLM:
                 stream=False,
             )
 
-        resp = self._call(f"chat with {model}", timeout, run)
+        try:
+            resp = self._call(f"chat with {model}", timeout, run)
+        except LLMError:
+            self._report("chat", model, False)
+            raise
         msg = resp.message
         calls = []
         for tc in msg.tool_calls or ():
@@ -137,10 +150,18 @@ class LLM:
         self.usage.prompt_tokens += result.prompt_tokens
         self.usage.completion_tokens += result.completion_tokens
         self.usage.by_model[model] = self.usage.by_model.get(model, 0) + 1
+        self._report("chat", model, True, result.prompt_tokens, result.completion_tokens)
         return result
 
     def embed(self, model: str, texts: Sequence[str], timeout: float | None = None) -> list[list[float]]:
-        resp = self._call(f"embed with {model}", timeout, lambda c: c.embed(model=model, input=list(texts)))
+        try:
+            resp = self._call(
+                f"embed with {model}", timeout, lambda c: c.embed(model=model, input=list(texts))
+            )
+        except LLMError:
+            self._report("embed", model, False)
+            raise
+        self._report("embed", model, True, int(getattr(resp, "prompt_eval_count", 0) or 0))
         return [list(map(float, v)) for v in resp.embeddings]
 
     def models(self, timeout: float = 5.0) -> list[str]:

@@ -20,6 +20,7 @@ from memory_core.writer import LocalLocker, Writer
 
 from . import embedded_redis
 from .llm import LLM
+from .metrics import Metrics
 from .redis_backend import RedisLocker, RedisOpQueue
 from .settings import Settings
 
@@ -90,7 +91,28 @@ def build(settings: Settings, redis_url: str | None = None, git: bool = True) ->
     else:
         writer = Writer(store, LocalLocker(store), None, clock=clock, vault_key=vault)
     llm = LLM(settings.ollama_host) if _wants_llm(settings) else None
+    if llm is not None and client is not None:
+        llm.on_call = _llm_metrics(Metrics(client))
     return Runtime(settings, store, writer, client, clock, llm)
+
+
+def _llm_metrics(metrics: Metrics) -> Callable[[str, str, bool, int, int], None]:
+    def record(what: str, model: str, ok: bool, prompt: int, completion: int) -> None:
+        metrics.inc(
+            "lucid_llm_calls_total", {"call": what, "model": model, "outcome": "ok" if ok else "error"}
+        )
+        if prompt:
+            metrics.inc(
+                "lucid_llm_tokens_total", {"call": what, "model": model, "direction": "prompt"}, prompt
+            )
+        if completion:
+            metrics.inc(
+                "lucid_llm_tokens_total",
+                {"call": what, "model": model, "direction": "completion"},
+                completion,
+            )
+
+    return record
 
 
 def _wants_llm(settings: Settings) -> bool:

@@ -48,6 +48,7 @@ from .extraction import extract_turn
 from .feishu_send import FeishuError, sender_for
 from .llm import LLMError, LLMUnavailable
 from .memory_service import Assembly, MemoryService
+from .metrics import Metrics
 from .redis_backend import RedisLease
 from .runtime import Runtime, current
 from .settings import Persona
@@ -674,12 +675,19 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
         log.error("message=%s: %s", inbound.message_id, exc)
         return None
     reaction = sender.react(inbound.message_id)
+    started = time.perf_counter()
+    outcome = "error"
     try:
-        return run_turn(
+        result = run_turn(
             runtime, inbound, lambda text: sender.reply(inbound.message_id, text, chat_id=inbound.chat_id)
         )
+        outcome = "ok"
+        return result
     finally:
         sender.unreact(inbound.message_id, reaction)
+        metrics = Metrics(runtime.redis)
+        metrics.observe("lucid_turn_seconds", time.perf_counter() - started)
+        metrics.inc("lucid_turns_total", {"outcome": outcome, "chat_type": inbound.chat_type})
 
 
 # --------------------------------------------------------------------------------------------- admin

@@ -32,3 +32,24 @@ def test_metrics_never_raise_without_redis() -> None:
     m.inc("lucid_turns_total")
     m.observe("lucid_turn_seconds", 1.0)
     assert "# TYPE lucid_turns_total counter" in m.render()
+
+
+def test_llm_calls_and_tokens_are_counted(redis_client: redis.Redis, redis_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tests.fakes.ollama import FakeOllama, ModelNotFound
+    from workers.llm import LLMError
+    from workers.runtime import build
+    from workers.settings import Settings
+
+    with FakeOllama(models=["m1"]) as fake:
+        fake.script("你好呀", ModelNotFound())
+        rt = build(Settings(data_dir=tmp_path, ollama_host=fake.url, chat_model="m1"), redis_url=redis_url)
+        assert rt.llm is not None
+        rt.llm.chat("m1", [{"role": "user", "content": "hi"}])
+        try:
+            rt.llm.chat("m1", [{"role": "user", "content": "hi"}])
+        except LLMError:
+            pass
+    text = Metrics(redis_client).render()
+    assert 'lucid_llm_calls_total{call="chat",model="m1",outcome="ok"} 1' in text
+    assert 'lucid_llm_calls_total{call="chat",model="m1",outcome="error"} 1' in text
+    assert 'lucid_llm_tokens_total{call="chat",direction="completion",model="m1"}' in text
