@@ -8,6 +8,7 @@ The phases live in their own modules and are re-exported here:
     profile        profile distillation: inputs, digest, prompt, `guard_profile`, PROFILE.md
     dream_replay   extraction prompt and parser (live extraction and replay), replay chunks
     dream_guard    the text checks the cage uses (key terms, refusals, instructions)
+    dream_pairs    all pairs above a Jaccard threshold without the O(n²) pass (dedup and clusters)
 
 This module adds the run report and its rendering: the commit message ("dream light: 3 merged,
 1 superseded, 5 archived, 2 promoted") and the DREAMS.md entry (newest first: time, phase, counts, ids

@@ -31,7 +31,8 @@ from .dream_guard import (
     new_instructions,
     one_line,
 )
-from .dream_light import scope_key, similar_pairs, stamp, subject_key
+from .dream_light import scope_key, stamp, subject_key
+from .dream_pairs import similar_pairs
 from .entry import MAX_TEXT_CHARS, Entry, new_id
 from .recall import recency
 from .secretscan import contains_secret
@@ -42,7 +43,7 @@ MAX_CLUSTER_SIZE = 8
 MIN_CLUSTER_SIZE = 2
 PROTECT_HITS = 3
 YOUNG_RECENCY = 0.9
-SCAN_LIMIT = 5000
+SCAN_LIMIT = 1000  # the oldest eligible entries considered per run: a run folds at most 32
 SUBJECT_LINK_LIMIT = 64  # members of one subject linked pairwise (bounds the graph)
 MAX_GROWTH = 1.5  # a merged text longer than 1.5 × the sources (+20) adds more than it merges
 
@@ -108,23 +109,21 @@ def plan_clusters(entries: Sequence[Entry], now: datetime) -> list[Cluster]:
     """Up to MAX_CLUSTERS cohesive clusters of eligible entries, the most connected first."""
     pool = sorted((e for e in entries if deep_eligible(e, now)), key=lambda e: (stamp(e), e.id))[:SCAN_LIMIT]
     adj = _links(pool)
-    seeds = sorted(adj, key=lambda i: (-len(adj[i]), i))
     used: set[int] = set()
     clusters: list[Cluster] = []
-    for seed in seeds:
-        if len(clusters) >= MAX_CLUSTERS:
+    while len(clusters) < MAX_CLUSTERS:
+        free = {i: len(adj[i] - used) for i in adj if i not in used}
+        seed = min((i for i, degree in free.items() if degree), key=lambda i: (-free[i], i), default=None)
+        if seed is None:
             break
-        if seed in used:
-            continue
         members = [seed]
         candidates = adj[seed] - used
         while candidates and len(members) < MAX_CLUSTER_SIZE:
             best = min(candidates, key=lambda c: (-len(adj[c] & candidates), c))
             members.append(best)
             candidates = (candidates & adj[best]) - {best}  # complete link: linked to every member
-        if len(members) >= MIN_CLUSTER_SIZE:
-            used.update(members)
-            clusters.append(Cluster(tuple(pool[i] for i in sorted(members))))
+        used.update(members)
+        clusters.append(Cluster(tuple(pool[i] for i in sorted(members))))
     return clusters
 
 
@@ -221,26 +220,19 @@ def validate_merge(
     chosen = [by_id[i] for i in ids]
     texts = [e.text for e in chosen]
     text = one_line(raw)
-    checks: list[tuple[bool, str, str]] = [
-        (is_refusal(text), "refusal", text[:60]),
-        (len(text) < MIN_TEXT_CHARS, "too_short", f"{len(text)} characters"),
-        (
-            len(text) > min(MAX_TEXT_CHARS, MAX_GROWTH * sum(len(t) for t in texts) + 20),
-            "too_long",
-            f"{len(text)} characters",
-        ),
-        (contains_secret(text), "secret", "looks like a secret"),
+    limit = min(MAX_TEXT_CHARS, MAX_GROWTH * sum(len(t) for t in texts) + 20)
+    checks: list[tuple[str, str]] = [
+        ("refusal", text[:60] if is_refusal(text) else ""),
+        ("too_short", f"{len(text)} characters" if len(text) < MIN_TEXT_CHARS else ""),
+        ("secret", "looks like a secret" if contains_secret(text) else ""),
+        ("instruction", ", ".join(new_instructions(texts, text))),
+        ("too_long", f"{len(text)} characters" if len(text) > limit else ""),
+        ("missing_term", ", ".join(missing_terms(texts, text))),
+        ("invented", ", ".join(invented_terms(texts, text))),
     ]
-    for failed, reason, detail in checks:
-        if failed:
-            return Rejection(reason, detail)
-    for reason, found in (
-        ("instruction", new_instructions(texts, text)),
-        ("missing_term", missing_terms(texts, text)),
-        ("invented", invented_terms(texts, text)),
-    ):
-        if found:
-            return Rejection(reason, ", ".join(found)[:120])
+    for reason, detail in checks:
+        if detail:
+            return Rejection(reason, detail[:120])
     return Merge(tuple(chosen), text)
 
 

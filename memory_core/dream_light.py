@@ -5,7 +5,7 @@ each rule seeing what the earlier ones did, so one run reaches a fixed point: a 
 the first (same `now`) plans nothing. `apply_light` applies the plan to a Book through the same effect
 functions, re-checking each precondition, so a plan applied to a moved book can only do less.
 
-    merge_duplicates        bigram Jaccard ≥ 0.65, same tier and scope, compatible subjects: the loser gets
+    merge_duplicates        bigram Jaccard ≥ 0.65, same scope, compatible subjects: the loser gets
                             vt=now, the survivor sup+=loser and the union of metadata (max hits, pinned if
                             either, earliest at/vf, latest last, union of sup). Never a hard delete.
     supersede_contradictions  same subject, several current holders: the older get vt=now, the newest
@@ -23,14 +23,14 @@ missing date (the reference system's file-mtime dates made every entry look new 
 
 from __future__ import annotations
 
-import math
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, Protocol
 
 from .book import Book
+from .dream_pairs import similar_pairs
 from .entry import Entry
 from .recall import importance, recency
 from .similarity import DUPLICATE, bigrams
@@ -74,44 +74,6 @@ class LightOp:
     into: str | None = None
 
 
-# ------------------------------------------------------------------------------------------ candidates
-
-
-def similar_pairs(sets: Sequence[frozenset[str]], threshold: float) -> Iterator[tuple[int, int, float]]:
-    """Every pair (i, j, jaccard) with Jaccard ≥ threshold, without comparing all pairs.
-
-    Prefix filtering (AllPairs): tokens are ordered rarest first; two sets with Jaccard ≥ t share at least
-    ⌈t·max(|x|,|y|)⌉ tokens, so their prefixes of length |x| − ⌈t·|x|⌉ + 1 intersect. Only prefixes are
-    indexed, sets are visited by size so the length filter |y| ≥ t·|x| prunes the rest, and every candidate
-    is verified exactly. Same result as the O(n²) pass.
-    """
-    freq = Counter(tok for s in sets for tok in s)
-    rank = {tok: r for r, tok in enumerate(sorted(freq, key=freq.__getitem__))}  # ties: first-seen order
-    order = sorted(range(len(sets)), key=lambda i: len(sets[i]))
-    index: dict[int, list[int]] = defaultdict(list)
-    sizes = [len(s) for s in sets]
-    for i in order:
-        n = sizes[i]
-        if n == 0:
-            continue
-        x = sets[i]
-        prefix = sorted([rank[tok] for tok in x])[: n - math.ceil(threshold * n - 1e-9) + 1]
-        min_len = threshold * n - 1e-9
-        seen: set[int] = set()
-        for tok in prefix:
-            bucket = index[tok]
-            seen.update(bucket)
-            bucket.append(i)
-        for j in seen:
-            m = sizes[j]
-            if m < min_len:
-                continue
-            inter = len(x & sets[j])
-            score = inter / (n + m - inter)
-            if score >= threshold:
-                yield (min(i, j), max(i, j), score)
-
-
 # ------------------------------------------------------------------------------------------ effects
 
 
@@ -149,25 +111,20 @@ def union(survivor: Entry, loser: Entry) -> Entry:
 
 
 def apply_op(book: Target, op: LightOp, now: datetime) -> bool:
-    """Apply one op if its preconditions still hold; False = skipped. The one implementation of each effect."""
+    """Apply one op if its rule still holds for the entry; False = skipped. The one implementation of
+    each effect, used by the planner's working copy and by the Book alike."""
     e = book.current_entry(op.target)
     if e is None or untouchable(e):
         return False
-    if op.action == "archive":
-        history = e.valid_to is not None and e.valid_to <= now
-        if not (history or (e.valid_to is None and e.current(now) and not e.resident)):
-            return False  # neither history nor a current recall-tier entry (e.g. future-dated)
-        book.archive(e.id)
-        return True
-    if op.action == "promote":
-        if e.resident or not e.current(now):
+    if op.action in ("archive", "promote", "demote"):
+        if not SINGLE_RULES[op.rule](e, now):
             return False
-        book.replace_entry(e.with_changes(pinned=True))
-        return True
-    if op.action == "demote":
-        if e.type != "preference":
-            return False
-        book.replace_entry(e.with_changes(type="context"))
+        if op.action == "archive":
+            book.archive(e.id)
+        else:
+            book.replace_entry(
+                e.with_changes(pinned=True) if op.action == "promote" else e.with_changes(type="context")
+            )
         return True
     other = book.current_entry(op.into) if op.into else None
     if other is None or other.id == e.id or untouchable(other) or not (e.current(now) and other.current(now)):
@@ -186,22 +143,35 @@ def apply_op(book: Target, op: LightOp, now: datetime) -> bool:
 Rule = Callable[[Sequence[Entry], datetime], list[LightOp]]
 
 
-def _merge_order(e: Entry) -> tuple[int, int, datetime, str]:
-    """Survivor preference: more hits, then more text (more detail), then older, then id."""
-    return (-e.hits, -len(e.text), e.at or _EPOCH, e.id)
+def _merge_order(e: Entry) -> tuple[bool, int, int, datetime, str]:
+    """Survivor preference: a standing preference over a plain fact, then more hits, then more text
+    (more detail), then older, then id."""
+    return (not e.resident, -e.hits, -len(e.text), e.at or _EPOCH, e.id)
 
 
 def merge_duplicates(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
-    """Near-duplicates (Jaccard ≥ DUPLICATE) fold into one survivor, strongest pairs first."""
-    pool = [e for e in entries if e.current(now) and not untouchable(e)]
+    """Near-duplicates (Jaccard ≥ DUPLICATE) fold into one survivor, strongest pairs first.
+
+    Entries with the very same bigram set (Jaccard 1) are grouped by hashing first, so a text stored a
+    thousand times costs one pass, not a million pairs; the pairwise search runs on one per group.
+    """
+    groups: dict[tuple[frozenset[str], str, str | None], list[Entry]] = defaultdict(list)
+    for e in entries:
+        if e.current(now) and not untouchable(e):
+            groups[(bigrams(e.text), scope_key(e), subject_key(e))].append(e)
+    ops: list[LightOp] = []
+    pool: list[Entry] = []
+    for members in groups.values():
+        members.sort(key=_merge_order)
+        pool.append(members[0])
+        ops.extend(LightOp("merge_duplicates", "merge", m.id, members[0].id) for m in members[1:])
     sets = [bigrams(e.text) for e in pool]
     pairs = sorted(similar_pairs(sets, DUPLICATE), key=lambda p: (-p[2], pool[p[0]].id, pool[p[1]].id))
     subject: dict[str, str | None] = {e.id: subject_key(e) for e in pool}
     dead: set[str] = set()
-    ops: list[LightOp] = []
     for i, j, _score in pairs:
         a, b = pool[i], pool[j]
-        if a.id in dead or b.id in dead or a.resident != b.resident or scope_key(a) != scope_key(b):
+        if a.id in dead or b.id in dead or scope_key(a) != scope_key(b):
             continue
         sa, sb = subject[a.id], subject[b.id]
         if sa and sb and sa != sb:
@@ -234,44 +204,54 @@ def supersede_contradictions(entries: Sequence[Entry], now: datetime) -> list[Li
     return ops
 
 
-def demote_stale_preferences(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
-    return [
-        LightOp("demote_stale_preferences", "demote", e.id)
-        for e in entries
-        if e.type == "preference"
-        and not e.pinned
-        and e.hits == 0
-        and e.current(now)
-        and recency(e, now) < STALE_RECENCY
-    ]
+def is_stale_preference(e: Entry, now: datetime) -> bool:
+    return e.type == "preference" and e.hits == 0 and e.current(now) and recency(e, now) < STALE_RECENCY
 
 
-def promote_recalled(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
-    return [
-        LightOp("promote_recalled", "promote", e.id)
-        for e in entries
-        if not e.resident and e.hits >= PROMOTE_HITS and e.current(now)
-    ]
+def is_hot(e: Entry, now: datetime) -> bool:
+    return not e.resident and e.hits >= PROMOTE_HITS and e.current(now)
 
 
-def archive_cold(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
-    return [
-        LightOp("archive_cold", "archive", e.id)
-        for e in entries
-        if not e.resident
-        and e.current(now)
+def is_cold(e: Entry, now: datetime) -> bool:
+    return (
+        not e.resident
         and e.valid_to is None
+        and e.current(now)
         and recency(e, now) < COLD_RECENCY
         and importance(e) < COLD_IMPORTANCE
-    ]
+    )
 
 
-def archive_history(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
-    return [
-        LightOp("archive_history", "archive", e.id)
-        for e in entries
-        if e.valid_to is not None and e.valid_to <= now and not untouchable(e)
-    ]
+def is_history(e: Entry, now: datetime) -> bool:
+    return e.valid_to is not None and e.valid_to <= now
+
+
+#: Rules that act on one entry at a time, by name, with the predicate that decides (re-checked on apply).
+SINGLE_RULES: dict[str, Callable[[Entry, datetime], bool]] = {
+    "demote_stale_preferences": is_stale_preference,
+    "promote_recalled": is_hot,
+    "archive_cold": is_cold,
+    "archive_history": is_history,
+}
+
+
+def _single(name: str) -> Rule:
+    predicate = SINGLE_RULES[name]
+    action: Action = (
+        "demote" if name.startswith("demote") else "promote" if name.startswith("promote") else "archive"
+    )
+
+    def rule(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
+        return [LightOp(name, action, e.id) for e in entries if not untouchable(e) and predicate(e, now)]
+
+    rule.__name__ = name
+    return rule
+
+
+demote_stale_preferences = _single("demote_stale_preferences")
+promote_recalled = _single("promote_recalled")
+archive_cold = _single("archive_cold")
+archive_history = _single("archive_history")
 
 
 RULES: tuple[Rule, ...] = (

@@ -183,6 +183,13 @@ class Writer:
             if time.monotonic() > deadline:
                 raise LucidError(f"timed out waiting for the writer of {ns} ({len(done)}/{len(ids)} done)")
 
+    def flush(self, ns: Namespace) -> None:
+        """Apply whatever ops are queued for `ns` (ops pushed without waiting, e.g. a reply's record)."""
+        if self.queue is None or not self.queue.pending(ns, 1):
+            return
+        with self._lease(ns) as lease:
+            self._drain(ns, lease)
+
     def transact(
         self, ns: Namespace, change: Change, message: str, expect_version: str | None = None
     ) -> BatchReport | None:

@@ -9,6 +9,7 @@ prompt prefix stays stable.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -347,8 +348,16 @@ class MemoryService:
     def apply(self, ns: Namespace, ops: Sequence[Op]) -> list[Outcome]:
         return self.runtime.writer.submit(ns, ops)
 
-    def record(self, ns: Namespace, message: RawMessage) -> Outcome:
-        outcome = self.apply(ns, [Record(message=message_to_json(message))])[0]
+    def record(self, ns: Namespace, message: RawMessage, wait: bool = True) -> Outcome | None:
+        """Archive one message. With `wait=False` (and Redis) the op is queued and a flush job applies it
+        moments later, so a turn does not wait for a git commit; the op is durable in Redis meanwhile."""
+        op = Record(message=message_to_json(message))
+        queue = self.runtime.writer.queue
+        if not wait and queue is not None and self.runtime.redis is not None:
+            queue.push(ns, [op])
+            schedule_flush(self.runtime, ns)
+            return None
+        outcome = self.apply(ns, [op])[0]
         if outcome.status == "recorded":
             with self._lock:
                 self._raw_cache(ns)  # picks the new line up from the day file, as every process does
@@ -364,3 +373,27 @@ class MemoryService:
             queue.push(ns, [op])  # applied with the next write of this namespace (the reply's record)
         else:
             self.apply(ns, [op])
+
+
+def schedule_flush(runtime: Runtime, ns: Namespace) -> None:
+    """Queue one flush of `ns` on the "memory" queue (at most one per namespace per half second)."""
+    from rq.exceptions import DuplicateJobError
+
+    bucket = int(time.time() * 2)
+    with contextlib.suppress(DuplicateJobError):  # one already queued for this half second covers us
+        runtime.queue("memory").enqueue(
+            flush_namespace,
+            str(ns),
+            job_id=f"flush-{ns.key}-{bucket}",
+            unique=True,
+            result_ttl=0,
+            failure_ttl=3600,
+            job_timeout=120,
+        )
+
+
+def flush_namespace(ns: str) -> None:
+    """RQ job: apply the ops queued for `ns` without a waiting submitter."""
+    from .runtime import current
+
+    current().writer.flush(Namespace.parse(ns))

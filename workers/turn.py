@@ -277,7 +277,7 @@ def _converse(
             "assistant",
             session,
         )
-        mem.record(ns, said)
+        mem.record(ns, said, wait=False)
         if result.mode == "model" and model:
             scratch.add_history(history_key, inbound.text, result.reply, limits.history_turns)
             _enqueue_extraction(runtime, inbound, result.reply)

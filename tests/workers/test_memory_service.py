@@ -109,3 +109,26 @@ def test_embeddings_through_ollama_and_fallback_when_it_is_down(data_dir: Path) 
         fake.up()
         svc.recall(NS, "喝咖啡", NOW)
         assert len(fake.embed_requests) == calls  # breaker open: no call for a minute
+
+
+def test_a_record_without_waiting_is_applied_by_the_flush_job(
+    data_dir: Path, redis_client: redis.Redis, redis_url: str
+) -> None:
+    from rq import SimpleWorker
+
+    from workers.runtime import install
+
+    svc = _service(data_dir, redis_url)
+    msg = RawMessage(
+        id="om_reply", ts=NOW, speaker="Lucid", text="好的，记住了", chat="oc_alice", session="s1"
+    )
+    assert svc.record(NS, msg, wait=False) is None
+    assert not (data_dir / "t1/alice/default/raw").exists()  # queued, not yet written
+    install(svc.runtime)
+
+    class Burst(SimpleWorker):
+        def subscribe(self) -> None:
+            pass
+
+    Burst([svc.runtime.queue("memory")], connection=redis_client).work(burst=True)
+    assert [h.id for h in svc.search(NS, "记住了")] == ["om_reply"]
