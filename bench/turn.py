@@ -37,10 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.ollama import FakeOllama
 from workers import embedded_redis
+from workers.inbound import Inbound
 from workers.llm import LLM
+from workers.mailbox import Intake
 from workers.runtime import Runtime, build, install
 from workers.settings import Persona, Settings
-from workers.turn import Inbound, Intake, handle_message, run_turn
+from workers.turn import handle_message, run_turn
 
 MESSAGES = (
     "我住在余杭区",

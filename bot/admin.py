@@ -21,7 +21,7 @@ from aiohttp import web
 
 from memory_core.errors import InvalidInput, LucidError
 from memory_core.namespace import Namespace
-from workers import turn
+from workers import commands
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -76,17 +76,17 @@ async def _dream(request: web.Request, runtime: Runtime) -> web.Response:
         raise web.HTTPBadRequest(text='{"error": "body must be a JSON object"}')
     ns = _namespace(body.get("namespace"))
     phase, dry_run = str(body.get("phase") or "light"), bool(body.get("dry_run", False))
-    job = await asyncio.to_thread(turn.dream, runtime, ns, phase, dry_run)
+    job = await asyncio.to_thread(commands.dream, runtime, ns, phase, dry_run)
     log.warning("admin API: %s dream (dry=%s) for ns=%s: %s", phase, dry_run, ns.key, job.get("status"))
     return web.json_response({**job, "dry_run": dry_run}, status=202)
 
 
 async def _dream_status(request: web.Request, runtime: Runtime) -> web.Response:
     ns = _namespace(request.query.get("namespace"))
-    return web.json_response(await asyncio.to_thread(turn.dream_status, runtime, ns))
+    return web.json_response(await asyncio.to_thread(commands.dream_status, runtime, ns))
 
 
 async def _stats(request: web.Request, runtime: Runtime) -> web.Response:
     raw = request.query.get("namespace")
     ns = _namespace(raw) if raw is not None else None
-    return web.json_response(await asyncio.to_thread(turn.stats, runtime, ns))
+    return web.json_response(await asyncio.to_thread(commands.stats, runtime, ns))

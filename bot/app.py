@@ -46,10 +46,11 @@ from bot import admin, viewer
 from bot.routing import Ignored, route
 from memory_core.errors import LucidError
 from workers.feishu_send import FeishuSender, Retry
+from workers.inbound import Inbound
+from workers.mailbox import Intake
 from workers.metrics import Buffered, queue_depths
 from workers.runtime import QUEUES, Runtime
 from workers.settings import Persona
-from workers.turn import Inbound, Intake
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,9 @@ import sys
 import time
 from typing import Any, TextIO
 
+from workers.inbound import Inbound
 from workers.runtime import Runtime
-from workers.turn import Inbound, run_turn
+from workers.turn import run_turn
 
 EXIT = frozenset({"/quit", "/exit", "/q", "退出"})
 

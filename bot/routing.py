@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from workers.turn import Inbound, Mention
+from workers.inbound import Inbound, Mention
 
 MESSAGE_EVENT = "im.message.receive_v1"
 MAX_TEXT = 8000  # characters handed to a turn; Feishu allows far more, a chat turn needs no more

@@ -397,3 +397,17 @@ def flush_namespace(ns: str) -> None:
     from .runtime import current
 
     current().writer.flush(Namespace.parse(ns))
+
+
+_services: dict[int, tuple[Runtime, MemoryService]] = {}
+_services_lock = threading.Lock()
+
+
+def service_for(runtime: Runtime) -> MemoryService:
+    """The process's memory service for `runtime` (it caches parsed books and search indexes)."""
+    with _services_lock:
+        held = _services.get(id(runtime))
+        if held is None or held[0] is not runtime:
+            held = (runtime, MemoryService(runtime))
+            _services[id(runtime)] = held
+        return held[1]

@@ -36,9 +36,9 @@ from tests.fakes.feishu_events import (
     sign,
     url_verification,
 )
+from workers.inbound import Inbound
 from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
-from workers.turn import Inbound
 
 KEY = "test-encrypt-key"
 BOT = "ou_bot_webhook_000000000000000000"

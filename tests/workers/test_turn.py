@@ -24,10 +24,12 @@ from bot import chat_cli
 from memory_core.namespace import Namespace
 from tests.fakes.ollama import Delay, FakeOllama
 from workers.feishu_send import FeishuError
+from workers.inbound import Inbound, TurnLimits
 from workers.llm import LLM
+from workers.mailbox import Intake, Mailbox
 from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
-from workers.turn import Inbound, Intake, Mailbox, TurnLimits, run_turn
+from workers.turn import run_turn
 
 MODEL = "qwen3:4b"
 GROUP = "oc_team_group"

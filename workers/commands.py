@@ -1,0 +1,504 @@
+"""Commands (/help, /memory, /forget, /pin, /dream …, with Chinese aliases), the memory-only replies, the
+`manage_memory` tool, and the admin actions they share with the HTTP admin API."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from memory_core.entry import TYPES, Entry
+from memory_core.errors import LucidError
+from memory_core.intents import classify_type, is_memorable, parse_intent
+from memory_core.namespace import Namespace
+from memory_core.ops import Edit, Forget, Op, Outcome, Pin, Remember
+from memory_core.recall import visible_in
+from memory_core.store import DREAMS
+from memory_core.subjects import canonical_subject, recognise
+
+from . import dreaming
+from .inbound import Inbound
+from .memory_service import Assembly, MemoryService, service_for
+from .runtime import Runtime
+from .settings import Persona
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------- admin
+
+
+def dream(runtime: Runtime, ns: Namespace, phase: str, dry_run: bool = False) -> dict[str, Any]:
+    """Queue one dream phase for `ns` (the /dream command and the admin API): {"status", "job_id", …}."""
+    return dreaming.enqueue_phase(runtime, ns, phase, dry_run)
+
+
+def stats(runtime: Runtime, ns: Namespace | None = None) -> dict[str, Any]:
+    """Queue depths, model usage and (with `ns`) that namespace's memory counts."""
+    out: dict[str, Any] = {"queues": {}, "model": None}
+    if runtime.redis is not None:
+        for name in ("chat", "memory", "dream"):
+            q = runtime.queue(name)
+            out["queues"][name] = {"queued": q.count, "failed": q.failed_job_registry.count}
+    if runtime.llm is not None:
+        usage = runtime.llm.usage
+        out["model"] = {"calls": usage.calls, "tokens": usage.tokens, "failures": usage.failures}
+    if ns is not None:
+        book = service_for(runtime).book(ns)
+        now = runtime.clock()
+        current_entries = book.current(now)
+        out["memory"] = {
+            "namespace": str(ns),
+            "current": len(current_entries),
+            "resident": sum(1 for e in current_entries if e.resident),
+            "history": len(book.entries()) - len(current_entries),
+            "archived": len(book.archived()),
+        }
+    return out
+
+
+# --------------------------------------------------------------------------------------------- replies
+
+# Every sentence the bot says without a model, in Chinese and English: (zh, en) format strings.
+_T = {
+    "error": (
+        "抱歉，我这边出了点问题，请稍后再试。",
+        "Sorry, something went wrong on my side. Please try again.",
+    ),
+    "admin_only": ("这个命令只有管理员可以使用。", "Only an admin can use this command."),
+    "profile_private": ("画像只在私聊里显示。", "Your profile is shown in a private chat only."),
+    "no_profile": (
+        "还没有画像：聊得多了，做梦时会整理出来。",
+        "No profile yet; dreaming distils one over time.",
+    ),
+    "persona": (
+        "当前人格：{name}；对话模型：{model}。已配置的人格：{names}（每个人格是一个飞书应用）。",
+        "Persona: {name}; chat model: {model}. Personas: {names} (one Feishu app each).",
+    ),
+    "no_model_name": ("未配置（仅记忆模式）", "none (memory-only mode)"),
+    "help": (
+        "我会记住你告诉我的事。可以直接说“记住……”“以后……”“忘掉……”，或者用命令：",
+        "I remember what you tell me. Say “remember …”, “from now on …”, “forget …”, or use a command:",
+    ),
+    "empty": ("我还没有记住关于你的任何事。", "I don't remember anything about you yet."),
+    "listing": ("我记得关于你的 {n} 件事：", "I remember {n} things about you:"),
+    "group_listing": (
+        "（群聊里只显示常驻记忆和在本群学到的）",
+        "(in a group: standing memories and what I learned here)",
+    ),
+    "more": ("……还有 {n} 条", "… and {n} more"),
+    "list_hint": ("用 /forget 编号 删除，/pin 编号 置顶。", "Use /forget ID to delete, /pin ID to pin."),
+    "which": ("是哪一条？用 /{verb} 编号 指定：", "Which one? Use /{verb} ID:"),
+    "forget_what": ("要忘掉哪一条？发 /memory 查看编号。", "Forget which one? Send /memory to see the ids."),
+    "usage": ("用法：/{verb} 编号或文字", "Usage: /{verb} ID or text"),
+    "not_found": ("我没有找到和“{target}”有关的记忆。", "I found no memory matching “{target}”."),
+    "failed": ("没能完成：{why}", "Could not do that: {why}"),
+    "forgotten": ("好的，已忘掉：{text}", "Done, forgotten: {text}"),
+    "pinned": ("已置顶：{text}", "Pinned: {text}"),
+    "unpinned": ("已取消置顶：{text}", "Unpinned: {text}"),
+    "you": ("你", "you"),
+    "no_dreams": ("{who} 还没有做过梦。", "No dreams yet for {who}."),
+    "dream_failed": ("没能安排做梦：{why}", "Could not schedule the dream: {why}"),
+    "dream_queued": ("已为 {who} 安排 {phase} 做梦{dry}。", "Queued a {phase} dream for {who}{dry}."),
+    "dry": ("（试运行）", " (dry run)"),
+    "dream_already": ("（已经在队列里了）", " (it was already queued)"),
+    "remembered": ("好的，我记住了：{text}", "Got it, I'll remember: {text}"),
+    "superseded": (
+        "好的，已更新：{text}（之前的记录保留为历史）",
+        "Got it, updated: {text} (the old one is kept as history)",
+    ),
+    "known": ("这个我已经记得了：{text}", "I already remember that: {text}"),
+    "secret": (
+        "这看起来像密码或密钥，为了安全我不会保存它。",
+        "That looks like a password or key, so I won't store it.",
+    ),
+    "protected": (
+        "这和一条置顶的记忆冲突，我没有改动；需要的话先 /unpin。",
+        "That conflicts with a pinned memory, so I left it alone; /unpin it first.",
+    ),
+    "noted": ("好的，记下了。", "Okay, noted."),
+    "okay": ("好的。", "Okay."),
+    "recalled": ("根据我的记忆：{text}", "From what I remember: {text}"),
+    "recalled_many": ("我记得：\n{lines}", "I remember:\n{lines}"),
+    "unknown": (
+        "这个我还不知道。你可以告诉我，比如：记住……",
+        "I don't know that yet. You can tell me: remember …",
+    ),
+    "hello": ("你好！", "Hi!"),
+    "received": ("收到。", "Noted."),
+    "no_model": (
+        "（提示：还没有配置对话模型，我现在只能帮你记住、忘掉和查询记忆。）",
+        "(No chat model is configured, so for now I can only remember, forget and look things up.)",
+    ),
+    "model_down": (
+        "（对话模型暂时不可用，这是根据记忆给出的回答。）",
+        "(The chat model is unavailable right now; this answer comes from memory only.)",
+    ),
+}
+_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+_LATIN = re.compile(r"[A-Za-z]*[G-Zg-z][A-Za-z]*")  # a word, not a hex id such as 4ca67195
+
+
+def say(inbound: Inbound, key: str, **values: Any) -> str:
+    """A catalogue sentence in the message's language: English only for Latin text without Chinese."""
+    body = re.sub(r"^[/／]\S*", "", inbound.text.strip())
+    zh, en = _T[key]
+    return (en if _LATIN.search(body) and not _CJK.search(body) else zh).format(**values)
+
+
+# --------------------------------------------------------------------------------------------- commands
+
+_ALIASES = {
+    "help": ("help", "h", "帮助"),
+    "memory": ("memory", "mem", "记忆"),
+    "forget": ("forget", "忘记", "忘掉"),
+    "pin": ("pin", "置顶"),
+    "unpin": ("unpin", "取消置顶"),
+    "profile": ("profile", "画像"),
+    "dream": ("dream", "做梦"),
+    "stats": ("stats", "状态", "统计"),
+    "persona": ("persona", "人格", "角色"),
+    "whoami": ("whoami",),
+}
+_BY_WORD = {alias: name for name, aliases in _ALIASES.items() for alias in aliases}
+ADMIN_COMMANDS = frozenset({"dream", "stats"})
+PHASES = dict(
+    light="light", deep="deep", replay="replay", profile="profile", 浅="light", 深="deep", 回放="replay"
+)
+_HELP = (
+    "/memory 记忆 — 查看我记得的 · what I remember",
+    "/forget 忘记 <编号|文字> — 删除一条 · delete one",
+    "/pin 置顶 <编号|文字>, /unpin — 一直生效 · always keep in mind",
+    "/profile 画像 — 你的画像 · your profile",
+    "/persona 人格 — 当前人格和模型 · persona and model",
+    "/whoami — open_id",
+)
+_ADMIN_HELP = (
+    "/dream 做梦 [light|deep|replay|profile] [@某人] [dry] — 整理记忆 · tidy memory",
+    "/dream status — 做梦记录 · dream journal",
+    "/stats 状态 — 运行统计 · service stats",
+)
+LIST_LIMIT = 30
+
+
+def is_admin(persona: Persona, inbound: Inbound) -> bool:
+    """Fail closed: an empty admin list means nobody; ids are the sender's open_id (or union_id)."""
+    return bool(persona.admins) and (inbound.open_id in persona.admins or inbound.user in persona.admins)
+
+
+def parse_command(text: str) -> tuple[str, str] | None:
+    """`/name args` (any alias, also with a full-width slash) or a Chinese alias as the first word."""
+    t = text.strip()
+    slash = t[:1] in ("/", "／")
+    parts = (t[1:] if slash else t).split(maxsplit=1)
+    if not parts:
+        return ("help", "") if slash else None
+    word, rest = parts[0], parts[1].strip() if len(parts) > 1 else ""
+    name = _BY_WORD.get(word.lower())
+    if slash:
+        return (name, rest) if name else ("help", "")
+    return (name, rest) if name and _CJK.match(word) else None
+
+
+def run_command(
+    runtime: Runtime, mem: MemoryService, persona: Persona, inbound: Inbound, name: str, args: str
+) -> str:
+    if name in ADMIN_COMMANDS:
+        allowed = is_admin(persona, inbound)
+        log.warning(
+            "admin command /%s %s: open_id=%s chat=%s message=%s",
+            name, "run" if allowed else "refused", inbound.open_id, inbound.chat_id, inbound.message_id,
+        )  # fmt: skip
+        if not allowed:
+            return say(inbound, "admin_only")
+    if name == "memory":
+        return _list_memory(runtime, mem, inbound)
+    if name == "forget":
+        return _forget(runtime, mem, inbound, args, [])
+    if name in ("pin", "unpin"):
+        return _pin(runtime, mem, inbound, args, name == "pin")
+    if name == "profile":
+        if inbound.group:
+            return say(inbound, "profile_private")
+        return (mem.profile(inbound.ns) or "").strip() or say(inbound, "no_profile")
+    if name == "persona":
+        model = persona.chat_model or runtime.settings.chat_model or say(inbound, "no_model_name")
+        names = ", ".join(sorted(runtime.settings.personas)) or persona.name
+        return say(inbound, "persona", name=persona.name, model=model, names=names)
+    if name == "whoami":
+        return f"open_id: {inbound.open_id}\nuser: {inbound.user}\nadmin: {is_admin(persona, inbound)}"
+    if name == "dream":
+        return _dream_command(runtime, inbound, args)
+    if name == "stats":
+        return json.dumps(stats(runtime, inbound.ns), ensure_ascii=False, indent=1)
+    extra = _ADMIN_HELP if is_admin(persona, inbound) else ()
+    return "\n".join([say(inbound, "help"), *_HELP, *extra])
+
+
+def _visible(inbound: Inbound, entries: Sequence[Entry]) -> list[Entry]:
+    """Group scope for everything a command shows or touches: in a group, private facts do not exist."""
+    return [e for e in entries if visible_in(e, inbound.chat_type, inbound.chat_id)]
+
+
+def _list_memory(runtime: Runtime, mem: MemoryService, inbound: Inbound) -> str:
+    entries = _visible(inbound, mem.book(inbound.ns).current(runtime.clock()))
+    if not entries:
+        return say(inbound, "empty")
+    lines = [say(inbound, "listing", n=len(entries))]
+    if inbound.group:
+        lines.append(say(inbound, "group_listing"))
+    epoch = datetime.min.replace(tzinfo=UTC)
+    ordered = sorted(entries, key=lambda e: (not e.pinned, not e.resident, e.at or epoch))
+    lines += [f"- [{e.id[:8]}] {e.text}{' 📌' if e.pinned else ''}" for e in ordered[:LIST_LIMIT]]
+    if len(ordered) > LIST_LIMIT:
+        lines.append(say(inbound, "more", n=len(ordered) - LIST_LIMIT))
+    lines.append(say(inbound, "list_hint"))
+    return "\n".join(lines)
+
+
+def _targets(runtime: Runtime, mem: MemoryService, inbound: Inbound, target: str) -> tuple[list[Entry], bool]:
+    """(entries, exact): an id or text match; else the best recall hits, offered for confirmation only."""
+    found = _visible(inbound, mem.find(inbound.ns, target))
+    if found:
+        return found, True
+    now, ct, chat = runtime.clock(), inbound.chat_type, inbound.chat_id
+    hits = mem.recall(inbound.ns, target, now, k=3, chat_type=ct, chat=chat, gate=False)
+    return [s.entry for s in hits], False
+
+
+def _resolve(runtime: Runtime, mem: MemoryService, inbound: Inbound, target: str, verb: str) -> Entry | str:
+    """The one entry `target` names, or the sentence to send instead (not found, or which one?)."""
+    if not target.strip():
+        return say(inbound, "forget_what" if verb == "forget" else "usage", verb=verb)
+    entries, exact = _targets(runtime, mem, inbound, target)
+    if not entries:
+        return say(inbound, "not_found", target=target)
+    if len(entries) > 1 or not exact:  # never guess which memory to change
+        return "\n".join(
+            [say(inbound, "which", verb=verb)] + [f"- [{e.id[:8]}] {e.text}" for e in entries[:8]]
+        )
+    return entries[0]
+
+
+def _forget(
+    runtime: Runtime, mem: MemoryService, inbound: Inbound, target: str, outcomes: list[Outcome]
+) -> str:
+    """The one forget: the /forget command and 忘掉… in memory-only mode."""
+    entry = _resolve(runtime, mem, inbound, target, "forget")
+    if isinstance(entry, str):
+        return entry
+    outcome = mem.apply(inbound.ns, [Forget(id=entry.id)])[0]
+    outcomes.append(outcome)
+    if not outcome.ok:
+        return say(inbound, "failed", why=outcome.detail or outcome.status)
+    return say(inbound, "forgotten", text=entry.text)
+
+
+def _pin(runtime: Runtime, mem: MemoryService, inbound: Inbound, target: str, pinned: bool) -> str:
+    entry = _resolve(runtime, mem, inbound, target, "pin" if pinned else "unpin")
+    if isinstance(entry, str):
+        return entry
+    outcome = mem.apply(inbound.ns, [Pin(id=entry.id, pinned=pinned)])[0]
+    if not outcome.ok:
+        return say(inbound, "failed", why=outcome.detail or outcome.status)
+    return say(inbound, "pinned" if pinned else "unpinned", text=entry.text)
+
+
+def _dream_command(runtime: Runtime, inbound: Inbound, args: str) -> str:
+    words = [w.lower() for w in args.split()]
+    target = inbound.mentions[0] if inbound.mentions else None
+    ns = Namespace.of(inbound.tenant, target.user, inbound.persona) if target else inbound.ns
+    who = f"@{target.name}" if target else say(inbound, "you")
+    if words and words[0] in ("status", "状态"):
+        return dream_status(runtime, ns)["journal"] or say(inbound, "no_dreams", who=who)
+    phase = next((PHASES[w] for w in words if w in PHASES), "light")
+    dry = any(w in ("dry", "dry-run", "--dry-run", "试运行") for w in words)
+    try:
+        job = dream(runtime, ns, phase, dry)
+    except LucidError as exc:
+        return say(inbound, "dream_failed", why=exc)
+    log.warning(
+        "dream %s (dry=%s) for ns=%s by open_id=%s: %s", phase, dry, ns.key, inbound.open_id, job["status"]
+    )
+    state = say(inbound, "dream_already") if job["status"] != "queued" else ""
+    return say(inbound, "dream_queued", who=who, phase=phase, dry=say(inbound, "dry") if dry else "") + state
+
+
+def dream_status(runtime: Runtime, ns: Namespace, lines: int = 20) -> dict[str, Any]:
+    """Last run of each phase, the newest DREAMS.md entries (newest first by design), the queue depth."""
+    text = runtime.store.read_text(ns, DREAMS) or ""
+    return {
+        "namespace": str(ns),
+        "last_run": {phase: dreaming.last_run(runtime, ns, phase) for phase in dreaming.PHASES},
+        "journal": "\n".join(text.strip().splitlines()[:lines]),
+        "queued": runtime.queue("dream").count if runtime.redis is not None else 0,
+    }
+
+
+# --------------------------------------------------------------------------------------------- memory-only
+
+_QUESTION_SUBJECTS = tuple(
+    (subject, re.compile(pattern, re.I))
+    for subject, pattern in (
+        ("雇主", r"哪(?:家|个)?公司|在哪里?(?:上班|工作|任职)|where do i work|who do i work for|my employer"),
+        ("家乡", r"老家|家乡|籍贯|hometown|where am i from"),
+        (
+            "所在地",
+            r"(?:在|住)(?:在)?哪|住址|所在地|where (?:do i live|am i|i live)|my (?:location|city|address)",
+        ),
+        ("姓名", r"我叫什么|我的名字|叫我什么|what(?:'s| is) my name|who am i"),
+        ("时区", r"时区|time ?zone"),
+        ("语言", r"什么语言|哪种语言|which language"),
+        ("生日", r"生日|birthday"),
+        ("技术栈", r"技术栈|tech stack"),
+        ("职业", r"我(?:是做什么|的职业|的工作是)|what do i do|my job"),
+    )
+)
+
+
+def remember_op(text: str, inbound: Inbound, source: str = "user") -> Remember:
+    found = recognise(text)
+    subject = found.subject if found else None
+    return Remember(text, classify_type(text), subject, source, inbound.message_id, inbound.scope)
+
+
+def deterministic_intent(text: str) -> tuple[str, str]:
+    """(kind, payload) of `intents.parse_intent`, where a first-person statement counts as "remember"
+    when it sets a known attribute (我住在余杭区) or reads as a lasting identity, preference or
+    instruction. The one rule for memory-only mode and for the safety net under the model."""
+    intent = parse_intent(text)
+    if intent.kind == "statement":
+        standing = is_memorable(intent.text) and classify_type(intent.text) in (
+            "identity",
+            "preference",
+            "instruction",
+        )
+        if standing or recognise(intent.text) is not None:
+            return "remember", intent.text
+    return intent.kind, intent.text
+
+
+def memory_reply(
+    runtime: Runtime,
+    mem: MemoryService,
+    inbound: Inbound,
+    assembly: Assembly,
+    note: str,
+    outcomes: list[Outcome],
+) -> str:
+    """The answer without a model: explicit requests deterministically, questions from memory."""
+    kind, payload = deterministic_intent(inbound.text)
+    if kind == "remember":
+        outcome = mem.apply(inbound.ns, [remember_op(payload, inbound)])[0]
+        outcomes.append(outcome)
+        key = {
+            "added": "remembered",
+            "updated": "remembered",
+            "superseded": "superseded",
+            "unchanged": "known",
+        }
+        text = say(inbound, key[outcome.status], text=payload) if outcome.ok else _refusal(inbound, outcome)
+    elif kind == "forget":
+        text = _forget(runtime, mem, inbound, payload, outcomes)
+    elif kind == "question":
+        text = _answer(runtime, mem, inbound, assembly)
+    else:
+        text = say(inbound, "hello" if kind == "chitchat" else "received")
+    if note == "model_down" or kind not in ("remember", "forget"):
+        text += "\n" + say(inbound, note)
+    return text
+
+
+def _refusal(inbound: Inbound, outcome: Outcome) -> str:
+    if outcome.status in ("rejected:secret", "rejected:protected"):
+        return say(inbound, outcome.status.split(":")[1])
+    return say(inbound, "failed", why=outcome.detail or outcome.status)
+
+
+def confirm(inbound: Inbound, outcomes: Sequence[Outcome]) -> str:
+    """What to say when the model changed memory but wrote no text itself."""
+    refused = [o for o in outcomes if not o.ok]
+    if refused:
+        return _refusal(inbound, refused[0])
+    return say(inbound, "noted" if outcomes else "okay")
+
+
+def _answer(runtime: Runtime, mem: MemoryService, inbound: Inbound, assembly: Assembly) -> str:
+    """A question without a model: the current value of the attribute asked about, else the best recall."""
+    now = runtime.clock()
+    subject = next((s for s, pattern in _QUESTION_SUBJECTS if pattern.search(inbound.text)), None)
+    if subject is not None:
+        current_entries = _visible(inbound, mem.book(inbound.ns).current(now))
+        holders = [e for e in current_entries if e.subject and canonical_subject(e.subject) == subject]
+        if holders:
+            newest = max(holders, key=lambda e: (e.valid_from or e.at or now, e.at or now))
+            return say(inbound, "recalled", text=newest.text)
+    if assembly.recalled:
+        return say(
+            inbound, "recalled_many", lines="\n".join(f"- {s.entry.text}" for s in assembly.recalled[:3])
+        )
+    return say(inbound, "unknown")
+
+
+# --------------------------------------------------------------------------------------------- the tool
+
+
+def tool_call(
+    mem: MemoryService,
+    runtime: Runtime,
+    inbound: Inbound,
+    name: str,
+    args: dict[str, Any],
+    outcomes: list[Outcome],
+) -> dict[str, Any]:
+    """Validate one `manage_memory` call and run it through the writer; the answer goes back to the model.
+
+    Targets resolve within what this chat may see (group scope), and only to exactly one entry.
+    """
+    if name != "manage_memory":
+        return {"error": f"unknown tool {name!r}"}
+    action = str(args.get("action") or "").strip().lower()
+    text, target = (
+        v.strip() if isinstance(v, str) else ""
+        for v in (args.get("text"), args.get("target") or args.get("id"))
+    )
+    op: Op
+    if action == "add":
+        if not text:
+            return {"error": "add needs text"}
+        op = remember_op(text, inbound, source="tool")
+        kind, subject = args.get("type"), args.get("subject")
+        if isinstance(kind, str) and kind in TYPES and kind != "rule":
+            op = replace(op, type=kind)
+        if isinstance(subject, str) and 0 < len(subject.strip()) <= 64:
+            op = replace(op, subject=subject.strip())
+    elif action in ("update", "forget", "pin"):
+        target = target or ("" if action == "update" else text)
+        if not target or (action == "update" and not text):
+            return {
+                "error": f"{action} needs a target (an id or words from the memory)"
+                + (" and text" * (action == "update"))
+            }
+        entries, exact = _targets(runtime, mem, inbound, target)
+        if len(entries) != 1 or not exact:
+            return {
+                "error": "no single memory matches",
+                "candidates": [{"id": e.id, "text": e.text} for e in entries[:5]],
+            }
+        ident = entries[0].id
+        op = (
+            Edit(ident, text, "tool")
+            if action == "update"
+            else Forget(ident)
+            if action == "forget"
+            else Pin(ident)
+        )
+    else:
+        return {"error": "action must be add, update, forget or pin"}
+    outcome = mem.apply(inbound.ns, [op])[0]
+    outcomes.append(outcome)
+    return {"status": outcome.status, "id": outcome.id, "detail": outcome.detail}

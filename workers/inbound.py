@@ -1,0 +1,108 @@
+"""The values a turn works on: an inbound message (JSON-safe, from the webhook or `lucid chat`), its
+mentions, the turn's limits and its result."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from memory_core.namespace import Namespace
+from memory_core.ops import Outcome
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class Mention:
+    """Someone else @mentioned in the message (never the bot itself)."""
+
+    name: str
+    open_id: str
+    union_id: str = ""
+
+    @property
+    def user(self) -> str:
+        return self.union_id or self.open_id
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One message for the bot, as routing made it: JSON-safe, so it can ride an RQ job."""
+
+    tenant: str
+    user: str  # union_id when present (stable across a developer's apps), else open_id
+    open_id: str
+    persona: str
+    chat_id: str
+    chat_type: str  # "p2p" or "group"
+    message_id: str
+    text: str  # @_user_N placeholders resolved, the bot's own mention removed
+    mentioned_bot: bool = False
+    create_time: int = 0  # milliseconds since the epoch, as Feishu sends it
+    event_id: str = ""
+    mentions: tuple[Mention, ...] = ()
+
+    @property
+    def ns(self) -> Namespace:
+        return Namespace.of(self.tenant, self.user, self.persona)
+
+    @property
+    def group(self) -> bool:
+        return self.chat_type != "p2p"
+
+    @property
+    def scope(self) -> str:
+        """Where what is learned from this message may be shown again (DESIGN §3 `scope`)."""
+        return f"g:{self.chat_id}" if self.group else "p2p"
+
+    def created(self, fallback: datetime) -> datetime:
+        if self.create_time <= 0:
+            return fallback
+        return datetime.fromtimestamp(self.create_time / 1000, UTC).replace(microsecond=0)
+
+    def to_json(self) -> dict[str, Any]:
+        # By hand: dataclasses.asdict deep-copies and costs more than the rest of the webhook's work.
+        data = {name: getattr(self, name) for name in _INBOUND_FIELDS}
+        data["mentions"] = [
+            {"name": m.name, "open_id": m.open_id, "union_id": m.union_id} for m in self.mentions
+        ]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Inbound:
+        mentions = tuple(Mention(**m) for m in data.get("mentions") or ())
+        names = set(cls.__dataclass_fields__) - {"mentions"}
+        return cls(**{k: v for k, v in data.items() if k in names}, mentions=mentions)
+
+
+_INBOUND_FIELDS = tuple(name for name in Inbound.__dataclass_fields__ if name != "mentions")
+
+
+@dataclass
+class TurnResult:
+    """What a turn did, for logs, the CLI and tests (never persisted)."""
+
+    reply: str = ""
+    mode: str = ""  # command, model, memory (no model or model down), error
+    delivered: bool = False
+    outcomes: list[Outcome] = field(default_factory=list)
+    recalled: list[str] = field(default_factory=list)
+    tool_calls: int = 0
+    ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class TurnLimits:
+    """Budgets of one turn. The model gets `model_budget` seconds in all (its calls are cut to what is
+    left); when it is spent or the model is down, the turn answers from memory and skips the model for
+    `model_cooldown` seconds, so a dead Ollama costs one timeout, not one per message."""
+
+    model_budget: float = 45.0
+    tool_rounds: int = 3
+    history_turns: int = 6
+    model_cooldown: float = 30.0
