@@ -161,11 +161,12 @@ def merge_duplicates(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
             groups[(bigrams(e.text), scope_key(e), subject_key(e))].append(e)
     ops: list[LightOp] = []
     pool: list[Entry] = []
-    for members in groups.values():
+    sets: list[frozenset[str]] = []
+    for (grams, _, _), members in groups.items():
         members.sort(key=_merge_order)
         pool.append(members[0])
+        sets.append(grams)
         ops.extend(LightOp("merge_duplicates", "merge", m.id, members[0].id) for m in members[1:])
-    sets = [bigrams(e.text) for e in pool]
     pairs = sorted(similar_pairs(sets, DUPLICATE), key=lambda p: (-p[2], pool[p[0]].id, pool[p[1]].id))
     subject: dict[str, str | None] = {e.id: subject_key(e) for e in pool}
     dead: set[str] = set()

@@ -1,0 +1,188 @@
+"""`lucid cron`: one rq CronScheduler with one `tick` job; the tick decides which dream phases are due.
+
+Static cron entries cannot follow a changing set of namespaces, and rq's cron has no job ids, so the
+cron process registers a single `tick` every TICK_SECONDS (on the `memory` queue, which workers drain
+before `dream`). The tick lists the namespaces on disk and, per namespace, enqueues each due phase with
+`enqueue_phase` (unique job id per namespace and phase, so a phase is queued or running at most once).
+
+When a phase is due (`due_phases`, pure):
+- light   daily, if MEMORY.md/ARCHIVE.md changed since the last light run;
+- profile daily, if they changed since the last profile run (the job itself skips the model when the
+          profile's inputs did not change);
+- deep    weekly, if they changed since the last deep run;        } only with LUCID_DREAM_MODEL; the
+- replay  weekly, if raw messages arrived since its watermark.    } first sighting only records a start
+Each interval gets a deterministic per-namespace jitter (up to 10 % of it, at most 2 h, from a hash of
+the namespace), so namespaces do not all dream at the same minute.
+
+Catch-up: last-run times are persisted per namespace (`Store.set_state_value`, key `dream.<phase>`) by
+the job when it succeeds. A phase is due when `now - last >= interval + jitter`, and a run sets `last`
+to its own time, so after any downtime each overdue phase runs once, then the normal cadence resumes.
+
+Switches (read when the tick runs, never at import): LUCID_DREAM_LIGHT, LUCID_DREAM_DEEP,
+LUCID_DREAM_REPLAY, LUCID_DREAM_PROFILE = `off` (never scheduled; manual runs still work), `on` (the
+default interval), or an interval such as `12h`, `3d`, `90m`, `3600` (seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from rq.cron import CronScheduler
+
+from memory_core.errors import InvalidInput
+from memory_core.lineformat import format_time, parse_time
+from memory_core.namespace import Namespace, list_namespaces
+
+from .dreaming import MODEL_PHASES, PHASES, enqueue_phase, last_run, memory_version, state_key
+from .runtime import Runtime, current, install
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 300
+TICK_QUEUE = "memory"
+DEFAULT_INTERVALS = {
+    "light": timedelta(days=1),
+    "deep": timedelta(days=7),
+    "replay": timedelta(days=7),
+    "profile": timedelta(days=1),
+}
+JITTER_FRACTION = 0.1
+MAX_JITTER = timedelta(hours=2)
+BASELINE_PHASES = ("deep", "replay")  # first sighting records a start instead of running
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$", re.I)
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_switch(value: str | None, default: timedelta) -> timedelta | None:
+    """`off` → None (disabled); empty or `on` → the default; `12h`, `3d`, `90m`, `3600` → that interval."""
+    text = (value or "").strip().lower()
+    if text in ("", "on", "yes", "true", "1"):
+        return default
+    if text in ("off", "no", "false", "0", "never"):
+        return None
+    m = _DURATION.match(text)
+    if m is None or int(m.group(1)) <= 0:
+        raise InvalidInput(f"a dream schedule is off, on, or an interval like 12h / 3d / 90m, got {value!r}")
+    return timedelta(seconds=int(m.group(1)) * _UNIT[m.group(2)])
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often each phase runs (absent = switched off) and whether a dream model exists."""
+
+    intervals: Mapping[str, timedelta] = field(default_factory=lambda: dict(DEFAULT_INTERVALS))
+    model: bool = False
+
+    @classmethod
+    def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> Cadence:
+        env = os.environ if env is None else env
+        intervals = {}
+        for phase, default in DEFAULT_INTERVALS.items():
+            interval = parse_switch(env.get(f"LUCID_DREAM_{phase.upper()}"), default)
+            if interval is not None:
+                intervals[phase] = interval
+        return cls(intervals, bool(settings.dream_model))
+
+
+def jitter(ns_key: str, phase: str, interval: timedelta) -> timedelta:
+    """A stable delay in [0, min(10 % of interval, 2 h)) for this namespace and phase."""
+    span = min(interval * JITTER_FRACTION, MAX_JITTER).total_seconds()
+    if span <= 0:
+        return timedelta(0)
+    h = int.from_bytes(hashlib.sha256(f"{ns_key}:{phase}".encode()).digest()[:8], "big")
+    return timedelta(seconds=h % int(span) if span >= 1 else 0)
+
+
+def due_phases(
+    last_runs: Mapping[str, datetime | None],
+    changed: Mapping[str, bool],
+    now: datetime,
+    settings: Cadence,
+    ns_key: str = "",
+) -> list[str]:
+    """The phases to enqueue now for one namespace (pure: everything it needs is passed in)."""
+    due = []
+    for phase in PHASES:
+        interval = settings.intervals.get(phase)
+        if interval is None or (phase in MODEL_PHASES and not settings.model):
+            continue
+        if not changed.get(phase, True):
+            continue
+        last = last_runs.get(phase)
+        if last is None:
+            if phase not in BASELINE_PHASES:
+                due.append(phase)
+            continue
+        if now - last >= interval + jitter(ns_key, phase, interval):
+            due.append(phase)
+    return due
+
+
+def _last_runs(rt: Runtime, ns: Namespace) -> dict[str, dict[str, Any]]:
+    return {phase: last_run(rt, ns, phase) for phase in PHASES}
+
+
+def _changes(rt: Runtime, ns: Namespace, records: Mapping[str, Mapping[str, Any]]) -> dict[str, bool]:
+    version = memory_version(rt.store.snapshot(ns))
+    changed = {p: records[p].get("version") != version for p in ("light", "deep", "profile")}
+    watermark = str(records["replay"].get("watermark") or records["replay"].get("at") or "")
+    newest = max(rt.store.raw_days(ns), default="")
+    changed["replay"] = bool(newest) and (not watermark or newest >= f"{watermark[:10]}.md")
+    return changed
+
+
+def tick_runtime(rt: Runtime) -> dict[str, Any]:
+    """One scheduling pass over every namespace: enqueue what is due, record first sightings."""
+    now = rt.clock()
+    cadence = Cadence.from_env(rt.settings)
+    queued: list[str] = []
+    waiting: list[str] = []
+    spaces = list_namespaces(rt.settings.data_dir)
+    for ns in spaces:
+        records = _last_runs(rt, ns)
+        last = {p: parse_time(r["at"]) if r.get("at") else None for p, r in records.items()}
+        for phase in BASELINE_PHASES:
+            if last[phase] is None and phase in cadence.intervals and cadence.model:
+                rt.store.set_state_value(ns, state_key(phase), {"at": format_time(now), "baseline": True})
+        if not due_phases(last, {}, now, cadence, ns.key):
+            continue  # nothing is due by time: skip reading the files
+        for phase in due_phases(last, _changes(rt, ns, records), now, cadence, ns.key):
+            result = enqueue_phase(rt, ns, phase)
+            (queued if result["status"] == "queued" else waiting).append(f"{phase} {ns}")
+    if queued:
+        log.info("dream tick: queued %s", ", ".join(queued))
+    return {"namespaces": len(spaces), "queued": queued, "already_queued": waiting}
+
+
+def tick() -> dict[str, Any]:
+    """The cron job (runs on a worker): schedule due dream phases for every namespace."""
+    return tick_runtime(current())
+
+
+def make_cron(rt: Runtime, interval: int = TICK_SECONDS) -> CronScheduler:
+    """The cron scheduler with its single tick registered (tests call `enqueue_jobs()` on it)."""
+    if rt.redis is None:
+        raise InvalidInput("`lucid cron` needs Redis: set REDIS_URL or use `lucid serve`")
+    cron = CronScheduler(connection=rt.redis, name=f"lucid-cron-{os.getpid()}")
+    cron.register(
+        tick, queue_name=TICK_QUEUE, interval=interval, job_timeout=120, result_ttl=0, failure_ttl=3600
+    )
+    return cron
+
+
+def run_cron(rt: Runtime, interval: int = TICK_SECONDS) -> None:
+    """`lucid cron`: run the scheduler in the foreground (main thread: it installs signal handlers).
+
+    Run exactly one per deployment: rq's cron has no leader election, and two would tick twice (harmless,
+    since jobs are unique per namespace and phase, but wasteful).
+    """
+    install(rt)
+    make_cron(rt, interval).start()  # type: ignore[no-untyped-call]

@@ -1,0 +1,25 @@
+"""`lucid worker`: an RQ worker on the chat, memory and dream queues, in that priority order.
+
+Chat turns come first, background extraction second, dreaming last: a long deep dream never delays a
+reply for longer than the job it is already running. The worker runs rq's scheduler too, so retries with
+an interval (dream jobs retry after 30 s and 120 s) and jobs whose worker died are picked up again.
+Job modules are imported here, in the parent, so each forked work-horse starts with them loaded.
+"""
+
+from __future__ import annotations
+
+from rq import Worker
+
+from memory_core.errors import InvalidInput
+
+from . import dreaming, extraction, scheduler  # noqa: F401  (pre-import the job modules before forking)
+from .runtime import QUEUES, Runtime, install
+
+
+def run_worker(runtime: Runtime, burst: bool = False) -> bool:
+    """Work the queues until stopped (or, with `burst`, until they are empty); True if it ran any job."""
+    if runtime.redis is None:
+        raise InvalidInput("`lucid worker` needs Redis: set REDIS_URL or use `lucid serve`")
+    install(runtime)
+    worker = Worker([runtime.queue(name) for name in QUEUES], connection=runtime.redis)
+    return bool(worker.work(burst=burst, with_scheduler=True))
