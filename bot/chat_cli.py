@@ -17,7 +17,6 @@ from typing import Any, TextIO
 
 from workers.inbound import Inbound
 from workers.runtime import Runtime
-from workers.turn import run_turn
 
 EXIT = frozenset({"/quit", "/exit", "/q", "退出"})
 
@@ -40,6 +39,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(
     args: argparse.Namespace, runtime: Runtime, stdin: TextIO | None = None, stdout: TextIO | None = None
 ) -> int:
+    from workers.turn import run_turn  # the turn pulls in lark-oapi: only load it when chatting
+
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
     interactive = stdin.isatty() and stdout.isatty() and not args.json

@@ -270,6 +270,21 @@ def cmd_search(args: argparse.Namespace, rt: Runtime) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------ dreaming
+
+
+@command("dream")
+def cmd_dream(args: argparse.Namespace, rt: Runtime) -> int:
+    from memory_core.namespace import list_namespaces
+    from workers.dreaming import format_report, run_phase
+
+    targets = list_namespaces(rt.settings.data_dir) if args.all else [_ns(args)]
+    reports = [run_phase(rt, ns, args.phase, dry_run=args.dry_run) for ns in targets]
+    text = "\n\n".join(format_report(r) for r in reports) or "no namespaces"
+    _emit(args, {"results": reports} if args.all else reports[0], text)
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ demo
 
 
@@ -359,6 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("search", help="full-text search of the raw message archive")
     p.add_argument("query")
     p.add_argument("--k", type=int, default=10, help="how many (default 10)")
+    _common(p)
+
+    p = sub.add_parser("dream", help="run one dream phase now and print its report")
+    p.add_argument("--phase", required=True, choices=("light", "deep", "replay", "profile"))
+    p.add_argument("--all", action="store_true", help="every namespace under the data directory")
+    p.add_argument("--dry-run", action="store_true", help="plan and show the would-be changes; write nothing")
     _common(p)
 
     p = sub.add_parser("history", help="git history of the namespace")

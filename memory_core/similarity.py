@@ -13,9 +13,23 @@ DUPLICATE = 0.65  # at or above: the same memory said again
 RELATED = 0.35  # at or above: the same topic (deep-dream clusters)
 
 
+def _drop_table() -> dict[int, None]:
+    """White space and punctuation of the Basic Multilingual Plane, for one `str.translate` pass."""
+    return {
+        cp: None
+        for cp in range(0x10000)
+        if chr(cp).isspace() or unicodedata.category(chr(cp)).startswith("P")
+    }
+
+
+_TABLE = _drop_table()
+
+
 @lru_cache(maxsize=200_000)
 def normalise(text: str) -> str:
-    t = unicodedata.normalize("NFKC", text).lower()
+    t = unicodedata.normalize("NFKC", text).lower().translate(_TABLE)
+    if t.isascii() or all(ord(ch) < 0x10000 for ch in t):
+        return t
     return "".join(ch for ch in t if not (ch.isspace() or unicodedata.category(ch).startswith("P")))
 
 

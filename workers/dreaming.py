@@ -51,6 +51,7 @@ from memory_core.recall import estimate_tokens
 from memory_core.store import ARCHIVE, DREAMS, MEMORY, PROFILE, Snapshot
 
 from .llm import LLMError, LLMUnavailable
+from .metrics import Metrics
 from .runtime import Runtime, current
 
 log = logging.getLogger(__name__)
@@ -327,6 +328,31 @@ def _settle(report: DreamReport, dry_run: bool) -> None:
 
 def run_phase(rt: Runtime, ns: str | Namespace, phase: str, dry_run: bool = False) -> dict[str, Any]:
     """Run one phase for one namespace now and return its report (JSON-safe). The CLI calls this."""
+    try:
+        report = _run_phase(rt, ns, phase, dry_run)
+    except Exception:
+        Metrics(rt.redis).inc("lucid_dream_runs_total", {"phase": phase, "outcome": "failed"})
+        raise
+    _count(rt, report)
+    return report
+
+
+def _count(rt: Runtime, report: dict[str, Any]) -> None:
+    """Dream metrics: runs by outcome, operations by kind, cage rejections by reason."""
+    metrics = Metrics(rt.redis)
+    phase = str(report.get("phase"))
+    metrics.inc("lucid_dream_runs_total", {"phase": phase, "outcome": str(report.get("status"))})
+    if report.get("dry_run"):
+        return
+    for kind, n in (report.get("counts") or {}).items():
+        if n:
+            metrics.inc("lucid_dream_operations_total", {"phase": phase, "kind": str(kind)}, n)
+    for reason, n in (report.get("rejections") or {}).items():
+        if n:
+            metrics.inc("lucid_dream_rejections_total", {"phase": phase, "reason": str(reason)}, n)
+
+
+def _run_phase(rt: Runtime, ns: str | Namespace, phase: str, dry_run: bool) -> dict[str, Any]:
     if phase not in PHASES:
         raise InvalidInput(f"unknown dream phase {phase!r}: one of {', '.join(PHASES)}")
     space = _namespace(ns)

@@ -3,12 +3,14 @@
 Chat turns come first, background extraction second, dreaming last: a long deep dream never delays a
 reply for longer than the job it is already running. The worker runs rq's scheduler too, so retries with
 an interval (dream jobs retry after 30 s and 120 s) and jobs whose worker died are picked up again.
-Job modules are imported here, in the parent, so each forked work-horse starts with them loaded.
+Jobs run in this process (SimpleWorker), so caches stay warm between jobs; job modules are imported here.
 """
 
 from __future__ import annotations
 
-from rq import Worker
+import gc
+
+from rq import SimpleWorker
 
 from memory_core.errors import InvalidInput
 
@@ -21,5 +23,9 @@ def run_worker(runtime: Runtime, burst: bool = False) -> bool:
     if runtime.redis is None:
         raise InvalidInput("`lucid worker` needs Redis: set REDIS_URL or use `lucid serve`")
     install(runtime)
-    worker = Worker([runtime.queue(name) for name in QUEUES], connection=runtime.redis)
+    # SimpleWorker runs each job in this process instead of a fork: the memory service's parsed books,
+    # relevance and raw-archive indexes and the Feishu token stay warm between turns (a fork would
+    # reload a 200k-message index from disk for every message). Scale out with more worker processes.
+    gc.freeze()  # lark-oapi and friends leave ~400k long-lived objects; keep full collections short
+    worker = SimpleWorker([runtime.queue(name) for name in QUEUES], connection=runtime.redis)
     return bool(worker.work(burst=burst, with_scheduler=True))
