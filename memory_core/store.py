@@ -24,6 +24,7 @@ import os
 import re
 import subprocess
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -356,7 +357,9 @@ class Store:
 
     # -------------------------------------------------------------------------------------- git
 
-    def _git(self, ns: Namespace, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def _git(
+        self, ns: Namespace, *args: str, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ)
         env.update(
             GIT_AUTHOR_NAME="Lucid",
@@ -374,6 +377,7 @@ class Store:
                 env=env,
                 check=check,
                 timeout=60,
+                input=stdin,
             )
         except FileNotFoundError as exc:
             raise StoreError("git is not installed: install git, or run with git disabled") from exc
@@ -388,21 +392,50 @@ class Store:
         self._git(ns, "init", "-q", "-b", "main")
         atomic_write(root / ".gitignore", _GITIGNORE.encode())
 
-    def commit(self, ns: Namespace, message: str) -> str | None:
-        """Commit everything changed in the namespace; returns the new short revision, or None if nothing.
+    def commit(
+        self, ns: Namespace, message: str, exact: Mapping[str, bytes | None] | None = None
+    ) -> str | None:
+        """Commit the namespace; returns the new short revision, or None if nothing changed.
 
-        Two git processes per batch (add, commit): this is on the write path of every batch."""
+        With `exact`, the tracked files are committed with exactly those bytes (what the writer wrote),
+        not whatever is on disk now: a person's edit that lands between our rename and this commit stays
+        uncommitted, so the next batch sees it and commits it as its own `manual edit`."""
         if not self.git_enabled:
             return None
         self.ensure_repo(ns)
-        self._git(ns, "add", "-A")
+        if exact is None:
+            self._git(ns, "add", "-A")
+        else:
+            rows = [
+                f"100644 {self._write_blob(ns, data)}\t{name}"
+                for name, data in exact.items()
+                if data is not None
+            ]
+            if rows:
+                self._git(ns, "update-index", "--add", "--index-info", stdin="\n".join(rows) + "\n")
+            others = [p for p in ("raw", ".gitignore") if (self.path(ns) / p).exists()]
+            if others:
+                self._git(ns, "add", "-A", "--", *others)
         done = self._git(ns, "commit", "--no-verify", "--no-status", "-m", message, check=False)
         if done.returncode != 0:
-            if "nothing to commit" in done.stdout or "nothing added" in done.stdout:
+            if (
+                "nothing to commit" in done.stdout
+                or "nothing added" in done.stdout
+                or "no changes added" in done.stdout
+            ):
                 return None
             raise StoreError(f"git commit failed: {(done.stderr or done.stdout).strip()[:300]}")
         m = re.search(r"\[[^\]]*?([0-9a-f]{7,40})\]", done.stdout)
         return m.group(1) if m else None
+
+    def _write_blob(self, ns: Namespace, data: bytes) -> str:
+        """Store `data` as a loose git blob (the standard object format) and return its id."""
+        raw = b"blob %d\0" % len(data) + data
+        sha = hashlib.sha1(raw).hexdigest()
+        path = self.path(ns) / ".git" / "objects" / sha[:2] / sha[2:]
+        if not path.exists():
+            atomic_write(path, zlib.compress(raw, 1), durable=False)
+        return sha
 
     def history(self, ns: Namespace, limit: int = 50) -> list[dict[str, str]]:
         if not (self.path(ns) / ".git").exists():

@@ -33,7 +33,7 @@ from .lineformat import META_OPEN, RawMessage, Unparsed, format_time, parse_file
 from .namespace import Namespace
 from .ops import Op, Outcome, Record, Remember, message_from_json, op_from_json, op_to_json
 from .secretscan import contains_secret, redact
-from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, ConcurrentChange, Snapshot, Store, version_of
+from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, TRACKED, ConcurrentChange, Snapshot, Store, version_of
 from .vault import seal
 
 log = logging.getLogger(__name__)
@@ -287,7 +287,13 @@ class Writer:
                 log.info("namespace %s changed under the batch (hand edit); re-reading", ns.key)
                 continue
             self.store.record_hashes(ns, hashes)
-            report.revision = self.store.commit(ns, msg)
+            exact = {
+                name: files[name].encode("utf-8", errors="surrogateescape")
+                if name in files
+                else snap.files.get(name)
+                for name in TRACKED
+            }
+            report.revision = self.store.commit(ns, msg, exact)
             self.store.clear_journal(ns)
             if change is None:
                 self._books[ns] = (version_of(hashes), book)
