@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -413,12 +414,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line (LUCID_LOG_FORMAT=json), for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        data = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            data["exception"] = self.formatException(record.exc_info)
+        return json.dumps(data, ensure_ascii=False)
+
+
+def configure_logging(verbose: bool, env: Mapping[str, str]) -> None:
+    """Logging is configured here, at the entry point only. Log lines carry ids, never message text."""
+    handler = logging.StreamHandler()
+    if env.get("LUCID_LOG_FORMAT", "").lower() == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.verbose or args.command in ("serve", "bot", "worker", "cron"), os.environ)
     try:
         overrides: dict[str, Any] = {}
         if getattr(args, "data", None):

@@ -18,6 +18,7 @@ phases do nothing and report that.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from memory_core.dream_deep import Merge, apply_deep, merge_messages, plan_clust
 from memory_core.dream_light import LightOp, apply_light, plan_light
 from memory_core.dream_replay import extraction_messages, parse_facts, replay_chunks, replay_ops, worth_a_call
 from memory_core.errors import InvalidInput, LucidError
-from memory_core.lineformat import format_time, parse_time
+from memory_core.lineformat import format_time, parse_time, render_file
 from memory_core.namespace import Namespace
 from memory_core.ops import Remember
 from memory_core.profile import (
@@ -376,10 +377,10 @@ def _run_phase(rt: Runtime, ns: str | Namespace, phase: str, dry_run: bool) -> d
             book, snap = rt.writer.snapshot(space)
             now = rt.clock()
             report.replans = attempt
-        work.apply(book, snap, now)  # on our own copy: what the commit will say
+        files = work.apply(book, snap, now)  # on our own copy: what the commit will say
         _settle(report, dry_run)
         if dry_run:
-            return report.to_json()
+            return {**report.to_json(), "diff": would_be_diff(snap, book, files)}
         written = rt.writer.transact(space, _change(work, report, now), commit_message(report), snap.version)
         if written is not None:
             report.revision = written.revision
@@ -390,6 +391,21 @@ def _run_phase(rt: Runtime, ns: str | Namespace, phase: str, dry_run: bool) -> d
     raise NamespaceBusy(
         f"{space} kept changing during {MAX_REPLANS} re-plans of the {phase} phase; nothing written"
     )
+
+
+def would_be_diff(snap: Snapshot, book: Book, files: dict[str, str]) -> str:
+    """The unified diff a dry run would have committed (MEMORY.md, ARCHIVE.md and any other file)."""
+    after = {MEMORY: render_file(book.memory_file()), ARCHIVE: render_file(book.archive_file()), **files}
+    out: list[str] = []
+    for name, text in after.items():
+        before = snap.text(name) or ""
+        if text != before:
+            out.extend(
+                difflib.unified_diff(
+                    before.splitlines(), text.splitlines(), f"a/{name}", f"b/{name}", lineterm=""
+                )
+            )
+    return "\n".join(out)
 
 
 def _change(work: Phase, report: DreamReport, now: datetime) -> Callable[[Book, Snapshot], dict[str, str]]:
@@ -473,7 +489,7 @@ def enqueue_phase(rt: Runtime, ns: str | Namespace, phase: str, dry_run: bool = 
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """A report as a few lines for people (the CLI and the bot's /dream reply)."""
+    """A report as a few lines for people (the CLI and the bot's /dream reply); a dry run adds its diff."""
     counts = ", ".join(f"{n} {k}" for k, n in report.get("counts", {}).items()) or "no counts"
     head = (
         f"dream {report.get('phase')} · {report.get('namespace')} · {str(report.get('status', '')).upper()}"
@@ -496,4 +512,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"  commit: {str(report['revision'])[:10]} (undo with `lucid undo {str(report['revision'])[:10]}`)"
         )
+    if report.get("diff"):
+        lines.append("  would-be diff:")
+        lines.extend("    " + line for line in str(report["diff"]).splitlines())
     return "\n".join(lines)

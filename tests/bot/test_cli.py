@@ -121,3 +121,20 @@ def test_demo_tells_the_seed_story(tmp_path: Path) -> None:
     assert "superseded" in out.stdout and "where is the user now? 我在西湖区" in out.stdout
     assert "~~我在余杭区~~" in out.stdout and "sup=" in out.stdout and "vt=" in out.stdout
     assert out.stdout.count("memory: 1 superseded") == 2
+
+
+def test_dream_dry_run_shows_the_would_be_diff_and_writes_nothing(data_dir: Path) -> None:
+    lucid(data_dir, "remember", "我喜欢爬山")
+    before = (data_dir / "default/default/default/MEMORY.md").read_text("utf-8")
+    later = {"LUCID_NOW": "2027-06-01T00:00:00Z"}
+    dry = lucid(data_dir, "dream", "--phase", "light", "--dry-run", "--json", env=later)
+    report = json.loads(dry.stdout)
+    assert report["status"] == "dry run" and "+- 我喜欢爬山" in report["diff"]
+    assert (data_dir / "default/default/default/MEMORY.md").read_text("utf-8") == before
+    real = lucid(data_dir, "dream", "--phase", "light", env=later)
+    assert real.returncode == 0 and "DONE" in real.stdout
+    assert "我喜欢爬山" in (data_dir / "default/default/default/ARCHIVE.md").read_text("utf-8")
+    log = json.loads(lucid(data_dir, "history", "--json").stdout)["results"]
+    assert log[0]["message"].startswith("dream light")
+    skipped = json.loads(lucid(data_dir, "dream", "--phase", "deep", "--json").stdout)
+    assert skipped["status"] == "skipped" and "LUCID_DREAM_MODEL" in skipped["notes"][0]
