@@ -214,12 +214,14 @@ class Store:
             return 0
 
     def claim_fence(self, ns: Namespace, token: int) -> None:
-        """Record `token` as the newest; this fences every older holder out at once."""
+        """Record `token` as the newest; this fences every older holder out at once. Idempotent for the
+        holder of `token` (a leader claims once per batch it runs)."""
         with flocked(self._meta(ns) / "fence.lock"):
             current = self.read_fence(ns)
-            if token <= current:
-                raise LeaseLost(f"fencing token {token} is not newer than {current}")
-            atomic_write(self._meta(ns) / "fence", str(token).encode())
+            if token < current:
+                raise LeaseLost(f"fencing token {token} is older than {current}")
+            if token > current:  # equal: this holder already claimed it (tokens are unique per lease)
+                atomic_write(self._meta(ns) / "fence", str(token).encode())
 
     @contextlib.contextmanager
     def fenced(self, ns: Namespace, token: int, still_held: Callable[[], bool]) -> Iterator[None]:
@@ -411,11 +413,10 @@ class Store:
                 for name, data in exact.items()
                 if data is not None
             ]
+            if (self.path(ns) / ".gitignore").exists():
+                rows.append(f"100644 {self._write_blob(ns, _GITIGNORE.encode())}\t.gitignore")
             if rows:
                 self._git(ns, "update-index", "--add", "--index-info", stdin="\n".join(rows) + "\n")
-            others = [p for p in ("raw", ".gitignore") if (self.path(ns) / p).exists()]
-            if others:
-                self._git(ns, "add", "-A", "--", *others)
         done = self._git(ns, "commit", "--no-verify", "--no-status", "-m", message, check=False)
         if done.returncode != 0:
             if (

@@ -174,8 +174,8 @@ class Writer:
             if taken is not None:
                 try:
                     self._drain(ns, taken)
-                except LeaseLost:
-                    log.warning("lease lost during a batch of %s; retrying", ns.key)
+                except LeaseLost as exc:
+                    log.warning("lease lost during a batch of %s (%s); retrying", ns.key, exc)
                 finally:
                     taken.release()
                 continue
@@ -287,12 +287,14 @@ class Writer:
                 log.info("namespace %s changed under the batch (hand edit); re-reading", ns.key)
                 continue
             self.store.record_hashes(ns, hashes)
-            exact = {
+            exact: dict[str, bytes | None] = {
                 name: files[name].encode("utf-8", errors="surrogateescape")
                 if name in files
                 else snap.files.get(name)
                 for name in TRACKED
             }
+            for day, text in raw.items():
+                exact[f"raw/{day}"] = text.encode("utf-8", errors="surrogateescape")
             report.revision = self.store.commit(ns, msg, exact)
             self.store.clear_journal(ns)
             if change is None:
