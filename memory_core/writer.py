@@ -279,6 +279,12 @@ class Writer:
                             "message": msg,
                             "ops": [r for r, _ in ops if r],
                             "outcomes": [o.to_json() for o in report.outcomes],
+                            "target": {
+                                name: hashlib.sha256(
+                                    text.encode("utf-8", errors="surrogateescape")
+                                ).hexdigest()
+                                for name, text in files.items()
+                            },
                         },
                     )
                     hashes = self.store.replace_files(ns, snap, files, raw)
@@ -360,22 +366,23 @@ class Writer:
             self.queue.finish(ns, raw, published)
 
     def _recover(self, ns: Namespace) -> None:
-        """Finish or discard a batch that crashed between its journal and its commit."""
+        """Finish a batch that crashed between its journal and its commit, or account for one that died
+        before it landed. Either way whatever is on disk gets committed, so nothing stays uncommitted."""
         journal = self.store.read_journal(ns)
         if journal is None:
             return
         snap = self.store.snapshot(ns)
-        edited = snap.hand_edited()
-        if edited:
-            # The files moved past the recorded hashes: the batch landed (or a person edited them).
-            # Record and commit what is there under the batch's own message.
-            self.store.record_hashes(ns, {n: h for n, h in _hashes(snap).items()})
-            self.store.commit(ns, str(journal.get("message") or "recovered batch"))
-            if self.queue is not None and journal.get("ops"):
-                outcomes = [Outcome.from_json(o) for o in journal.get("outcomes", [])]
-                raw_ops = list(journal["ops"])
-                if len(outcomes) >= len(raw_ops):
-                    self.queue.finish(ns, raw_ops, outcomes[: len(raw_ops)])
+        current = _hashes(snap)
+        target = journal.get("target") or {}
+        landed = bool(target) and all(current.get(name) == digest for name, digest in target.items())
+        self.store.record_hashes(ns, current)
+        message = str(journal.get("message") or "batch") if landed else "recover an interrupted batch"
+        self.store.commit(ns, message)
+        if landed and self.queue is not None and journal.get("ops"):
+            outcomes = [Outcome.from_json(o) for o in journal.get("outcomes", [])]
+            raw_ops = list(journal["ops"])
+            if len(outcomes) >= len(raw_ops):
+                self.queue.finish(ns, raw_ops, outcomes[: len(raw_ops)])
         self.store.clear_journal(ns)
 
     def _commit_hand_edit(self, ns: Namespace, lease: Lease, snap: Snapshot) -> tuple[Snapshot, int]:
