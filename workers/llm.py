@@ -28,6 +28,13 @@ class LLMUnavailable(LLMError):
     """The model server could not be reached in time, or kept failing."""
 
 
+class LLMBadOutput(LLMError):
+    """The server answered, but with something the client cannot read (e.g. a malformed tool call).
+
+    Not an outage: the next request (another person's turn) may well succeed, so callers must not switch
+    the model off for everyone on this."""
+
+
 @dataclass(frozen=True)
 class ToolCall:
     name: str
@@ -88,6 +95,7 @@ class LLM:
     def _call(self, what: str, timeout: float | None, fn: Any) -> Any:
         attempts = self.retries + 1
         last: Exception | None = None
+        bad_output = False
         for attempt in range(attempts):
             try:
                 return fn(self._client(timeout or self.timeout))
@@ -98,11 +106,16 @@ class LLM:
                 last = exc
             except (httpx.HTTPError, ConnectionError, OSError) as exc:
                 last = exc
-            except ValueError as exc:  # a body that is not JSON
+            except ValueError as exc:  # a body or a tool call the client cannot parse: the server is up
                 last = exc
+                bad_output = True
             if attempt + 1 < attempts:
                 time.sleep(self.backoff * (2**attempt))
         self.usage.failures += 1
+        if bad_output and isinstance(last, ValueError):
+            raise LLMBadOutput(
+                f"{what}: unreadable answer ({type(last).__name__}: {str(last)[:120]})"
+            ) from last
         raise LLMUnavailable(
             f"{what}: model server unavailable ({type(last).__name__}: {str(last)[:120]})"
         ) from last
