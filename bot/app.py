@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import hmac
@@ -45,6 +46,7 @@ from lark_oapi.core.utils import AESCipher
 from bot import admin, viewer
 from bot.routing import Ignored, route
 from memory_core.errors import LucidError
+from memory_core.secretscan import redact
 from workers.feishu_send import FeishuSender, Retry
 from workers.inbound import Inbound
 from workers.mailbox import Intake
@@ -247,6 +249,8 @@ class Webhook:
             return self._done(
                 status, f"ignored: {inbound.reason}", name, started, event_id, inbound.message_id
             )
+        # Secrets never reach Redis (the inbox and its AOF): the turn sees the redacted text.
+        inbound = dataclasses.replace(inbound, text=redact(inbound.text))
         try:
             fresh = await self.batcher.accept(inbound)
         except redis.RedisError as exc:

@@ -31,7 +31,7 @@ from .entry import utcnow
 from .errors import ConcurrentEdit, LeaseLost, LucidError
 from .lineformat import META_OPEN, RawMessage, Unparsed, format_time, parse_file, render_file
 from .namespace import Namespace
-from .ops import Op, Outcome, Record, Remember, message_from_json, op_from_json, op_to_json
+from .ops import Edit, Op, Outcome, Record, Remember, message_from_json, op_from_json, op_to_json
 from .secretscan import contains_secret, redact
 from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, TRACKED, ConcurrentChange, Snapshot, Store, version_of
 from .vault import seal
@@ -162,14 +162,19 @@ class Writer:
                 report = self._batch(ns, lease, [(None, op) for op in ops])
             assert report is not None  # only a version check returns None
             return report.outcomes
-        ids = [op.op_id for op in ops]
-        self.queue.push(ns, ops)
+        # Secrets never travel through Redis (its AOF is a file too): screen them here, in the submitter.
+        screened, early = self._screen(ns, ops)
+        if not screened:
+            return [early[op.op_id] for op in ops]
+        ids = [op.op_id for op in screened]
+        self.queue.push(ns, screened)
         done: dict[str, Outcome] = {}
         deadline = time.monotonic() + timeout
         while True:
             done.update(self.queue.results([i for i in ids if i not in done], 0))
             if len(done) == len(ids):
-                return [done[i] for i in ids]
+                done.update(early)
+                return [done[op.op_id] for op in ops]
             taken = self.locker.acquire(ns, 0.0, self.store.read_fence(ns))
             if taken is not None:
                 try:
@@ -182,6 +187,35 @@ class Writer:
             done.update(self.queue.results([i for i in ids if i not in done], 0.05))
             if time.monotonic() > deadline:
                 raise LucidError(f"timed out waiting for the writer of {ns} ({len(done)}/{len(ids)} done)")
+
+    def _screen(self, ns: Namespace, ops: Sequence[Op]) -> tuple[list[Op], dict[str, Outcome]]:
+        """Ops safe to queue (raw records redacted), and the outcomes of those refused on the spot."""
+        keep: list[Op] = []
+        early: dict[str, Outcome] = {}
+        for op in ops:
+            if isinstance(op, Remember | Edit) and contains_secret(op.text):
+                detail = "looks like a secret; not stored"
+                if self.vault_key is not None and isinstance(op, Remember):
+                    self.store.append_vault(
+                        ns,
+                        [
+                            seal(
+                                self.vault_key,
+                                {"at": format_time(self.clock()), "text": op.text, "op": op.op_id},
+                            )
+                        ],
+                    )
+                    detail = "kept encrypted in the vault, not in memory"
+                early[op.op_id] = Outcome(op.op_id, "rejected:secret", detail=detail)
+            elif isinstance(op, Record):
+                message = dict(op.message)
+                for key in ("text", "speaker"):
+                    if isinstance(message.get(key), str):
+                        message[key] = redact(message[key])
+                keep.append(replace(op, message=message))
+            else:
+                keep.append(op)
+        return keep, early
 
     def flush(self, ns: Namespace) -> None:
         """Apply whatever ops are queued for `ns` (ops pushed without waiting, e.g. a reply's record)."""
