@@ -108,6 +108,7 @@ def _printable(text: str) -> str:
 
 
 _UNPRINTABLE = re.compile(r"[^\w .:/@()-]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _same(a: str, b: str) -> bool:
@@ -145,6 +146,8 @@ def open_event(
     else:
         event = outer
     header = event.get("header")
+    if header is not None and not isinstance(header, dict):
+        raise Rejected(400, "event header is not an object")
     token = (header.get("token") if isinstance(header, dict) else None) or event.get("token")
     if not isinstance(token, str) or not _same(token, persona.verification_token):
         raise Rejected(401, "verification token mismatch")
@@ -249,8 +252,10 @@ class Webhook:
             return self._done(
                 status, f"ignored: {inbound.reason}", name, started, event_id, inbound.message_id
             )
-        # Secrets never reach Redis (the inbox and its AOF): the turn sees the redacted text.
-        inbound = dataclasses.replace(inbound, text=redact(inbound.text))
+        # Secrets never reach Redis (the inbox and its AOF): the turn sees the redacted text. Lone
+        # surrogates (valid in JSON escapes, not in UTF-8) become U+FFFD so they cannot poison a batch.
+        text = _LONE_SURROGATE.sub("\ufffd", redact(inbound.text))
+        inbound = dataclasses.replace(inbound, text=text)
         try:
             fresh = await self.batcher.accept(inbound)
         except redis.RedisError as exc:
