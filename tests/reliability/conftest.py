@@ -1,0 +1,111 @@
+"""Reliability suite: fixtures, scaling, and the figures every test reports.
+
+Fast by default (`pytest` / `pytest tests/reliability`): tests marked `slow` are deselected unless a marker
+expression is given, so CI runs the fast subset of every category. The full run:
+
+    pytest tests/reliability -m "slow or not slow"
+
+Sizes scale with environment variables (documented in docs/RELIABILITY.md), e.g. LUCID_RELIABILITY_EVENTS.
+Each test records its figures with the `figures` fixture; they are printed at the end of the run and, with
+LUCID_RELIABILITY_REPORT=path.json, written to that file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.fakes.feishu import FakeFeishu
+from tests.fakes.ollama import FakeOllama
+from tests.reliability.harness import BOT, ByText, Stack
+
+MODEL = "qwen3:4b"
+
+HERE = Path(__file__).resolve().parent
+_FIGURES: dict[str, dict[str, Any]] = {}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without a marker expression, the slow tests are deselected (not skipped): the default run is the
+    fast subset; `-m "slow or not slow"` runs everything."""
+    if config.getoption("markexpr", ""):
+        return
+    slow = [i for i in items if i.get_closest_marker("slow") and HERE in Path(str(i.fspath)).resolve().parents]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [i for i in items if i not in slow]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _FIGURES:
+        return
+    terminalreporter.section("reliability figures")
+    for name, values in _FIGURES.items():
+        terminalreporter.write_line(f"{name}: {json.dumps(values, ensure_ascii=False, sort_keys=True)}")
+    target = os.environ.get("LUCID_RELIABILITY_REPORT")
+    if target:
+        Path(target).write_text(json.dumps(_FIGURES, ensure_ascii=False, indent=1, sort_keys=True), "utf-8")
+
+
+class Figures:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.values: dict[str, Any] = _FIGURES.setdefault(name, {})
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.values[key] = value
+
+    def update(self, **values: Any) -> None:
+        self.values.update(values)
+
+
+@pytest.fixture
+def figures(request: pytest.FixtureRequest) -> Figures:
+    return Figures(request.node.nodeid.split("::", 1)[-1])
+
+
+@pytest.fixture
+def feishu() -> Iterator[FakeFeishu]:
+    with FakeFeishu(bot_open_id=BOT) as fake:
+        yield fake
+
+
+@dataclass
+class Shared:
+    """One `lucid bot` and one `lucid worker` process (chat model on FakeOllama, scripted per message), shared by
+    the tests that neither kill nor reconfigure processes: starting processes is most of a small test's
+    time on two cores. Each test starts from an empty Redis and uses its own people and message texts."""
+
+    stack: Stack
+    feishu: FakeFeishu
+    ollama: FakeOllama
+    model: ByText
+
+
+@pytest.fixture(scope="session")
+def _shared(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    model = ByText()
+    with FakeFeishu(bot_open_id=BOT) as fake, FakeOllama(responder=model) as ollama:
+        stack = Stack(tmp_path_factory.mktemp("shared"), redis_url, fake, bots=1, workers=1, ollama_url=ollama.url,
+                      chat_model=MODEL, simple_workers=True)  # fmt: skip
+        with stack:
+            yield Shared(stack, fake, ollama, model)
+
+
+@pytest.fixture
+def shared(_shared: Shared) -> Iterator[Shared]:
+    client = redis.Redis.from_url(_shared.stack.redis_url)
+    client.flushdb()  # no cooldown flag, queue or inbox of an earlier test
+    _shared.model.replies.clear()
+    _shared.model.extractions.clear()
+    assert _shared.stack.bots_by_index(0).alive and _shared.stack.live_workers
+    yield _shared
+    _shared.stack.settle(60)
+    client.close()
