@@ -118,7 +118,7 @@ def cmd_show(args: argparse.Namespace, rt: Runtime) -> int:
     entries = book.entries() if args.all else book.current(now)
     archived = book.archived() if args.all else []
     problems = book.problems()
-    data = {
+    data: dict[str, Any] = {
         "namespace": str(_ns(args)),
         "results": [{**entry_to_json(e), "current": e.current(now), "archived": False} for e in entries]
         + [{**entry_to_json(e), "current": False, "archived": True} for e in archived],
@@ -300,7 +300,7 @@ def cmd_demo(args: argparse.Namespace, rt: Runtime) -> int:
         (start + timedelta(days=40), "我在余杭区", "and back again: another supersede"),
     ]
     for i, (when, text, why) in enumerate(steps, start=1):
-        rt.writer.clock = lambda when=when: when
+        rt.writer.clock = _fixed_clock(when)
         outcome = rt.writer.submit(ns, [Remember(text=text, source="user")])[0]
         print(
             f"{i}. {format_time(when)}  remember {text!r}: {outcome.status}"
@@ -437,6 +437,10 @@ def configure_logging(verbose: bool, env: Mapping[str, str]) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)
+
+
+def _fixed_clock(when: datetime) -> Callable[[], datetime]:
+    return lambda: when
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -362,6 +362,8 @@ class Book:
         norm = similarity.normalise(text)
         best: tuple[float, Entry, str] | None = None
         for e in current:
+            if not similarity.numbers_agree(text, e.text):
+                continue  # "3点开会" and "4点开会" are two facts, however alike
             other = similarity.normalise(e.text)
             if len(norm) >= 4 and len(other) >= 4 and (other in norm or norm in other):
                 relation = "contains" if other in norm else "contained"

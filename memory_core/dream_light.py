@@ -33,7 +33,7 @@ from .book import Book
 from .dream_pairs import similar_pairs
 from .entry import Entry
 from .recall import importance, recency
-from .similarity import DUPLICATE, bigrams
+from .similarity import DUPLICATE, bigrams, numbers_agree
 from .subjects import canonical_subject
 
 Action = Literal["merge", "supersede", "archive", "promote", "demote"]
@@ -175,7 +175,7 @@ def merge_duplicates(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
         if a.id in dead or b.id in dead or scope_key(a) != scope_key(b):
             continue
         sa, sb = subject[a.id], subject[b.id]
-        if sa and sb and sa != sb:
+        if (sa and sb and sa != sb) or not numbers_agree(a.text, b.text):
             continue
         survivor, loser = sorted((a, b), key=_merge_order)
         dead.add(loser.id)

@@ -6,7 +6,9 @@ white space and punctuation first, so full-width and half-width forms compare eq
 
 from __future__ import annotations
 
+import re
 import unicodedata
+from collections import Counter
 from functools import lru_cache
 
 DUPLICATE = 0.65  # at or above: the same memory said again
@@ -47,6 +49,28 @@ def jaccard(a: str, b: str) -> float:
         return 0.0
     inter = len(x & y)
     return inter / (len(x) + len(y) - inter)
+
+
+_NUMBER = re.compile(r"\d+(?:[.,:/]\d+)*|[零〇一二两三四五六七八九十百千万亿]+")
+
+
+@lru_cache(maxsize=65536)
+def numbers(text: str) -> Counter[str]:
+    """The numbers a text states, Arabic or Chinese, as a multiset ("周三下午3点" → {三, 3}).
+
+    Bigram Jaccard barely sees a changed digit ("我的第0个愿望是去0号星球" and "…第20个…20号星球" score 0.67),
+    but a different number is a different fact: near-duplicate rules ask `numbers_agree` first."""
+    return Counter(_NUMBER.findall(unicodedata.normalize("NFKC", text)))
+
+
+def numbers_agree(a: str, b: str) -> bool:
+    """True when one text states no number the other contradicts: the numbers of the one with fewer are
+    all among the other's ("我有孩子" / "我有2个孩子" agree; "房间2" / "房间20" and "3点" / "4点" do not)."""
+    x, y = numbers(a), numbers(b)
+    if x == y:
+        return True
+    small, big = (x, y) if x.total() <= y.total() else (y, x)
+    return not (small - big)
 
 
 def same_text(a: str, b: str) -> bool:

@@ -51,10 +51,13 @@ def test_compose_file_is_valid(tmp_path: Path) -> None:
     compose = shutil.which("docker-compose", path=str(Path(sys.executable).parent)) or "docker-compose"
     out = subprocess.run([compose, "config", "-q"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    services = subprocess.run([compose, "config", "--services"], cwd=tmp_path, capture_output=True, text=True).stdout
+    services = subprocess.run(
+        [compose, "config", "--services"], cwd=tmp_path, capture_output=True, text=True
+    ).stdout
     assert set(services.split()) == {"redis", "bot", "worker", "cron"}
-    with_ollama = subprocess.run([compose, "--profile", "ollama", "config", "--services"], cwd=tmp_path,
-                                 capture_output=True, text=True).stdout
+    with_ollama = subprocess.run(
+        [compose, "--profile", "ollama", "config", "--services"], cwd=tmp_path, capture_output=True, text=True
+    ).stdout
     assert "ollama" in with_ollama.split()
 
 
@@ -63,8 +66,11 @@ def test_serve_runs_everything_and_leaves_no_orphans(tmp_path: Path) -> None:
     data = tmp_path / "data"
     proc = subprocess.Popen(
         [sys.executable, "-m", "bot.cli", "serve", "--data", str(data)],
-        cwd=ROOT, env=_env(LUCID_PORT=str(port), LUCID_CONFIG=str(tmp_path / "none.toml")),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+        env=_env(LUCID_PORT=str(port), LUCID_CONFIG=str(tmp_path / "none.toml")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         body = _wait_http(f"http://127.0.0.1:{port}/healthz")
@@ -84,16 +90,38 @@ def test_serve_runs_everything_and_leaves_no_orphans(tmp_path: Path) -> None:
 
 def test_compose_roles_run_as_plain_processes(tmp_path: Path, redis_url: str) -> None:
     port = _free_port()
-    env = _env(REDIS_URL=redis_url, LUCID_DATA=str(tmp_path / "data"), LUCID_PORT=str(port),
-               LUCID_CONFIG=str(tmp_path / "none.toml"))
-    bot = subprocess.Popen([sys.executable, "-m", "bot.cli", "bot"], cwd=ROOT, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    cron = subprocess.Popen([sys.executable, "-m", "bot.cli", "cron"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = _env(
+        REDIS_URL=redis_url,
+        LUCID_DATA=str(tmp_path / "data"),
+        LUCID_PORT=str(port),
+        LUCID_CONFIG=str(tmp_path / "none.toml"),
+    )
+    bot = subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "bot"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    cron = subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "cron"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert b"ok" in _wait_http(f"http://127.0.0.1:{port}/healthz")
-        worker = subprocess.run([sys.executable, "-m", "bot.cli", "worker", "--burst"], cwd=ROOT, env=env,
-                                capture_output=True, text=True, timeout=120)
+        worker = subprocess.run(
+            [sys.executable, "-m", "bot.cli", "worker", "--burst"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert worker.returncode == 0, worker.stderr
         time.sleep(1.0)
         assert cron.poll() is None  # the scheduler keeps running

@@ -23,17 +23,40 @@ def _commands() -> list[str]:
 def _settings_in_code() -> set[str]:
     names: set[str] = set()
     for path in list((ROOT / "workers").glob("*.py")) + list((ROOT / "bot").glob("*.py")):
-        names |= set(re.findall(r"[\"'](LUCID_[A-Z0-9_]+|REDIS_URL|OLLAMA_HOST|REDIS_SERVER_BIN)[\"']", path.read_text("utf-8")))
+        names |= set(
+            re.findall(
+                r"[\"'](LUCID_[A-Z0-9_]+|REDIS_URL|OLLAMA_HOST|REDIS_SERVER_BIN)[\"']",
+                path.read_text("utf-8"),
+            )
+        )
     return names
 
 
 def test_every_command_is_in_the_readme_and_has_help() -> None:
     commands = _commands()
-    assert {"remember", "recall", "search", "import", "show", "forget", "pin", "dream", "history", "undo",
-            "doctor", "serve", "worker", "cron", "chat", "demo"} <= set(commands)
+    assert {
+        "remember",
+        "recall",
+        "search",
+        "import",
+        "show",
+        "forget",
+        "pin",
+        "dream",
+        "history",
+        "undo",
+        "doctor",
+        "serve",
+        "worker",
+        "cron",
+        "chat",
+        "demo",
+    } <= set(commands)
     for name in commands:
         assert f"lucid {name}" in README, f"`lucid {name}` is not documented in the README"
-        out = subprocess.run([sys.executable, "-m", "bot.cli", name, "--help"], cwd=ROOT, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "bot.cli", name, "--help"], cwd=ROOT, capture_output=True, text=True
+        )
         assert out.returncode == 0 and "usage: lucid" in out.stdout, name
 
 

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import ollama
@@ -137,7 +137,7 @@ class LLM:
                 model=model,
                 messages=list(messages),
                 tools=list(tools) if tools else None,
-                format=format,
+                format=cast(Any, format),
                 options=options,
                 stream=False,
             )

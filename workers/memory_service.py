@@ -163,7 +163,7 @@ class MemoryService:
     ) -> list[Scored]:
         cache = self._cache(ns)
         qvec: list[float] | None = None
-        vectors: dict[str, list[float]] | None = None
+        vectors: dict[str, Sequence[float]] | None = None
         if self.embeddings is not None and query.strip():
             qvec = self.embeddings.query(query)
             if qvec is not None:

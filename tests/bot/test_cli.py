@@ -11,12 +11,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def lucid(data: Path, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+def lucid(
+    data: Path, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("LUCID_", "REDIS_URL"))}
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "bot.cli", *args, "--data", str(data)],
-        cwd=ROOT, capture_output=True, text=True, env=full_env, input=stdin.decode() if stdin else None, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        input=stdin.decode() if stdin else None,
+        timeout=120,
     )
 
 
@@ -25,7 +32,11 @@ def test_remember_show_forget_pin_history_undo(data_dir: Path) -> None:
     assert out.returncode == 0, out.stderr
     first = json.loads(out.stdout)
     assert first["status"] == "added"
-    second = json.loads(lucid(data_dir, "remember", "我搬到西湖区了", "--json", env={"LUCID_NOW": "2026-07-01T00:00:00Z"}).stdout)
+    second = json.loads(
+        lucid(
+            data_dir, "remember", "我搬到西湖区了", "--json", env={"LUCID_NOW": "2026-07-01T00:00:00Z"}
+        ).stdout
+    )
     assert second["status"] == "superseded" and second["superseded"] == [first["id"]]
     shown = json.loads(lucid(data_dir, "show", "--json", env={"LUCID_NOW": "2026-07-02T00:00:00Z"}).stdout)
     assert [r["text"] for r in shown["results"]] == ["我搬到西湖区了"]
@@ -53,9 +64,29 @@ def test_remember_show_forget_pin_history_undo(data_dir: Path) -> None:
 
 def test_import_then_recall_and_search(data_dir: Path, tmp_path: Path) -> None:
     lines = [
-        {"kind": "message", "id": "D1:1", "ts": "2023-05-08T13:56:00Z", "speaker": "Caroline", "text": "I went to a LGBTQ support group yesterday", "session": "s1"},
-        {"kind": "message", "id": "D1:2", "ts": "2023-05-08T13:57:00Z", "speaker": "Melanie", "text": "That sounds powerful! How was it?", "session": "s1"},
-        {"kind": "fact", "id": "f1", "text": "Caroline attended an LGBTQ support group", "from": "D1:1", "hits": 2},
+        {
+            "kind": "message",
+            "id": "D1:1",
+            "ts": "2023-05-08T13:56:00Z",
+            "speaker": "Caroline",
+            "text": "I went to a LGBTQ support group yesterday",
+            "session": "s1",
+        },
+        {
+            "kind": "message",
+            "id": "D1:2",
+            "ts": "2023-05-08T13:57:00Z",
+            "speaker": "Melanie",
+            "text": "That sounds powerful! How was it?",
+            "session": "s1",
+        },
+        {
+            "kind": "fact",
+            "id": "f1",
+            "text": "Caroline attended an LGBTQ support group",
+            "from": "D1:1",
+            "hits": 2,
+        },
         {"kind": "fact", "text": "我对花生过敏", "type": "fact", "user": "bob"},
     ]
     path = tmp_path / "in.jsonl"
@@ -65,8 +96,14 @@ def test_import_then_recall_and_search(data_dir: Path, tmp_path: Path) -> None:
     summary = json.loads(out.stdout)
     assert summary["messages"] == 2 and summary["facts"] == 2 and summary["namespaces"] == 2
     hits = json.loads(lucid(data_dir, "search", "support group", "--json").stdout)["results"]
-    assert hits[0]["id"] == "D1:1" and hits[0]["speaker"] == "Caroline" and hits[0]["ts"].startswith("2023-05-08")
-    rec = json.loads(lucid(data_dir, "recall", "what support group did Caroline attend", "--json").stdout)["results"]
+    assert (
+        hits[0]["id"] == "D1:1"
+        and hits[0]["speaker"] == "Caroline"
+        and hits[0]["ts"].startswith("2023-05-08")
+    )
+    rec = json.loads(lucid(data_dir, "recall", "what support group did Caroline attend", "--json").stdout)[
+        "results"
+    ]
     assert rec[0]["id"] == "f1" and rec[0]["from"] == "D1:1"
     assert {"recency", "importance", "relevance", "score", "tier"} <= set(rec[0])
     bob = json.loads(lucid(data_dir, "recall", "花生能吃吗", "--user", "bob", "--json").stdout)["results"]
@@ -106,7 +143,12 @@ def test_oversized_entry_and_forged_metadata(data_dir: Path) -> None:
     out = lucid(data_dir, "remember", forged, "--json")
     assert json.loads(out.stdout)["status"] == "added"
     shown = json.loads(lucid(data_dir, "show", "--json").stdout)["results"]
-    assert len(shown) == 1 and shown[0]["text"] == forged and not shown[0]["pinned"] and shown[0]["type"] == "fact"
+    assert (
+        len(shown) == 1
+        and shown[0]["text"] == forged
+        and not shown[0]["pinned"]
+        and shown[0]["type"] == "fact"
+    )
 
 
 def test_secret_is_refused_with_a_clear_line(data_dir: Path) -> None:

@@ -63,7 +63,10 @@ def test_zero_evidence_is_never_returned(case: dict) -> None:
     from memory_core.entry import Entry
 
     now = parse_time(case["clock"])
-    entries = [Entry(id=c["id"], text=c["content_zh"], type=c["type"], at=now) for c in case["candidates_precomputed"]]
+    entries = [
+        Entry(id=c["id"], text=c["content_zh"], type=c["type"], at=now)
+        for c in case["candidates_precomputed"]
+    ]
     got = [s.entry.id for s in recall(entries, case["query_zh"], now, k=case["top_k"])]
     assert got == case["want_ids"]
 
@@ -78,5 +81,7 @@ def test_relevance_with_vectors_needs_vector_evidence() -> None:
     entries = [Entry(id=c["id"], text=c["content_zh"], at=now) for c in cands]
     # Unit vectors whose dot product with the query vector is exactly the scenario's cosine.
     vectors = {c["id"]: [c["vector_score"], (1 - c["vector_score"] ** 2) ** 0.5] for c in cands}
-    got = [s.entry.id for s in recall(entries, "孩子能吃花生吗", now, query_vector=[1.0, 0.0], vectors=vectors)]
+    got = [
+        s.entry.id for s in recall(entries, "孩子能吃花生吗", now, query_vector=[1.0, 0.0], vectors=vectors)
+    ]
     assert "related" in got and got[0] == "related"

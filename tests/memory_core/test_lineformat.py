@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from memory_core.entry import Entry
 from memory_core.lineformat import (
+    RawMessage,
     Unparsed,
     escape,
     parse_entry,
@@ -17,7 +18,6 @@ from memory_core.lineformat import (
     render_entry,
     render_file,
     render_raw,
-    RawMessage,
     unescape,
 )
 
@@ -71,7 +71,9 @@ def test_superseded_entry_is_struck_through_and_reads_back() -> None:
 
 
 def test_malformed_line_is_kept_verbatim_and_reported() -> None:
-    text = "## Recall\n\n- ok line <!--m:id=a1;t=fact-->\n- broken <!--m:id=a2;t=fact\n- bad <!--m:hc=lots-->\n"
+    text = (
+        "## Recall\n\n- ok line <!--m:id=a1;t=fact-->\n- broken <!--m:id=a2;t=fact\n- bad <!--m:hc=lots-->\n"
+    )
     doc = parse_file(text)
     assert [e.text for e in doc.entries()] == ["ok line"]
     problems = doc.problems()
@@ -112,8 +114,13 @@ def entries(draw: st.DrawFn) -> Entry:
         origin=draw(st.none() | meta_text),
         scope=draw(st.none() | st.just("p2p") | meta_text.map(lambda s: "g:" + s)),
         extra=tuple(
-            draw(st.lists(st.tuples(st.from_regex(r"x[a-z0-9_]{0,6}", fullmatch=True), st.text(max_size=20)),
-                          max_size=2, unique_by=lambda kv: kv[0]))
+            draw(
+                st.lists(
+                    st.tuples(st.from_regex(r"x[a-z0-9_]{0,6}", fullmatch=True), st.text(max_size=20)),
+                    max_size=2,
+                    unique_by=lambda kv: kv[0],
+                )
+            )
         ),
     )
 
@@ -145,6 +152,14 @@ def test_file_round_trip_keeps_every_entry(items: list[Entry]) -> None:
 @settings(max_examples=200)
 @given(st.text(max_size=200), st.text(max_size=30), st.text(max_size=40))
 def test_raw_line_round_trip(text: str, speaker: str, ident: str) -> None:
-    msg = RawMessage(id=ident or "m1", ts=datetime(2026, 6, 20, 9, 12, tzinfo=UTC), speaker=speaker, text=text,
-                     chat="oc_1", chat_type="group", role="user", session="s1")
+    msg = RawMessage(
+        id=ident or "m1",
+        ts=datetime(2026, 6, 20, 9, 12, tzinfo=UTC),
+        speaker=speaker,
+        text=text,
+        chat="oc_1",
+        chat_type="group",
+        role="user",
+        session="s1",
+    )
     assert parse_raw(render_raw(msg)) == msg

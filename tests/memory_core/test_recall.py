@@ -38,7 +38,13 @@ def test_importance_terms() -> None:
 
 def test_old_important_warning_is_not_buried_under_recent_chatter() -> None:
     entries = [Entry(id="allergy", text="孩子对花生过敏，千万不能吃花生", at=NOW - timedelta(days=200))]
-    chatter = ["今天吃了花生米当零食", "孩子今天去公园玩了", "晚饭吃的饺子", "孩子的作业写完了", "买了一袋零食"]
+    chatter = [
+        "今天吃了花生米当零食",
+        "孩子今天去公园玩了",
+        "晚饭吃的饺子",
+        "孩子的作业写完了",
+        "买了一袋零食",
+    ]
     entries += [Entry(id=f"c{i}", text=t, at=NOW - timedelta(days=1)) for i, t in enumerate(chatter)]
     got = [s.entry.id for s in recall(entries, "孩子能吃花生酱吗", NOW)]  # the default k (5)
     assert "allergy" in got
@@ -65,7 +71,9 @@ def test_group_sees_only_that_groups_entries() -> None:
         Entry(id="g1", text="本群的周会在周三开", scope="g:oc_1"),
         Entry(id="g2", text="另一个群的周会在周五开", scope="g:oc_2"),
     ]
-    seen = [s.entry.id for s in recall(entries, "周会什么时候开 体检结果", NOW, chat_type="group", chat="oc_1")]
+    seen = [
+        s.entry.id for s in recall(entries, "周会什么时候开 体检结果", NOW, chat_type="group", chat="oc_1")
+    ]
     assert seen == ["g1"]
     private = [s.entry.id for s in recall(entries, "周会什么时候开 体检结果", NOW, k=5)]
     assert set(private) == {"p", "g1", "g2"}
@@ -115,7 +123,11 @@ def test_resident_snapshot_order_and_budget() -> None:
         Entry(id="old", text="以前的规则", type="rule", valid_to=NOW - timedelta(days=1)),
     ]
     chosen = [e.id for e in resident_snapshot(entries, NOW, budget=800)]
-    assert chosen == ["pin", "rule", "pref"]  # the oversized one is skipped, never cut; facts are not resident
+    assert chosen == [
+        "pin",
+        "rule",
+        "pref",
+    ]  # the oversized one is skipped, never cut; facts are not resident
     assert sum(estimate_tokens(e.text) for e in resident_snapshot(entries, NOW, budget=800)) <= 800
 
 

@@ -21,4 +21,4 @@ def test_timeline_follows_the_supersede_chain() -> None:
     assert chain == ["我在余杭区", "我搬到西湖区了", "我又回到余杭区了"]
     assert lines["所在地"][0].archived and lines["所在地"][0].end == T0 + timedelta(days=20)
     assert lines["所在地"][-1].end is None
-    assert list(lines)[0] == "所在地" and "雇主" in lines
+    assert next(iter(lines)) == "所在地" and "雇主" in lines

@@ -37,7 +37,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     fast subset; `-m "slow or not slow"` runs everything."""
     if config.getoption("markexpr", ""):
         return
-    slow = [i for i in items if i.get_closest_marker("slow") and HERE in Path(str(i.fspath)).resolve().parents]
+    slow = [
+        i for i in items if i.get_closest_marker("slow") and HERE in Path(str(i.fspath)).resolve().parents
+    ]
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [i for i in items if i not in slow]
@@ -90,13 +92,28 @@ class Shared:
 
 
 @pytest.fixture(scope="session")
-def _shared(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+def _shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    from workers import embedded_redis
+
+    # Its own redis-server: a worker listens on every queue of its Redis, so two stacks on one Redis would
+    # take each other's jobs.
+    server = embedded_redis.start(tmp_path_factory.mktemp("shared-redis"), persist=False)
     model = ByText()
-    with FakeFeishu(bot_open_id=BOT) as fake, FakeOllama(responder=model) as ollama:
-        stack = Stack(tmp_path_factory.mktemp("shared"), redis_url, fake, bots=1, workers=1, ollama_url=ollama.url,
-                      chat_model=MODEL, simple_workers=True)  # fmt: skip
-        with stack:
-            yield Shared(stack, fake, ollama, model)
+    try:
+        with FakeFeishu(bot_open_id=BOT) as fake, FakeOllama(responder=model) as ollama:
+            stack = Stack(
+                tmp_path_factory.mktemp("shared"),
+                server.url,
+                fake,
+                bots=1,
+                workers=1,
+                ollama_url=ollama.url,
+                chat_model=MODEL,
+            )
+            with stack:
+                yield Shared(stack, fake, ollama, model)
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ history, and the messages Feishu received (`FakeFeishu.sent`).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -103,7 +104,19 @@ class Proc:
         return f"http://127.0.0.1:{self.port}"
 
 
-@dataclass
+_LIVE: set[Any] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """A test run interrupted mid-test must not leave bots and workers running."""
+    for stack in list(_LIVE):
+        for proc in stack.procs:
+            with contextlib.suppress(Exception):
+                Stack.kill(proc)
+
+
+@dataclass(eq=False)
 class Stack:
     """`bots` webhook processes and `workers` worker processes on one Redis, one data dir, the fakes."""
 
@@ -117,9 +130,6 @@ class Stack:
     dream_model: str | None = None
     personas: Sequence[str] = ("x", "y")
     extra_env: dict[str, str] = field(default_factory=dict)
-    # `rq worker -w rq.worker.SimpleWorker` (a real RQ worker process that runs jobs in itself) instead of
-    # `lucid worker` (RQ's forking Worker: one fork per job). Same jobs, same runtime (built from the env).
-    simple_workers: bool = False
     procs: list[Proc] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -155,9 +165,6 @@ class Stack:
         env = self.env(LUCID_PORT=str(port) if port else None)
         fh = log.open("ab")
         cmd = [PY, "-m", "bot.cli", "-v", *args]
-        if role == "worker" and self.simple_workers:
-            rq = str(Path(PY).parent / "rq")
-            cmd = [rq, "worker", "--url", self.redis_url, "-w", "rq.worker.SimpleWorker", "chat", "memory", "dream"]
         popen = subprocess.Popen(
             cmd,
             cwd=ROOT,
@@ -179,9 +186,11 @@ class Stack:
             try:
                 with socket.create_connection(("127.0.0.1", proc.port or 0), timeout=0.5):
                     break
-            except OSError:
+            except OSError as exc:
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"bot did not listen: {proc.log.read_text(errors='replace')[-2000:]}")
+                    raise AssertionError(
+                        f"bot did not listen: {proc.log.read_text(errors='replace')[-2000:]}"
+                    ) from exc
                 time.sleep(0.1)
         return proc
 
@@ -202,7 +211,9 @@ class Stack:
 
         def ready() -> bool:
             for proc in self.procs:
-                assert proc.alive or proc.popen.returncode in (-9, -15, 0), proc.log.read_text(errors="replace")[-3000:]
+                assert proc.alive or proc.popen.returncode in (-9, -15, 0), proc.log.read_text(
+                    errors="replace"
+                )[-3000:]
             return len(Worker.all(connection=self.client)) >= n
 
         assert wait_for(ready, timeout), f"{len(Worker.all(connection=self.client))}/{n} workers up"
@@ -248,6 +259,7 @@ class Stack:
         return pids
 
     def stop(self) -> None:
+        """SIGTERM (RQ's warm shutdown, aiohttp's graceful stop), then SIGKILL whatever is left of any tree."""
         for proc in self.procs:
             if proc.alive:
                 for pid in self.tree(proc):
@@ -255,14 +267,17 @@ class Stack:
                         os.kill(pid, signal.SIGCONT)  # a paused one must be able to stop
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
         for proc in self.procs:
-            try:
-                proc.popen.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill(proc)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for proc in self.procs:
+            self.kill(proc)  # no-op for those that exited; the work-horses and stragglers otherwise
+        _LIVE.discard(self)
         self.client.close()
 
     def __enter__(self) -> Stack:
+        _LIVE.add(self)
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -477,7 +492,18 @@ MARK = re.compile(r"MARK-[0-9a-f]{12}")
 
 # -- a day of traffic ---------------------------------------------------------------------------
 
-DISTRICTS = ("余杭区", "西湖区", "滨江区", "拱墅区", "上城区", "萧山区", "临平区", "钱塘区", "富阳区", "临安区")
+DISTRICTS = (
+    "余杭区",
+    "西湖区",
+    "滨江区",
+    "拱墅区",
+    "上城区",
+    "萧山区",
+    "临平区",
+    "钱塘区",
+    "富阳区",
+    "临安区",
+)
 CHITCHAT = ("你好", "谢谢", "今天天气不错", "哈哈", "早上好")
 
 

@@ -81,13 +81,24 @@ class SecretModel:
         if '"merges"' in system:
             memories = json.loads(last)["memories"]
             text = "；".join(m["text"] for m in memories) + "；" + " ".join(self.current.split())
-            return json.dumps({"merges": [{"ids": [m["id"] for m in memories], "text": text}]}, ensure_ascii=False)
+            return json.dumps(
+                {"merges": [{"ids": [m["id"] for m in memories], "text": text}]}, ensure_ascii=False
+            )
         if "profile of ONE person" in system:
             lines = [ln.split(") ", 1)[-1] for ln in last.splitlines() if ln.startswith("- (")]
             return "\n".join([*lines, " ".join(self.current.split())])
         if last in self.tool and not any(m.get("role") == "tool" for m in messages):
-            return {"content": "", "tool_calls": [{"function": {"name": "manage_memory",
-                    "arguments": {"action": "add", "text": self.tool[last]}}}]}  # fmt: skip
+            return {
+                "content": "",
+                "tool_calls": [
+                    {
+                        "function": {
+                            "name": "manage_memory",
+                            "arguments": {"action": "add", "text": self.tool[last]},
+                        }
+                    }
+                ],
+            }
         return "好的。"
 
 
@@ -140,22 +151,43 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
     stored: Counter[str] = Counter()
     people = {path: user(f"secrets-{path.replace(' ', '-')}") for path in PATHS}
     ns = {path: Namespace.of(TENANT_KEY, who.union_id, "x") for path, who in people.items()}
+    # the paths through the bot spread their messages over several people: one person's turns are answered
+    # one at a time (in order), several people's in parallel by the two workers
+    senders = {path: [user(f"secrets-{path.replace(' ', '-')}-{k}") for k in range(6)] for path in PATHS[:3]}
+
+    def entries_of(path: str) -> list[Any]:
+        return [
+            e
+            for who in senders[path]
+            for e in memory_entries(Namespace.of(TENANT_KEY, who.union_id, "x").path(data))[0]
+        ]
+
     try:
         with FakeOllama(responder=model) as ollama:
-            stack = Stack(tmp_path, server.url, feishu, bots=1, workers=2, ollama_url=ollama.url, chat_model=MODEL)
+            stack = Stack(
+                tmp_path, server.url, feishu, bots=1, workers=2, ollama_url=ollama.url, chat_model=MODEL
+            )
             assert stack.data == data  # the stack's processes share this data dir (and its embedded Redis)
             with stack:
                 base = int(time.time() * 1000)
 
                 async def send(path: str, texts: list[str]) -> list[str]:
                     events = []
-                    for i, text in enumerate(texts):
-                        ev = message_event(text, sender=people[path], create_time_ms=base + len(events) + 1000 * PATHS.index(path))
-                        feishu.note_message(ev["event"]["message"]["message_id"], ev["event"]["message"]["chat_id"])
+                    for n, text in enumerate(texts):
+                        ev = message_event(
+                            text,
+                            sender=senders[path][n % len(senders[path])],
+                            create_time_ms=base + len(events) + 100_000 * PATHS.index(path),
+                        )
+                        feishu.note_message(
+                            ev["event"]["message"]["message_id"], ev["event"]["message"]["chat_id"]
+                        )
                         events.append(ev)
-                    await converse(stack, events, concurrency=4)
+                    await converse(stack, events, concurrency=8)
                     ids = ids_of(events)
-                    assert await await_for(lambda: all(i in replies_by_parent(feishu) for i in ids), timeout=300)
+                    assert await await_for(
+                        lambda: all(i in replies_by_parent(feishu) for i in ids), timeout=300
+                    )
                     stack.settle(120)
                     return ids
 
@@ -164,25 +196,32 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
                 loop = asyncio.new_event_loop()
                 try:
                     # 1. the message itself: raw archive redacted; benign "记住…" stored as said
-                    loop.run_until_complete(send("message", [p.text for p in positives] + [f"记住{b}" for b in benign]))
-                    root = ns["message"].path(data)
-                    texts = {e.text for e in memory_entries(root)[0]}
-                    raw = {m.text for m in raw_messages(root)}
+                    loop.run_until_complete(
+                        send("message", [p.text for p in positives] + [f"记住{b}" for b in benign])
+                    )
+                    texts = {e.text for e in entries_of("message")}
+                    raw = {
+                        m.text
+                        for who in senders["message"]
+                        for m in raw_messages(Namespace.of(TENANT_KEY, who.union_id, "x").path(data))
+                    }
                     stored["message"] = sum(1 for b in benign if b in texts)
-                    stored["message (raw, unredacted)"] = sum(1 for b in benign if f"记住{' '.join(b.split())}" in raw or f"记住{b}" in raw)
+                    stored["message (raw, unredacted)"] = sum(
+                        1 for b in benign if f"记住{' '.join(b.split())}" in raw or f"记住{b}" in raw
+                    )
 
                     # 2. the model's tool call adds it
                     asks = [f"帮我记一下第{i}条" for i in range(len(cases))]
                     model.tool = dict(zip(asks, cases, strict=True))
                     loop.run_until_complete(send("tool call", asks))
-                    texts = {e.text for e in memory_entries(ns["tool call"].path(data))[0]}
+                    texts = {e.text for e in entries_of("tool call")}
                     stored["tool call"] = sum(1 for b in benign if b in texts)
 
                     # 3. background extraction returns it as a fact
                     asks = [f"记住第{i}件事：周末去爬山" for i in range(len(cases))]
                     model.extract = {f"记住第{i}件事：": c for i, c in enumerate(cases)}
                     loop.run_until_complete(send("extraction", asks))
-                    texts = {e.text for e in memory_entries(ns["extraction"].path(data))[0] if e.source == "extract"}
+                    texts = {e.text for e in entries_of("extraction") if e.source == "extract"}
                     stored["extraction"] = sum(1 for b in benign if " ".join(b.split()) in texts)
                 finally:
                     loop.close()
@@ -191,13 +230,45 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
 
             # 4. replay: one chat per case (a chunk is one chat), each returning the case as a fact
             hour_ago = datetime.now(UTC) - timedelta(hours=1)  # a second apart: see the replay watermark test
-            rows = [{"kind": "message", "id": f"rp{i}", "ts": format_time(hour_ago + timedelta(seconds=i)), "speaker": "u",
-                     "text": f"记住回放第{i}条。", "chat": f"oc_replay{i:04d}", "chat_type": "p2p"} for i in range(len(cases))]  # fmt: skip
-            (tmp_path / "replay.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+            rows = [
+                {
+                    "kind": "message",
+                    "id": f"rp{i}",
+                    "ts": format_time(hour_ago + timedelta(seconds=i)),
+                    "speaker": "u",
+                    "text": f"记住回放第{i}条。",
+                    "chat": f"oc_replay{i:04d}",
+                    "chat_type": "p2p",
+                }
+                for i in range(len(cases))
+            ]
+            (tmp_path / "replay.jsonl").write_text(
+                "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n"
+            )
             who = people["replay"]
-            subprocess.run([sys.executable, "-m", "bot.cli", "import", str(tmp_path / "replay.jsonl"), "--quiet",
-                            "--data", str(data), "--tenant", TENANT_KEY, "--user", who.union_id, "--persona", "x"],
-                           cwd=ROOT, env=clean_env(REDIS_URL=server.url), check=True, capture_output=True, timeout=300)  # fmt: skip
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "bot.cli",
+                    "import",
+                    str(tmp_path / "replay.jsonl"),
+                    "--quiet",
+                    "--data",
+                    str(data),
+                    "--tenant",
+                    TENANT_KEY,
+                    "--user",
+                    who.union_id,
+                    "--persona",
+                    "x",
+                ],
+                cwd=ROOT,
+                env=clean_env(REDIS_URL=server.url),
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
             model.extract = {f"记住回放第{i}条。": c for i, c in enumerate(cases)}
             replay_runs: list[dict[str, Any]] = []
             while len(replay_runs) < len(cases):
@@ -211,23 +282,31 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
             # 5. a deep-dream merge that slips the secret in (benign look-alikes are "invented": the cage
             #    refuses any merge that adds words, so only secrets are run through it)
             old = format_time(datetime.now(UTC) - timedelta(days=30))
-            rt.writer.submit(ns["dream merge"], [
-                Put(entry={"id": "d1", "text": "我的快递放在前台", "subject": "快递", "at": old}),
-                Put(entry={"id": "d2", "text": "我的快递要本人签收", "subject": "快递", "at": old}),
-            ])
+            rt.writer.submit(
+                ns["dream merge"],
+                [
+                    Put(entry={"id": "d1", "text": "我的快递放在前台", "subject": "快递", "at": old}),
+                    Put(entry={"id": "d2", "text": "我的快递要本人签收", "subject": "快递", "at": old}),
+                ],
+            )
             dream = Counter()
             for p in positives:
                 model.current = p.text
                 report = run_phase(rt, ns["dream merge"], "deep")
                 dream.update(report.get("rejections", {}))
-            merged = [e.text for e in rt.writer.snapshot(ns["dream merge"])[0].entries() if e.source == "dream"]
+            merged = [
+                e.text for e in rt.writer.snapshot(ns["dream merge"])[0].entries() if e.source == "dream"
+            ]
             stored["dream merge (rejected as secret)"] = dream.get("secret", 0)
 
             # 6. a profile that slips it in; look-alikes are facts of the person first, so theirs is supported
             profile = Counter()
             for i, case in enumerate(cases):
                 is_benign = i >= len(positives)
-                rt.writer.submit(ns["profile"], [Remember(text=case if is_benign else f"我的第{i}个爱好是集邮", type="fact")])
+                rt.writer.submit(
+                    ns["profile"],
+                    [Remember(text=case if is_benign else f"我的第{i}个爱好是集邮", type="fact")],
+                )
                 model.current = case
                 report = run_phase(rt, ns["profile"], "profile")
                 profile.update(report.get("rejections", {}))
@@ -252,6 +331,7 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
         server.stop()  # SHUTDOWN: Redis flushes its AOF, which is then searched too
     places = persisted(data, logs)
     owner = {who.union_id: path for path, who in people.items()}
+    owner |= {who.union_id: path for path, group in senders.items() for who in group}
     for pid, needle, where in find_secrets(places, positives):
         path = next((owner[u] for u in owner if u in where), f"shared: {where.split('/')[0]}")
         leaks.setdefault(path, []).append((pid, needle, where))
@@ -273,17 +353,21 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
         replay_runs=replay_runs,
         examples=[leak for found in leaks.values() for leak in found][:4],
     )
-    assert all(n == 0 for n in per_path.values()) and not elsewhere, {p: v[:5] for p, v in leaks.items() if v}
+    assert all(n == 0 for n in per_path.values()) and not elsewhere and not in_redis, {
+        p: v[:5] for p, v in leaks.items() if v
+    }
     for path in ("message", "tool call", "hand edit"):
         assert stored[path] == len(benign), (path, stored[path], len(benign))
 
 
-async def test_secrets_never_reach_redis_persistence(tmp_path: Path, feishu: FakeFeishu, figures: Figures) -> None:
-    """PRODUCT BUG (see docs/RELIABILITY.md): a secret typed in a message, or handed to `manage_memory` by
-    the model, is redacted before any Markdown or git write, but it reaches Redis in clear first — the
-    person's inbox entry (the message as JSON), the writer's op queue (`lucid:ops:*`: the Record and
-    Remember ops before the writer redacts or refuses them) — and so Redis's AOF. With `lucid serve` that
-    AOF is under the data directory (<data>/.redis/appendonlydir), i.e. in every backup of it."""
+async def test_secrets_never_reach_redis_persistence(
+    tmp_path: Path, feishu: FakeFeishu, figures: Figures
+) -> None:
+    """Was a product bug, found here and fixed (commit ef79454): a secret typed in a message, or handed to
+    `manage_memory` by the model, was redacted before any Markdown or git write but reached Redis in clear
+    first — the person's inbox entry (the message as JSON) and the writer's op queue (`lucid:ops:*`, the
+    Record and Remember ops before the writer redacted or refused them) — and so Redis's AOF, which
+    `lucid serve` keeps under the data directory (<data>/.redis/appendonlydir): 28 of 28 secrets."""
     from workers import embedded_redis
 
     positives = [p for p in POSITIVES if len(p.secret) >= 8][:6]
@@ -295,28 +379,34 @@ async def test_secrets_never_reach_redis_persistence(tmp_path: Path, feishu: Fak
     model.tool = dict(zip(asks, [p.text for p in positives], strict=True))
     who = user("secrets-redis")
     try:
-        with FakeOllama(responder=model) as ollama:
-            with Stack(tmp_path, server.url, feishu, bots=1, workers=1, ollama_url=ollama.url, chat_model=MODEL) as stack:
-                base = int(time.time() * 1000)
-                events = []
-                for i, text in enumerate([p.text for p in positives] + asks):
-                    ev = message_event(text, sender=who, create_time_ms=base + i)
-                    feishu.note_message(ev["event"]["message"]["message_id"], ev["event"]["message"]["chat_id"])
-                    events.append(ev)
-                await converse(stack, events, concurrency=4)
-                ids = ids_of(events)
-                assert await await_for(lambda: all(i in replies_by_parent(feishu) for i in ids), timeout=120)
-                stack.settle()
+        with (
+            FakeOllama(responder=model) as ollama,
+            Stack(
+                tmp_path, server.url, feishu, bots=1, workers=1, ollama_url=ollama.url, chat_model=MODEL
+            ) as stack,
+        ):
+            base = int(time.time() * 1000)
+            events = []
+            for i, text in enumerate([p.text for p in positives] + asks):
+                ev = message_event(text, sender=who, create_time_ms=base + i)
+                feishu.note_message(ev["event"]["message"]["message_id"], ev["event"]["message"]["chat_id"])
+                events.append(ev)
+            await converse(stack, events, concurrency=4)
+            ids = ids_of(events)
+            assert await await_for(lambda: all(i in replies_by_parent(feishu) for i in ids), timeout=120)
+            stack.settle()
     finally:
         server.stop()
     redis_files = {k: v for k, v in persisted(data, {}).items() if k.startswith(".redis")}
     found = sorted({pid for pid, _, _ in find_secrets(redis_files, positives)})
-    figures.update(secrets_sent=len(positives) * 2, found_in_redis_files=len(found), files=sorted(redis_files))
+    figures.update(
+        secrets_sent=len(positives) * 2, found_in_redis_files=len(found), files=sorted(redis_files)
+    )
     assert found == [], f"{len(found)} of {len(positives)} secrets are in clear in {sorted(redis_files)}"
 
 
 def test_secrets_fast_subset(tmp_path: Path, feishu: FakeFeishu, figures: Figures) -> None:
-    secrets_run(tmp_path, feishu, figures, every=env_int("LUCID_RELIABILITY_SECRETS_EVERY", 20))
+    secrets_run(tmp_path, feishu, figures, every=env_int("LUCID_RELIABILITY_SECRETS_EVERY", 30))
 
 
 @pytest.mark.slow

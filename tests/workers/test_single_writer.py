@@ -57,11 +57,17 @@ _WORKER = textwrap.dedent(
 
 def _spawn(code: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", code, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
-def test_four_processes_lose_no_update_and_keep_a_hand_edit(data_dir: Path, redis_client: redis.Redis, redis_url: str) -> None:
+def test_four_processes_lose_no_update_and_keep_a_hand_edit(
+    data_dir: Path, redis_client: redis.Redis, redis_url: str
+) -> None:
     procs = [_spawn(_WORKER, str(data_dir), redis_url, str(w), "250") for w in range(4)]
     memory = NS.path(data_dir) / "MEMORY.md"
     # A person edits the file while the writers run (appends a line, as an editor would save it).
@@ -86,7 +92,9 @@ def test_four_processes_lose_no_update_and_keep_a_hand_edit(data_dir: Path, redi
         assert texts.count(t) == 1
     assert "这是我亲手加的一行" in texts  # kept, never overwritten
 
-    log = subprocess.run(["git", "-C", str(NS.path(data_dir)), "log", "--format=%s"], capture_output=True, text=True).stdout
+    log = subprocess.run(
+        ["git", "-C", str(NS.path(data_dir)), "log", "--format=%s"], capture_output=True, text=True
+    ).stdout
     subjects = log.splitlines()
     assert "manual edit" in subjects
     added = sum(int(m) for m in re.findall(r"(\d+) added", log))
@@ -117,7 +125,9 @@ def test_secret_typed_into_the_file_never_reaches_git(local_writer: Writer, data
     memory.write_text(memory.read_text("utf-8") + "- 我的密码是 Xk9#mQ2!vL7p\n", "utf-8")
     local_writer.submit(NS, [Remember(text="我在余杭区")])
     assert "Xk9#mQ2!vL7p" not in memory.read_text("utf-8")
-    log = subprocess.run(["git", "-C", str(NS.path(data_dir)), "log", "-p"], capture_output=True, text=True).stdout
+    log = subprocess.run(
+        ["git", "-C", str(NS.path(data_dir)), "log", "-p"], capture_output=True, text=True
+    ).stdout
     assert "Xk9#mQ2!vL7p" not in log and "manual edit (1 secret(s) redacted)" in log
 
 
@@ -169,7 +179,9 @@ def test_sigkill_at_any_point_never_tears_a_file(data_dir: Path) -> None:
     # A fresh writer recovers whatever batch was cut short and commits it; nothing is left uncommitted.
     w = Writer(Store(data_dir))
     w.submit(NS, [Remember(text="恢复之后的第一条")])
-    status = subprocess.run(["git", "-C", str(NS.path(data_dir)), "status", "--porcelain"], capture_output=True, text=True).stdout
+    status = subprocess.run(
+        ["git", "-C", str(NS.path(data_dir)), "status", "--porcelain"], capture_output=True, text=True
+    ).stdout
     assert status.strip() == ""
     ids = [e.id for e in parse_file(memory.read_text("utf-8")).entries()]
     assert len(ids) == len(set(ids))
@@ -202,12 +214,18 @@ _PAUSED = textwrap.dedent(
 )
 
 
-def test_paused_writer_past_its_lease_cannot_overwrite(data_dir: Path, redis_client: redis.Redis, redis_url: str) -> None:
+def test_paused_writer_past_its_lease_cannot_overwrite(
+    data_dir: Path, redis_client: redis.Redis, redis_url: str
+) -> None:
     store = Store(data_dir)
     store.ensure_repo(NS)
     p = subprocess.Popen(
         [sys.executable, "-c", _PAUSED, str(data_dir), redis_url],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert p.stdout is not None and p.stdin is not None
     assert p.stdout.readline().strip() == "ready"
@@ -235,5 +253,7 @@ def test_secret_goes_to_the_encrypted_vault_when_a_key_is_set(data_dir: Path) ->
     assert all("Xk9#mQ2!vL7p" not in p.read_text(errors="replace") for p in root.rglob("*") if p.is_file())
     records = [unseal(key, line) for line in writer.store.read_vault(NS)]
     assert records[0]["text"] == "我的银行卡密码是 Xk9#mQ2!vL7p"
-    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--ignored"], capture_output=True, text=True).stdout
+    status = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--ignored"], capture_output=True, text=True
+    ).stdout
     assert ".vault/" in status  # ignored, never committed

@@ -1,0 +1,909 @@
+"""Faults survived: each test kills, pauses or breaks one real part and checks what was lost (must be
+nothing) and what the person saw.
+
+Processes are the shipped ones (`lucid bot`, `lucid worker`), signals are real (SIGKILL / SIGSTOP of the
+process group), Redis is a real redis-server (its own, with AOF, where it is restarted), Feishu and Ollama are
+the HTTP fakes driven by the real lark-oapi and ollama clients. Already covered elsewhere and not repeated:
+a local writer SIGKILLed at random points and a writer paused past its lease
+(tests/workers/test_single_writer.py), disk full in the writer (tests/reliability/test_disk_full.py), a
+dream worker killed mid-job (tests/workers/test_dreaming.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from rq import Worker
+
+from memory_core.lineformat import format_time, parse_file
+from memory_core.namespace import Namespace
+from tests.fakes.feishu import (
+    FakeFeishu,
+    chat_rate_limited,
+    delay,
+    rate_limited,
+    server_error,
+    token_invalid,
+)
+from tests.fakes.feishu_events import message_event, user
+from tests.fakes.ollama import BrokenBody, Delay, FakeOllama, Garbage, HttpError
+from tests.reliability.conftest import Figures, Shared
+from tests.reliability.harness import (
+    ROOT,
+    ByText,
+    Stack,
+    await_for,
+    chat_responder,
+    converse,
+    env_int,
+    git,
+    ids_of,
+    log_mark,
+    logs_since,
+    memory_entries,
+    ns_for,
+    raw_messages,
+    replies_by_parent,
+    reply_requests_by_parent,
+    text_of,
+)
+
+MODEL = "qwen3:4b"
+
+
+def events_for(
+    texts: list[str], who: Any, feishu: FakeFeishu, start: int | None = None
+) -> list[dict[str, Any]]:
+    clock = start if start is not None else int(time.time() * 1000)
+    out = []
+    for i, text in enumerate(texts):
+        event = message_event(text, sender=who, create_time_ms=clock + i)
+        feishu.note_message(event["event"]["message"]["message_id"], event["event"]["message"]["chat_id"])
+        out.append(event)
+    return out
+
+
+def exactly_once(feishu: FakeFeishu, ids: list[str]) -> dict[str, int]:
+    by_parent = replies_by_parent(feishu)
+    counts = Counter(len(by_parent.get(i, [])) for i in ids)
+    assert counts == Counter({1: len(ids)}), f"replies per message: {dict(counts)}"
+    return {"answered_once": len(ids)}
+
+
+def recorded_once(stack: Stack, who: Any, ids: list[str], persona: str = "x") -> None:
+    seen = Counter(m.id for m in raw_messages(ns_for(who.union_id, persona).path(stack.data)))
+    assert all(seen[i] == 1 for i in ids), {i: seen[i] for i in ids if seen[i] != 1}
+
+
+def memory_texts(stack: Stack, who: Any, persona: str = "x") -> Counter[str]:
+    entries, archived, problems = memory_entries(ns_for(who.union_id, persona).path(stack.data))
+    assert problems == []
+    return Counter(e.text for e in entries + archived)
+
+
+def worker_running(stack: Stack, client: redis.Redis) -> int:
+    """The pid of the worker process (group leader) that is running a chat job right now."""
+    for w in Worker.all(connection=client):
+        if w.get_current_job_id():
+            return int(w.pid)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ processes
+
+
+async def test_a_bot_process_sigkilled_under_traffic_loses_nothing(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, feishu: FakeFeishu, figures: Figures
+) -> None:
+    people = [user(f"botkill-{i}") for i in range(20)]
+    rng = random.Random(3)
+    texts = []
+    clock = int(time.time() * 1000)
+    events = []
+    for i in range(40):
+        who = people[i % len(people)]
+        text = f"记住我的第{i}号书签是{''.join(chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(8))}"
+        texts.append((who, text))
+        events.append(events_for([text], who, feishu, clock + i)[0])
+    with Stack(tmp_path, redis_url, feishu, bots=2, workers=1) as stack:
+        stream = asyncio.create_task(converse(stack, events, concurrency=8, pace=0.04))
+        await asyncio.sleep(1.2)
+        victim = stack.bots_by_index(0)
+        stack.kill(victim)  # SIGKILL, mid-traffic: requests in flight to it are cut
+        await asyncio.sleep(1.0)
+        await asyncio.get_running_loop().run_in_executor(None, stack.start_bot)  # restarted, as compose does
+        attempts = await stream
+        assert await await_for(lambda: len(replies_by_parent(feishu)) >= len(events), timeout=120)
+        stack.settle()
+        ids = ids_of(events)
+        figures.update(**exactly_once(feishu, ids))
+        for who in people:
+            mine = [e for (w, _), e in zip(texts, events, strict=True) if w is who]
+            recorded_once(stack, who, ids_of(mine))
+            stored = memory_texts(stack, who)
+            for w, text in texts:
+                if w is who:
+                    assert stored[text[2:]] == 1, text
+    failed = [a for tries in attempts for a in tries if a[0] != 200]
+    figures.update(
+        messages=len(events),
+        deliveries=sum(len(t) for t in attempts),
+        refused_or_cut_deliveries=len(failed),
+        redelivered_messages=sum(1 for t in attempts if len(t) > 1),
+        lost=0,
+        user_saw="every message answered once; messages in flight to the killed replica answered after "
+        "Feishu's redelivery to the other replica",
+    )
+
+
+@pytest.mark.slow
+async def test_a_worker_sigkilled_mid_turn_is_redone_by_the_next_message(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, feishu: FakeFeishu, figures: Figures
+) -> None:
+    """The worker dies while the model is thinking about message 1; the person's next message finds
+    message 1 still in their inbox and both are answered, once each, in order."""
+    who = user("workerkill")
+    with FakeOllama(responder=chat_responder(slow_once=["慢跑"], delay=60)) as ollama:
+        stack = Stack(tmp_path, redis_url, feishu, bots=1, workers=2, ollama_url=ollama.url, chat_model=MODEL)
+        with stack:
+            one, two = events_for(["记住我喜欢慢跑的时候听播客", "我在哪"], who, feishu)
+            await converse(stack, [one])
+            assert await await_for(lambda: len(ollama.chat_requests) >= 1, timeout=60)
+            pid = worker_running(stack, redis_client)
+            [victim] = [p for p in stack.procs if p.popen.pid == pid]
+            stack.kill(victim)  # the worker and its work-horse, mid-turn
+            killed = time.time()
+            await converse(stack, [two])
+            ids = ids_of([one, two])
+            assert await await_for(lambda: all(i in replies_by_parent(feishu) for i in ids), timeout=90)
+            stack.settle()
+            recovered = max(m.time for i in ids for m in replies_by_parent(feishu)[i]) - killed
+            figures.update(**exactly_once(feishu, ids))
+            by_parent = replies_by_parent(feishu)
+            assert by_parent[ids[0]][0].time < by_parent[ids[1]][0].time  # in order
+            recorded_once(stack, who, ids)
+            assert memory_texts(stack, who)["我喜欢慢跑的时候听播客"] == 1
+            stuck = [r for r in feishu.reactions if r.message_id == ids[0] and not r.deleted]
+    figures.update(
+        recovered_after_s=round(recovered, 1),
+        lost=0,
+        thinking_reactions_left_on_the_message=len(stuck),
+        user_saw=f"both answered in order, {recovered:.0f} s after the kill (the turn lease expires after "
+        f"15 s); {len(stuck)} 'thinking' reaction(s) of the killed attempt left on the message",
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug, see docs/RELIABILITY.md: a killed turn waits for the person's next message",
+)
+async def test_a_worker_sigkilled_mid_turn_is_answered_without_a_next_message(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, feishu: FakeFeishu, figures: Figures
+) -> None:
+    """PRODUCT BUG (see docs/RELIABILITY.md): a message whose worker was SIGKILLed mid-turn is answered
+    only when the same person writes again. Its job is abandoned (RQ moves it to the failed registry at the
+    next maintenance, without retry) and nothing else drains that person's inbox."""
+    who = user("workerkill-alone")
+    with FakeOllama(responder=chat_responder(slow_once=["慢跑"], delay=60)) as ollama:
+        stack = Stack(tmp_path, redis_url, feishu, bots=1, workers=1, ollama_url=ollama.url, chat_model=MODEL)
+        with stack:
+            [one] = events_for(["记住我喜欢慢跑的时候听播客"], who, feishu)
+            await converse(stack, [one])
+            assert await await_for(lambda: len(ollama.chat_requests) >= 1, timeout=60)
+            [victim] = stack.live_workers
+            stack.kill(victim)
+            stack.start_worker()  # a replacement comes up at once (docker compose restarts it)
+            answered = await await_for(lambda: ids_of([one])[0] in replies_by_parent(feishu), timeout=60)
+            figures.update(answered_within_60_s=answered)
+    assert answered, "the message of the killed turn was never answered (nobody wrote again)"
+
+
+@pytest.mark.slow
+async def test_a_worker_paused_past_its_leases_wakes_up_without_a_second_post(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, feishu: FakeFeishu, figures: Figures
+) -> None:
+    """SIGSTOP of a worker (and its work-horse) mid-turn for 20 s, past the 15 s turn lease and the 10 s
+    writer lease; the other worker answers the person meanwhile; then SIGCONT. The paused turn finishes
+    its work late: its reply carries the same uuid (Feishu posts nothing new), its archive record and its
+    memory write are no-ops. (A writer paused past its lease mid-write is refused by the fencing token:
+    tests/workers/test_single_writer.py::test_paused_writer_past_its_lease_cannot_overwrite.)"""
+    who = user("paused-worker")
+    model = ByText()
+    with FakeOllama(responder=model) as ollama:
+        stack = Stack(tmp_path, redis_url, feishu, bots=1, workers=2, ollama_url=ollama.url, chat_model=MODEL)
+        with stack:
+            one, two = events_for(["记住我喜欢慢跑的时候听播客", "我喜欢什么"], who, feishu)
+            model.add("记住我喜欢慢跑的时候听播客", Delay(3.0, "好的，记住了（第一次）"))
+            await converse(stack, [one])
+            assert await await_for(lambda: len(ollama.chat_requests) >= 1, timeout=60)
+            pid = worker_running(stack, redis_client)
+            [paused] = [p for p in stack.procs if p.popen.pid == pid]
+            stack.kill(paused, signal.SIGSTOP)
+            await converse(stack, [two])
+            ids = ids_of([one, two])
+            answered = await await_for(lambda: all(i in replies_by_parent(feishu) for i in ids), timeout=60)
+            await asyncio.sleep(max(0.0, 20 - 15))
+            stack.kill(paused, signal.SIGCONT)
+            assert answered
+            await await_for(lambda: reply_requests_by_parent(feishu)[ids[0]] >= 2, timeout=30)
+            await asyncio.sleep(2)
+            stack.settle()
+            figures.update(**exactly_once(feishu, ids))
+            recorded_once(stack, who, ids)
+            assert memory_texts(stack, who)["我喜欢慢跑的时候听播客"] == 1
+            requests = reply_requests_by_parent(feishu)[ids[0]]
+            first = text_of(replies_by_parent(feishu)[ids[0]][0])
+    figures.update(
+        reply_requests_for_the_paused_message=requests,
+        posts_saved_by_the_uuid=requests - 1,
+        user_saw=f"one answer ({first!r}), from the worker that took over",
+    )
+
+
+_SUBMITTER = textwrap.dedent(
+    """
+    import json, sys, random
+    from pathlib import Path
+    import redis
+    from memory_core.namespace import Namespace
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+    data, url, who, start, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    client = redis.Redis.from_url(url)
+    writer = Writer(Store(Path(data)), RedisLocker(client), RedisOpQueue(client))
+    ns = Namespace.of("t", "shared", "p")
+    rng = random.Random(who)
+    texts = ["".join(chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(10)) for _ in range(3 * (start + n))]
+    for i in range(start, start + n):
+        ops = [Remember(text=f"{who}{i:04d}{texts[3 * i + k]}") for k in range(3)]
+        out = writer.submit(ns, ops, timeout=120)
+        print(json.dumps([i, [o.status for o in out]]), flush=True)
+    """
+)
+
+
+def test_a_writer_sigkilled_mid_batch_loses_no_acknowledged_op(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, figures: Figures
+) -> None:
+    """Three processes write one namespace through the shared Redis op queue (whoever holds the lease
+    applies everyone's pending ops); one of them is SIGKILLed again and again, often while it holds the
+    lease in the middle of a batch. Every acknowledged op is in MEMORY.md once; none is there twice; the
+    files always parse; the others never time out."""
+    data = tmp_path / "data"
+    ns = Namespace.of("t", "shared", "p")
+    per, rounds, kills, cut = 12, 3, 0, 0
+    rng = random.Random(11)
+
+    def spawn(who: str, start: int, n: int) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", _SUBMITTER, str(data), redis_url, who, str(start), str(n)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    acked: dict[str, set[int]] = {"A": set(), "B": set(), "C": set()}
+    survivors = [spawn("A", 0, per * rounds), spawn("B", 0, per * rounds)]
+    started = time.monotonic()
+    next_c = 0
+    while next_c < per * rounds:
+        victim = spawn("C", next_c, per * rounds - next_c)
+        time.sleep(0.3 + rng.random() * 0.7)
+        victim.kill()
+        kills += 1
+        cut += (ns.path(data) / ".lucid" / "journal.json").exists()  # a batch cut between write and commit
+        out, _ = victim.communicate()
+        done = [json.loads(line)[0] for line in out.splitlines() if line.startswith("[")]
+        acked["C"].update(done)
+        next_c = max(done, default=next_c - 1) + 1
+        memory = ns.path(data) / "MEMORY.md"
+        if memory.exists():
+            assert parse_file(memory.read_text("utf-8")).problems() == []
+    for name, proc in zip("AB", survivors, strict=True):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        for line in out.splitlines():
+            i, statuses = json.loads(line)
+            assert statuses == ["added"] * 3, statuses
+            acked[name].add(i)
+    texts = Counter(e.text for e in parse_file((ns.path(data) / "MEMORY.md").read_text("utf-8")).entries())
+    assert max(texts.values()) == 1  # nothing applied twice
+    rng_texts = {
+        who: ["".join(chr(r.randint(0x4E00, 0x9FA5)) for _ in range(10)) for _ in range(3 * per * rounds)]
+        for who, r in ((w, random.Random(w)) for w in "ABC")
+    }
+    missing = [
+        (who, i)
+        for who, done in acked.items()
+        for i in done
+        for k in range(3)
+        if texts[f"{who}{i:04d}{rng_texts[who][3 * i + k]}"] != 1
+    ]
+    assert missing == []
+    assert git(ns.path(data), "status", "--porcelain").strip() == ""
+    figures.update(
+        writers=3,
+        sigkills=kills,
+        kills_that_left_a_batch_journal=cut,
+        acknowledged_ops=sum(len(v) for v in acked.values()) * 3,
+        lost=0,
+        applied_twice=0,
+        seconds=round(time.monotonic() - started, 1),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+async def test_redis_sigkilled_and_restarted_under_load(
+    tmp_path: Path, feishu: FakeFeishu, figures: Figures
+) -> None:
+    """Our own redis-server with AOF (the embedded default), SIGKILLed while two bots and two workers are
+    busy, restarted 3 s later on the same socket. Feishu keeps redelivering what got no 200."""
+    from workers import embedded_redis
+
+    server = embedded_redis.start(tmp_path / "redis", persist=True)
+    people = [user(f"redis-restart-{i}") for i in range(30)]
+    rng = random.Random(8)
+    base = int(time.time() * 1000)
+    events, facts = [], {}
+    for i in range(env_int("LUCID_RELIABILITY_REDIS_RESTART_MESSAGES", 100)):
+        who = people[i % len(people)]
+        fact = "".join(chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(10))
+        [event] = events_for([f"记住{fact}"], who, feishu, base + i)
+        facts[ids_of([event])[0]] = (who, fact)
+        events.append(event)
+    try:
+        stack = Stack(tmp_path, server.url, feishu, bots=2, workers=2)
+        with stack:
+            stream = asyncio.create_task(converse(stack, events, concurrency=8, pace=0.05))
+            await asyncio.sleep(2.5)
+            assert server.process is not None
+            server.process.kill()  # SIGKILL: no shutdown, no final AOF rewrite
+            server.process.wait()
+            killed = time.time()
+            await asyncio.sleep(3)
+            server = embedded_redis.start(tmp_path / "redis", persist=True)  # same socket, AOF replayed
+            restarted = time.time()
+            restarts = 0
+
+            def supervised() -> bool:  # compose's restart policy, while we wait
+                nonlocal restarts
+                restarts += stack.restart_dead_workers()
+                return all(i in replies_by_parent(feishu) for i in ids)
+
+            ids = ids_of(events)
+            attempts = await stream
+            done = await await_for(supervised, timeout=120, poll=0.5)
+            dead = [p.role for p in stack.procs if p.replaced]
+            stack.settle(60)
+            by_parent = replies_by_parent(feishu)
+            unanswered = [i for i in ids if i not in by_parent]
+            sorry = [i for i in ids if i in by_parent and "出了点问题" in text_of(by_parent[i][0])]
+            figures.update(
+                messages=len(events),
+                deliveries=sum(len(a) for a in attempts),
+                refused_503_or_cut=sum(1 for a in attempts for x in a if x[0] != 200),
+                outage_s=round(restarted - killed, 1),
+                processes_that_exited=dead,
+                restarted_by_the_supervisor=restarts,
+                unanswered=len(unanswered),
+                answered_with_an_apology=len(sorry),
+            )
+            assert done, f"{len(unanswered)} messages never answered"
+            figures.update(**exactly_once(feishu, ids))
+            lost = []
+            for mid, (who, fact) in facts.items():
+                if mid in sorry:
+                    continue  # the person was told it failed
+                if memory_texts(stack, who)[fact] != 1:
+                    lost.append(fact)
+            figures.update(facts_lost_after_a_confirmation=len(lost))
+            assert lost == []
+            for who in people:
+                mine = [m for m, (w, _) in facts.items() if w is who and m not in sorry]
+                recorded_once(stack, who, mine)
+    finally:
+        server.stop()
+
+
+_DISK_FULL = textwrap.dedent(
+    """
+    import json, os, random, subprocess, sys
+    from pathlib import Path
+    data, py = Path(sys.argv[1]), sys.executable
+    rng = random.Random(5)
+    lines = ["记住" + "".join(chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(400)) for _ in range(60)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LUCID_", "REDIS_URL"))}
+    def chat(text):
+        out = subprocess.run([py, "-m", "bot.cli", "chat", "--data", str(data), "--user", "u", "--json"],
+                             input=text, capture_output=True, text=True, env=env, timeout=600)
+        return [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")], out.returncode
+    replies, code = chat("\\n".join(lines) + "\\n")
+    root = data / "default/u/default"
+    memory = (root / "MEMORY.md").read_text("utf-8")
+    temps = [str(p) for p in root.rglob("*.tmp")]
+    (data / "filler").unlink()
+    after, code2 = chat("记住空间释放之后的第一条\\n")
+    final = (root / "MEMORY.md").read_text("utf-8")
+    print(json.dumps({"lines": lines, "replies": replies, "code": code, "memory": memory, "temps": temps,
+                      "after": after, "final": final}, ensure_ascii=False))
+    """
+)
+
+
+def test_disk_full_during_a_conversation(tmp_path: Path, figures: Figures) -> None:
+    """`lucid chat` (the same turn as a Feishu message) on a 1.5 MB tmpfs that fills up: every message
+    gets an answer, an acknowledged memory is never lost, nothing is torn, and it works again once space
+    is freed. (The writer alone: tests/reliability/test_disk_full.py.)"""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.fail("needs util-linux's `unshare` to mount a private tmpfs")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    script = tmp_path / "chat.py"
+    script.write_text(_DISK_FULL)
+    inner = f"mount -t tmpfs -o size=1500k tmpfs {mnt} && head -c 600000 /dev/zero > {mnt}/filler && {sys.executable} {script} {mnt}"
+    args = [unshare, "--mount", "--propagation", "private"]
+    if os.getuid() != 0:
+        args.insert(1, "--map-root-user")
+    out = subprocess.run(
+        [*args, "sh", "-c", inner],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(r["replies"]) == len(r["lines"])  # every message answered
+    remembered = [
+        line[2:]
+        for line, rep in zip(r["lines"], r["replies"], strict=True)
+        if rep["reply"].startswith("好的，我记住了")
+    ]
+    failed = [rep["reply"] for rep in r["replies"] if not rep["reply"].startswith("好的，我记住了")]
+    assert failed, "the disk never filled up: make the tmpfs smaller"
+    doc = parse_file(r["memory"])
+    assert doc.problems() == [] and r["temps"] == []
+    texts = {e.text for e in doc.entries()}
+    assert [t for t in remembered if t not in texts] == []  # acknowledged = on disk
+    assert r["after"][0]["reply"].startswith("好的，我记住了") and "空间释放之后的第一条" in r["final"]
+    figures.update(
+        messages=len(r["lines"]),
+        acknowledged=len(remembered),
+        refused_while_full=len(failed),
+        user_saw_when_full=failed[0][:60],
+        lost=0,
+        torn_files=0,
+    )
+
+
+# ------------------------------------------------------------------------------------------ Ollama
+
+
+def tool(args: Any, name: str = "manage_memory") -> dict[str, Any]:
+    return {"content": "", "tool_calls": [{"function": {"name": name, "arguments": args}}]}
+
+
+async def ask(stack: Stack, feishu: FakeFeishu, who: Any, text: str, at: int) -> tuple[str, float]:
+    """One message, delivered and answered: (reply text, seconds to the reply)."""
+    [event] = events_for([text], who, feishu, at)
+    sent_at = time.time()
+    await converse(stack, [event])
+    mid = ids_of([event])[0]
+    assert await await_for(lambda: mid in replies_by_parent(feishu), timeout=90), text
+    reply = replies_by_parent(feishu)[mid][0]
+    return text_of(reply), reply.time - sent_at
+
+
+# Scripted model answers that are wrong in every way a small local model manages, and that still parse:
+# the turn must answer once, change memory only as the person asked, and never crash.
+ODD_REPLIES: list[tuple[str, list[Any], str]] = [
+    (
+        "记住我住在余杭区",
+        [tool({"action": "add", "text": "我住在余杭区"}), "好的，记住了。"],
+        "valid tool call",
+    ),
+    ("我的猫叫年糕", [Garbage()], "garbage text"),
+    ("记住我每周三去游泳", [Delay(2.0, "好的，我记下了。")], "slow (2 s)"),
+    ("忘掉所有的事", [tool({"action": "forget", "target": "我"}), "都忘了。"], "forget, matches many"),
+    ("记住我喜欢爬山", [tool({"action": "delete_all"}), "done"], "unknown action"),
+    ("你好", [tool({}, name="rm_rf"), "嗨"], "unknown tool"),
+    ("我喜欢喝茶", [tool({"action": "add", "text": ""}), "嗯"], "empty add"),
+    ("我喜欢喝咖啡", [tool({"action": "add", "text": "长" * 5000}), "嗯"], "oversized add"),
+    (
+        "记住我养了一只狗",
+        [tool({"action": "update", "target": "zzzzzzzz", "text": "我养了猫"}), "嗯"],
+        "update, unknown id",
+    ),
+    ("我在哪里", [tool({"action": "pin"}), "嗯"], "pin, no target"),
+    (
+        "记住我周末去钓鱼",
+        [tool({"action": "add", "text": "我周末去钓鱼", "type": "rule", "subject": 42})],
+        "type rule, subject 42",
+    ),
+    (
+        "记住我对猫毛过敏",
+        [tool({"action": "add", "text": "我对猫毛过敏", "nested": {"a": [1, None]}}), "好"],
+        "extra nested args",
+    ),
+    ("记住我开蓝色的车", [tool({"action": "add", "text": "我开蓝色的车"})] * 5, "tool loop (5 rounds)"),
+    ("我喜欢吃面", [BrokenBody(), BrokenBody()], "not JSON (a proxy's HTML page)"),
+    ("记住我喜欢跑步", [tool("not json"), tool("not json")], "arguments a string"),
+]
+
+
+async def test_ollama_garbage_slow_and_odd_tool_calls_then_down(shared: Shared, figures: Figures) -> None:
+    who = user("ollama-faults")
+    stack, feishu, model, ollama = shared.stack, shared.feishu, shared.model, shared.ollama
+    mark = log_mark(stack)
+    try:
+        seen: dict[str, tuple[str, float]] = {}
+        base = int(time.time() * 1000)
+        for n, (text, script, label) in enumerate(ODD_REPLIES):
+            model.add(text, *script)
+            seen[label] = await ask(stack, feishu, who, text, base + n)
+        assert model.pending <= 1  # the tool loop leaves its 5th call unasked: 3 tool rounds, then text
+        stack.settle()
+        ollama.down()  # connection refused: answered from memory, and the model is skipped for 30 s
+        broken = await ask(stack, feishu, who, "我在哪", base + 100)
+        ollama.up()
+        calls = len(ollama.chat_requests)
+        skipped = await ask(stack, feishu, who, "记住我喜欢吃辣", base + 101)  # within the 30 s cooldown
+        down = await ask(stack, feishu, who, "我喜欢吃什么", base + 102)
+        calls_during_cooldown = len(ollama.chat_requests) - calls
+        stack.settle()
+        logs = logs_since(stack, mark)
+        texts = memory_texts(stack, who)
+    finally:
+        ollama.up()
+    assert "Traceback" not in logs, logs[logs.find("Traceback") - 500 :][:3000]
+    assert "余杭区" in broken[0] and "暂时不可用" in broken[0], broken  # answered from memory, and said so
+    assert "我记住了" in skipped[0] and calls_during_cooldown == 0, skipped
+    assert "辣" in down[0] and "暂时不可用" in down[0] and calls_during_cooldown == 0, down
+    for must in (
+        "我住在余杭区",
+        "我每周三去游泳",
+        "我周末去钓鱼",
+        "我对猫毛过敏",
+        "我开蓝色的车",
+        "我喜欢吃辣",
+        "我喜欢跑步",
+    ):
+        assert texts[must] == 1, (must, sorted(texts))
+    assert not any(len(t) > 2000 for t in texts) and all(n == 1 for n in texts.values())
+    [fishing] = [
+        e for e in memory_entries(ns_for(who.union_id).path(stack.data))[0] if e.text == "我周末去钓鱼"
+    ]
+    assert fishing.type != "rule"  # the model may not mint rules
+    figures.update(
+        cases=len(ODD_REPLIES) + 3,
+        user_saw={label: text[:50] for label, (text, _) in seen.items()}
+        | {
+            "http 5xx": broken[0][:50],
+            "during the 30 s cooldown": skipped[0][:50],
+            "connection refused": down[0][:50],
+        },
+        slowest_reply_s=round(max(s for _, s in seen.values()), 1),
+        model_calls_skipped_during_cooldown=True,
+        memory_after=sorted(texts),
+        lost=0,
+    )
+
+
+async def test_one_malformed_tool_call_does_not_switch_the_model_off_for_everyone(
+    shared: Shared, figures: Figures
+) -> None:
+    """Was a product bug, found here and fixed (commit 6fb164f, LLMBadOutput): a tool call the ollama client
+    cannot parse (arguments a string) raised a pydantic ValidationError, a ValueError, which `workers.llm`
+    turned into LLMUnavailable; the turn then set the global `llm-down` flag and every person's turns
+    skipped the model for 30 s, although the server was up and answered in milliseconds."""
+    alice, bob = user("malformed-a"), user("malformed-b")
+    stack, feishu, model = shared.stack, shared.feishu, shared.model
+    base = int(time.time() * 1000)
+    model.add("记住我喜欢跑步", tool("not json"), tool("not json"))  # the same answer on the retry
+    first = await ask(stack, feishu, alice, "记住我喜欢跑步", base)
+    model.add("你好", "你好呀，Bob！")
+    second = await ask(stack, feishu, bob, "你好", base + 1)
+    texts = memory_texts(stack, alice)
+    figures.update(alice_saw=first[0][:60], bob_saw=second[0][:60])
+    assert texts["我喜欢跑步"] == 1  # the safety net stored it anyway
+    assert second[0] == "你好呀，Bob！", f"Bob got a memory-only answer: {second[0]!r}"
+
+
+@pytest.mark.xfail(
+    strict=True, reason="known bug, see docs/RELIABILITY.md: extraction stores the model's chatter"
+)
+async def test_extraction_stores_facts_not_the_models_chatter(shared: Shared, figures: Figures) -> None:
+    """PRODUCT BUG (see docs/RELIABILITY.md): background extraction asks for `[subject] fact` lines or NONE,
+    but `memory_core.dream_replay.parse_facts` takes any line as a fact. A chatty model's "好的，我明白了。",
+    a qwen3-style `<think>…</think>` line, or broken output become memories — the broken one typed
+    `instruction`, i.e. resident, in every prompt from then on."""
+    who = user("extraction-chatter")
+    answers = {
+        "记住我喜欢爬山": "好的，我明白了。",
+        "记住我每天跑步五公里": "<think>用户在说运动习惯</think>\n[运动] 我每天跑步五公里",
+        "记住我在学日语": '{"action": "add", "text": "记住我喜欢\x00 <|im_end|>',
+    }
+    stack, feishu = shared.stack, shared.feishu
+    shared.model.extractions.update(answers)
+    base = int(time.time() * 1000)
+    for n, text in enumerate(answers):
+        await ask(stack, feishu, who, text, base + n)
+    stack.settle()
+    entries = memory_entries(ns_for(who.union_id).path(stack.data))[0]
+    extracted = [(e.text, e.type) for e in entries if e.source == "extract"]
+    figures.update(extracted=extracted)
+    junk = [t for t, _ in extracted if "好的" in t or "<think>" in t or "im_end" in t or "action" in t]
+    assert junk == [], f"extraction stored the model's chatter as memories: {junk}"
+
+
+@pytest.mark.slow
+async def test_ollama_http_5xx_then_back_after_the_cooldown(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, feishu: FakeFeishu, figures: Figures
+) -> None:
+    """5xx twice (the client retries once): answered from memory; 31 s later the model is asked again."""
+    who = user("ollama-500")
+    model = ByText()
+    with FakeOllama(responder=model) as ollama:
+        stack = Stack(tmp_path, redis_url, feishu, bots=1, workers=1, ollama_url=ollama.url, chat_model=MODEL)
+        with stack:
+            base = int(time.time() * 1000)
+            seen = {}
+            await ask(stack, feishu, who, "记住我住在拱墅区", base)
+            model.add("我在哪", HttpError(500), HttpError(503, "overloaded"))
+            seen["http 500 then 503"] = await ask(stack, feishu, who, "我在哪", base + 1)
+            await asyncio.sleep(31)
+            model.add("我在哪儿", "拱墅区，对吧？")
+            seen["back up"] = await ask(stack, feishu, who, "我在哪儿", base + 3)
+    assert all("拱墅区" in text for text, _ in seen.values()), seen
+    assert "暂时不可用" in seen["http 500 then 503"][0]
+    assert seen["back up"][0] == "拱墅区，对吧？"
+    figures.update(
+        user_saw={k: v[0][:60] for k, v in seen.items()}, seconds={k: round(v[1], 1) for k, v in seen.items()}
+    )
+
+
+@pytest.mark.slow
+async def test_ollama_slower_than_the_turn_budget(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, feishu: FakeFeishu, figures: Figures
+) -> None:
+    """A model that takes 60 s: the turn gives up at its 45 s budget and answers from memory, and the next
+    turns skip the model for 30 s instead of waiting again."""
+    who = user("ollama-slow")
+    model = ByText()
+    with FakeOllama(responder=model) as ollama:
+        stack = Stack(tmp_path, redis_url, feishu, bots=1, workers=1, ollama_url=ollama.url, chat_model=MODEL)
+        with stack:
+            first, second = events_for(["记住我住在西湖区", "我在哪"], who, feishu)
+            model.add("记住我住在西湖区", Delay(60, "太慢了"))
+            t0 = time.time()
+            await converse(stack, [first])
+            assert await await_for(lambda: ids_of([first])[0] in replies_by_parent(feishu), timeout=120)
+            t1 = time.time()
+            await converse(stack, [second])
+            assert await await_for(lambda: ids_of([second])[0] in replies_by_parent(feishu), timeout=60)
+            t2 = time.time()
+            by = replies_by_parent(feishu)
+            a, b = text_of(by[ids_of([first])[0]][0]), text_of(by[ids_of([second])[0]][0])
+    assert "西湖区" in a and "西湖区" in b and "暂时不可用" in b
+    figures.update(first_reply_s=round(t1 - t0, 1), next_reply_s=round(t2 - t1, 1), replies=[a, b])
+
+
+@pytest.mark.xfail(
+    strict=True, reason="known bug, see docs/RELIABILITY.md: replay's watermark stalls on shared timestamps"
+)
+def test_replay_after_an_import_with_shared_timestamps_makes_progress(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, figures: Figures
+) -> None:
+    """PRODUCT BUG (see docs/RELIABILITY.md): replay's budget is 8 calls a run; when it stops early its
+    watermark becomes "one second before the first unread chunk". Messages imported with minute-resolution
+    timestamps (a chat export, LoCoMo) share that second with the chunks already read, so every run reads
+    the same 8 chunks again and the rest is never replayed."""
+    from workers.dreaming import run_phase
+    from workers.runtime import build
+    from workers.settings import Settings
+
+    data = tmp_path / "data"
+    ts = format_time(datetime.now(UTC) - timedelta(hours=2))
+    rng = random.Random(12)
+    facts = ["".join(chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(10)) for _ in range(12)]
+    rows = [
+        {
+            "kind": "message",
+            "id": f"exp{i}",
+            "ts": ts,
+            "speaker": "u",
+            "text": f"记住{fact}",
+            "chat": f"oc_export{i:02d}",
+            "chat_type": "p2p",
+        }
+        for i, fact in enumerate(facts)
+    ]
+    (tmp_path / "export.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bot.cli",
+            "import",
+            str(tmp_path / "export.jsonl"),
+            "--quiet",
+            "--data",
+            str(data),
+            "--user",
+            "exporter",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    ns = Namespace.of("default", "exporter", "default")
+
+    def respond(body: dict[str, Any]) -> str:
+        asked = str(body["messages"][-1]["content"]).split("\n", 1)[-1]
+        return f"[user] {asked.removeprefix('记住')}" if asked.startswith("记住") else "NONE"
+
+    with FakeOllama(responder=respond) as ollama:
+        rt = build(Settings(data_dir=data, dream_model=MODEL, ollama_host=ollama.url), redis_url)
+        runs = [run_phase(rt, ns, "replay")["counts"] for _ in range(3)]
+        texts = {e.text for e in rt.writer.snapshot(ns)[0].entries() if e.source == "replay"}
+    figures.update(runs=runs, replayed=len(texts), messages=len(rows), model_calls=len(ollama.chat_requests))
+    assert len(texts) == len(rows), f"{len(texts)}/{len(rows)} messages replayed after 3 runs"
+
+
+# ------------------------------------------------------------------------------------------ Feishu
+
+
+async def test_feishu_429_5xx_expired_token_and_timeouts(shared: Shared, figures: Figures) -> None:
+    """The open API fails in each documented way, one failure at a time: every message is answered exactly
+    once (retries reuse the uuid), nothing is lost from memory or the archive. (Several failures in a row
+    for one reply: the next test.)"""
+    people = [user(f"feishu-faults-{i}") for i in range(2)]
+    stack, feishu = shared.stack, shared.feishu
+    requests_before = reply_requests_by_parent(feishu)
+    tokens_before = feishu.token_fetches
+    faults: list[tuple[str, str, Any]] = [
+        ("reply 429 (99991400)", "reply", rate_limited(reset_seconds=1)),
+        ("reply 230020 (chat limit)", "reply", chat_rate_limited()),
+        ("reply 502 HTML page", "reply", server_error(502)),
+        ("reply 503", "reply", server_error(503, text="upstream connect error")),
+        ("reply 99991663 (token)", "reply", token_invalid()),
+        ("reply 99991400 with HTTP 200", "reply", rate_limited(reset_seconds=0, status=200)),
+        ("reaction 500", "reaction_create", server_error(500)),
+        ("token endpoint 502", "token", server_error(502)),
+        ("every cached token expired", "", None),
+    ]
+    rng = random.Random(24)
+    events, seen = [], {}
+    base = int(time.time() * 1000)
+    for i, (label, endpoint, fault) in enumerate(faults):
+        who = people[i % 2]
+        wish = "".join(chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(8))
+        [event] = events_for([f"记住我的愿望是{wish}"], who, feishu, base + i)
+        if fault is None:
+            feishu.expire_tokens()  # every cached tenant token is now invalid (99991663)
+        else:
+            feishu.fail(endpoint, fault)
+        await converse(stack, [event])
+        mid = ids_of([event])[0]
+        assert await await_for(lambda mid=mid: mid in replies_by_parent(feishu), timeout=60), endpoint
+        seen[label] = reply_requests_by_parent(feishu)[mid]
+        events.append(event)
+    ids = ids_of(events)
+    stack.settle()
+    figures.update(**exactly_once(feishu, ids))
+    for who in people:
+        mine = [e for e in events if e["event"]["sender"]["sender_id"]["union_id"] == who.union_id]
+        recorded_once(stack, who, ids_of(mine))
+        assert sum(memory_texts(stack, who).values()) == len(mine)
+    requests = reply_requests_by_parent(feishu) - requests_before
+    figures.update(
+        reply_requests_per_fault=seen,
+        reply_requests=sum(requests.values()),
+        token_fetches=feishu.token_fetches - tokens_before,
+        duplicate_posts=0,
+        lost=0,
+    )
+
+
+@pytest.mark.xfail(
+    strict=True, reason="known bug, see docs/RELIABILITY.md: a reply refused 4 times in a row is dropped"
+)
+async def test_a_reply_refused_four_times_in_a_row_is_still_delivered(
+    shared: Shared, figures: Figures
+) -> None:
+    """PRODUCT BUG (see docs/RELIABILITY.md): the sender tries a reply 4 times within ~4 s; when Feishu
+    refuses all four (a burst of 429s, a gateway restarting), `run_turn` logs "reply not delivered" and the
+    mailbox marks the message done: the person never gets an answer (their message and memory are kept)."""
+    who = user("feishu-four-429")
+    stack, feishu = shared.stack, shared.feishu
+    [event] = events_for(["记住我的工牌在抽屉里"], who, feishu)
+    feishu.fail("reply", *[rate_limited(reset_seconds=0)] * 4)
+    await converse(stack, [event])
+    mid = ids_of([event])[0]
+    answered = await await_for(lambda: mid in replies_by_parent(feishu), timeout=20)
+    stack.settle()
+    figures.update(
+        reply_requests=reply_requests_by_parent(feishu)[mid],
+        answered=answered,
+        fact_stored=memory_texts(stack, who)["我的工牌在抽屉里"] == 1,
+    )
+    assert answered, "the reply was dropped after 4 refusals"
+
+
+@pytest.mark.slow
+async def test_a_reply_that_outlasts_the_sdk_timeout_is_posted_once(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, feishu: FakeFeishu, figures: Figures
+) -> None:
+    """Feishu takes 11 s to answer a reply (the SDK gives up after 10 s and retries with the same uuid,
+    while Feishu still completes the first request): one message in the chat."""
+    who = user("feishu-slow")
+    with Stack(tmp_path, redis_url, feishu, bots=1, workers=1) as stack:
+        feishu.fail("reply", delay(11.0))
+        [event] = events_for(["记住我的车停在B2层"], who, feishu)
+        started = time.time()
+        await converse(stack, [event])
+        mid = ids_of([event])[0]
+        assert await await_for(lambda: reply_requests_by_parent(feishu)[mid] >= 2, timeout=60)
+        await asyncio.sleep(13)  # until the first, slow request has completed too
+        stack.settle()
+    figures.update(
+        **exactly_once(feishu, [mid]),
+        reply_requests=reply_requests_by_parent(feishu)[mid],
+        seconds=round(time.time() - started, 1),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug, see docs/RELIABILITY.md: a reply that cannot be sent within ~4 s is dropped",
+)
+async def test_feishu_down_longer_than_the_send_retries(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, feishu: FakeFeishu, figures: Figures
+) -> None:
+    """PRODUCT BUG (see docs/RELIABILITY.md): Feishu's API unreachable for 15 s. The sender retries for a
+    few seconds, then the turn is marked done with its answer undelivered: the person never gets a reply,
+    although Feishu comes back and nothing stops the bot from answering late (the uuid would keep it
+    exactly once)."""
+    who = user("feishu-outage")
+    with Stack(tmp_path, redis_url, feishu, bots=1, workers=1) as stack:
+        warm = events_for(["你好"], who, feishu)
+        await converse(stack, warm)
+        assert await await_for(lambda: ids_of(warm)[0] in replies_by_parent(feishu), timeout=60)
+        [event] = events_for(["记住我的工牌号码在抽屉里"], who, feishu)
+        feishu.down()
+        await converse(stack, [event])
+        await asyncio.sleep(15)
+        feishu.up()
+        mid = ids_of([event])[0]
+        answered = await await_for(lambda: mid in replies_by_parent(feishu), timeout=30)
+        stack.settle()
+        stored = memory_texts(stack, who)["我的工牌号码在抽屉里"]
+    figures.update(answered_after_outage=answered, fact_stored=stored == 1)
+    assert stored == 1
+    assert answered, "the person never got an answer: the reply was dropped after the send retries"

@@ -1,0 +1,481 @@
+"""Isolation: no read path shows one namespace's memory to another, or a private chat's to a group.
+
+People in two tenants (the same people, by id, in both), each talking to two personas, in private and in
+groups, plant unique markers (`MARK-<12 hex>`) inside ordinary sentences: remembered facts, a standing
+preference, chatter that only reaches the raw archive, and old facts bulk-loaded with `lucid import` (so
+dreaming has clusters to fold). Then every read path is checked for a marker it may not show:
+
+- turns (through `lucid bot` + `lucid worker` processes): what the chat model was shown (the whole prompt:
+  profile, resident tier, recall tier, active recall, history) and the reply Feishu received — in private
+  chats and in every group; `/memory` in both;
+- `MemoryService`: recall and the assembled memory block per chat, raw-archive search, active recall;
+- the viewer's `view()`; the CLI as subprocesses: `lucid recall` (private and `--chat-type group`),
+  `lucid search`, `lucid show --all`;
+- dreaming, with a model that shows what it was given: deep (echoes its input back as one merge), replay
+  (echoes every line back as a fact), profile (echoes its inputs back as the profile) — what each was
+  shown, what it wrote, and the turns after it.
+
+Allowed, per (namespace, chat): in a private chat everything of that namespace; in a group only what was
+said or learned in that group, plus the namespace's standing resident kinds (here: one preference stated
+in private) — DESIGN §5. Anything else is a leak. Target: 0 leaks; the figures count the checks made.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from memory_core.lineformat import format_time
+from memory_core.namespace import Namespace
+from tests.fakes.feishu import FakeFeishu
+from tests.fakes.feishu_events import TENANT_KEY, group_mention_event, message_event, p2p_chat_id, user
+from tests.fakes.ollama import FakeOllama
+from tests.reliability.conftest import Figures
+from tests.reliability.harness import (
+    BOT,
+    EXTRACT_PREFIX,
+    MARK,
+    ROOT,
+    Stack,
+    await_for,
+    clean_env,
+    converse,
+    env_int,
+    ids_of,
+    replies_by_parent,
+    text_of,
+)
+
+MODEL = "qwen3:4b"
+TENANTS = (TENANT_KEY, "tenant_b_00000001")
+PERSONAS = ("x", "y")
+
+
+@dataclass(frozen=True)
+class Owner:
+    tenant: str
+    union: str
+    persona: str
+
+    @property
+    def ns(self) -> Namespace:
+        return Namespace.of(self.tenant, self.union, self.persona)
+
+
+@dataclass
+class Plant:
+    marker: str
+    owner: Owner
+    chat: str  # chat id; for p2p the person's private chat
+    group: bool
+    kind: str  # fact, pref, raw, old
+
+
+@dataclass
+class World:
+    rng: random.Random
+    plants: dict[str, Plant] = field(default_factory=dict)
+    checks: Counter[str] = field(default_factory=Counter)
+    leaks: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def mark(self, owner: Owner, chat: str, group: bool, kind: str) -> str:
+        marker = f"MARK-{self.rng.getrandbits(48):012x}"
+        self.plants[marker] = Plant(marker, owner, chat, group, kind)
+        return marker
+
+    def allowed(self, owner: Owner, chat: str | None) -> set[str]:
+        """What a read as `owner` in `chat` (None: the whole namespace, e.g. an operator view) may show."""
+        own = [p for p in self.plants.values() if p.owner == owner]
+        if chat is None or not chat.startswith("oc_relgrp"):
+            return {p.marker for p in own}
+        return {p.marker for p in own if p.chat == chat or p.kind == "pref"}
+
+    def check(
+        self, surface: str, owner: Owner, chat: str | None, shown: str, extra: set[str] = frozenset()
+    ) -> None:
+        self.checks[surface] += 1
+        for marker in set(MARK.findall(shown)) - self.allowed(owner, chat) - set(extra):
+            plant = self.plants.get(marker)
+            origin = f"{plant.owner} {plant.kind} in {plant.chat}" if plant else "unknown"
+            self.leaks.append((surface, f"{owner} in {chat}", f"{marker} ← {origin}"))
+
+
+class EchoModel:
+    """A model that shows what it was given: turns are answered with every marker in the prompt, deep
+    dreaming merges whatever it is shown, replay returns each line as a fact, profile returns its inputs.
+    Background extraction after a turn answers NONE (replay mode on: the replay phase's extraction)."""
+
+    def __init__(self) -> None:
+        self.replay = False
+        self.seen: list[tuple[str, str]] = []  # (kind, the request as text)
+        self.asked: list[str] = []  # for turns: the person's message the request answers
+
+    def __call__(self, body: dict[str, Any]) -> Any:
+        messages = body.get("messages") or []
+        system = str(messages[0].get("content") or "")
+        text = json.dumps(messages, ensure_ascii=False)
+        user_part = str(messages[-1].get("content") or "") if messages else ""
+        if system.startswith(EXTRACT_PREFIX):
+            self.seen.append(("replay" if self.replay else "extract", text))
+            if not self.replay:
+                return "NONE"
+            lines = [ln for ln in user_part.splitlines()[1:] if MARK.search(ln)]
+            return "\n".join(f"[user] {ln.strip()}" for ln in lines) or "NONE"
+        if '"merges"' in system:
+            self.seen.append(("deep", text))
+            payload = json.loads(user_part)
+            memories = payload["memories"]
+            merged = "；".join(m["text"] for m in memories)
+            return json.dumps(
+                {"merges": [{"ids": [m["id"] for m in memories], "text": merged}]}, ensure_ascii=False
+            )
+        if "profile of ONE person" in system:
+            self.seen.append(("profile", text))
+            return "\n".join(ln.split(") ", 1)[-1] for ln in user_part.splitlines() if ln.startswith("- ("))
+        self.seen.append(("turn", text))
+        self.asked.append(
+            next((str(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
+        )
+        found = sorted(set(MARK.findall(text)))
+        return "我看到了：" + (" ".join(found) if found else "（没有标记）")
+
+
+def lucid_cli(data: Path, *args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "bot.cli", *args, "--data", str(data)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+async def isolation_run(
+    tmp_path: Path,
+    redis_url: str,
+    feishu: FakeFeishu,
+    figures: Figures,
+    people: int,
+    groups: int,
+    seed: int,
+    cli_namespaces: int,
+    questions: tuple[str, ...] = ("我的储物柜编号是多少", "我在这个群的代号是什么", "/memory"),
+    group_chatter: bool = False,
+) -> None:
+    phases: dict[str, float] = {}
+    t0 = time.monotonic()
+
+    def lap(name: str) -> None:
+        phases[name] = round(time.monotonic() - t0 - sum(phases.values()), 1)
+
+    world = World(random.Random(seed))
+    persons = [user(f"iso-{seed}-{i}") for i in range(people)]
+    chats = [f"oc_relgrp{g:02d}{'0' * 22}" for g in range(groups)]
+    member = {p.union_id: world.rng.sample(chats, min(2, groups)) for p in persons}
+    owners = [Owner(t, p.union_id, persona) for t in TENANTS for p in persons for persona in PERSONAS]
+    by_union = {p.union_id: p for p in persons}
+    clock = int(time.time() * 1000)
+    model = EchoModel()
+
+    def event(owner: Owner, text: str, chat: str | None) -> tuple[dict[str, Any], str]:
+        nonlocal clock
+        clock += 1
+        who = by_union[owner.union]
+        if chat is None:
+            ev = message_event(text, sender=who, create_time_ms=clock, tenant_key=owner.tenant)
+        else:
+            ev = group_mention_event(
+                text, bot_open_id=BOT, sender=who, chat_id=chat, create_time_ms=clock, tenant_key=owner.tenant
+            )
+        feishu.note_message(ev["event"]["message"]["message_id"], ev["event"]["message"]["chat_id"])
+        return ev, (chat or p2p_chat_id(who))
+
+    with FakeOllama(responder=model) as ollama:
+        stack = Stack(tmp_path, redis_url, feishu, bots=1, workers=2, ollama_url=ollama.url, chat_model=MODEL)
+        with stack:
+            # -- plant -----------------------------------------------------------------------
+            plant_events: dict[str, list[dict[str, Any]]] = {"x": [], "y": []}
+            for owner in owners:
+                p2p = p2p_chat_id(by_union[owner.union])
+                texts = [
+                    (f"记住我的储物柜编号是{world.mark(owner, p2p, False, 'fact')}", None),
+                    (f"记住我喜欢{world.mark(owner, p2p, False, 'pref')}牌的咖啡", None),
+                    (f"今天路过一块牌子写着{world.mark(owner, p2p, False, 'raw')}", None),
+                ]
+                for chat in member[owner.union]:
+                    texts.append((f"记住我在这个群的代号是{world.mark(owner, chat, True, 'fact')}", chat))
+                    if group_chatter:
+                        texts.append((f"刚才会议室门口贴着{world.mark(owner, chat, True, 'raw')}", chat))
+                plant_events[owner.persona] += [event(owner, t, c)[0] for t, c in texts]
+            for persona, events in plant_events.items():
+                await converse(stack, events, persona=persona, concurrency=8)
+            every = [e for evs in plant_events.values() for e in evs]
+            assert await await_for(
+                lambda: all(i in replies_by_parent(feishu) for i in ids_of(every)), timeout=300
+            )
+            stack.settle()
+
+            lap("plant")
+            # old facts through `lucid import`, so deep dreaming has clusters (same subject, 30 days old)
+            old = format_time(datetime.now(UTC) - timedelta(days=30))
+            rows = []
+            for owner in owners:
+                p2p = p2p_chat_id(by_union[owner.union])
+                for scope, chat, group in [("p2p", p2p, False)] + [
+                    (f"g:{c}", c, True) for c in member[owner.union][:1]
+                ]:
+                    for n in range(2):
+                        m = world.mark(owner, chat, group, "old")
+                        rows.append(
+                            {
+                                "kind": "fact",
+                                "text": f"我的旧储物柜{n}号的标签是{m}",
+                                "subject": "旧储物柜",
+                                "at": old,
+                                "scope": scope,
+                                "tenant": owner.tenant,
+                                "user": owner.union,
+                                "persona": owner.persona,
+                            }
+                        )
+            (tmp_path / "old.jsonl").write_text(
+                "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n"
+            )
+            lucid_cli(stack.data, "import", str(tmp_path / "old.jsonl"), "--quiet")
+
+            from workers.dreaming import run_phase
+            from workers.runtime import build
+            from workers.settings import Settings
+
+            lap("import")
+            rt = build(Settings(data_dir=stack.data, dream_model=MODEL, ollama_host=ollama.url), redis_url)
+            # -- dreaming, with a model that shows what it was given ------------------------------
+            reports: Counter[str] = Counter()
+            for phase in ("deep", "replay", "profile"):
+                model.replay = phase == "replay"
+                for owner in owners:
+                    start = len(model.seen)
+                    report = run_phase(rt, owner.ns, phase)
+                    reports[f"{phase}:{report['status']}"] += 1
+                    for kind, text in model.seen[start:]:
+                        if kind == "deep":  # one cluster = one scope: never private text with group text
+                            chats = {world.plants[m].chat for m in MARK.findall(text) if m in world.plants}
+                            world.checks["deep: one scope per cluster"] += 1
+                            if len({(c.startswith("oc_relgrp") and c) or "p2p" for c in chats}) > 1:
+                                world.leaks.append(("deep cluster mixes scopes", str(owner), text[:200]))
+                            world.check("deep: what the model was shown", owner, None, text)
+                        elif kind == "replay":
+                            world.check("replay: what the model was shown", owner, None, text)
+                        elif kind == "profile":  # never group-learned facts
+                            world.check(
+                                "profile: what the model was shown",
+                                owner,
+                                p2p_chat_id(by_union[owner.union]),
+                                text,
+                                extra=set(),
+                            )
+                            shown = set(MARK.findall(text))
+                            bad = [m for m in shown if world.plants.get(m) and world.plants[m].group]
+                            world.checks["profile: no group-learned fact"] += 1
+                            if bad:
+                                world.leaks.append(
+                                    ("profile input has a group fact", str(owner), ",".join(bad))
+                                )
+                    profile = rt.store.read_text(owner.ns, "PROFILE.md") or ""
+                    world.check(
+                        f"{phase}: files after",
+                        owner,
+                        None,
+                        "".join(
+                            rt.store.read_text(owner.ns, n) or ""
+                            for n in ("MEMORY.md", "ARCHIVE.md", "PROFILE.md", "DREAMS.md")
+                        ),
+                    )
+                    if phase == "profile":
+                        groupish = [
+                            m for m in MARK.findall(profile) if m in world.plants and world.plants[m].group
+                        ]
+                        world.checks["PROFILE.md: no group-learned fact"] += 1
+                        if groupish:
+                            world.leaks.append(
+                                ("PROFILE.md has a group fact", str(owner), ",".join(groupish))
+                            )
+            model.replay = False
+            lap("dreams")
+
+            # -- read, as the person, in every chat ----------------------------------------------
+            async def probe(round_name: str) -> None:
+                probes: dict[str, list[tuple[dict[str, Any], Owner, str]]] = {"x": [], "y": []}
+                tags: dict[str, tuple[Owner, str]] = {}
+                for owner in owners:
+                    for chat in [None, *member[owner.union]]:
+                        for q in questions:
+                            tag = f"（问题{len(tags) + 1:05d}）"
+                            ev, where = event(owner, q if q.startswith("/") else q + tag, chat)
+                            tags[tag] = (owner, where)
+                            probes[owner.persona].append((ev, owner, where))
+                start = len(model.asked)
+                for persona, items in probes.items():
+                    await converse(stack, [ev for ev, _, _ in items], persona=persona, concurrency=8)
+                items = [it for v in probes.values() for it in v]
+                probe_ids = ids_of(ev for ev, _, _ in items)
+                assert await await_for(
+                    lambda: all(i in replies_by_parent(feishu) for i in probe_ids), timeout=300
+                )
+                stack.settle()
+                for ev, owner, where in items:
+                    mid = ids_of([ev])[0]
+                    shown = "\n".join(text_of(m) for m in replies_by_parent(feishu)[mid])
+                    world.check(f"{round_name}: reply in Feishu", owner, where, shown)
+                turns = [t for kind, t in model.seen if kind == "turn"][start:]
+                for asked, prompt in zip(model.asked[start:], turns, strict=True):
+                    tag = next((t for t in tags if t in asked), None)
+                    assert tag is not None, asked
+                    owner, where = tags[tag]
+                    world.check(f"{round_name}: model prompt", owner, where, prompt)
+
+            await probe("turns after dreams")
+            lap("turns")
+
+            # -- in process: MemoryService, viewer ----------------------------------------------
+            from bot.viewer import view
+            from workers.memory_service import MemoryService
+
+            service = MemoryService(rt)
+            now = rt.clock()
+            queries = ["我的储物柜编号是多少", "代号", "牌子", "旧储物柜的标签", "MARK"]
+            for owner in owners:
+                p2p = p2p_chat_id(by_union[owner.union])
+                for chat in [p2p, *member[owner.union]]:
+                    group = chat != p2p
+                    ct = "group" if group else "p2p"
+                    for q in queries:
+                        hits = service.recall(owner.ns, q, now, k=50, chat_type=ct, chat=chat, gate=False)
+                        world.check("MemoryService.recall", owner, chat, " ".join(s.entry.text for s in hits))
+                        block = service.assemble(
+                            owner.ns, q, chat_type=ct, chat=chat, session=f"s-{time.time()}", now=now
+                        )
+                        world.check("MemoryService.assemble (memory block)", owner, chat, block.block)
+                for q in queries:
+                    world.check(
+                        "MemoryService.search (raw)",
+                        owner,
+                        None,
+                        " ".join(h.text for h in service.search(owner.ns, q, k=50)),
+                    )
+                    snippets = service.active_recall(owner.ns, q, session="none", chat=p2p)
+                    world.check("MemoryService.active_recall", owner, p2p, " ".join(s.text for s in snippets))
+                    world.check(
+                        "viewer view()",
+                        owner,
+                        None,
+                        json.dumps(view(rt, service, owner.ns, q), ensure_ascii=False),
+                    )
+
+            lap("in-process reads")
+            # -- the CLI, as an operator runs it --------------------------------------------------
+            for owner in owners[:cli_namespaces]:
+                ids = ["--tenant", owner.tenant, "--user", owner.union, "--persona", owner.persona, "--json"]
+                group = member[owner.union][0]
+                world.check(
+                    "lucid recall",
+                    owner,
+                    None,
+                    lucid_cli(stack.data, "recall", "储物柜 代号 牌子 MARK", "--k", "50", "--no-gate", *ids),
+                )
+                world.check(
+                    "lucid recall --chat-type group",
+                    owner,
+                    group,
+                    lucid_cli(
+                        stack.data,
+                        "recall",
+                        "储物柜 代号 牌子 MARK",
+                        "--k",
+                        "50",
+                        "--no-gate",
+                        "--chat-type",
+                        "group",
+                        "--chat",
+                        group,
+                        *ids,
+                    ),
+                )
+                world.check(
+                    "lucid search",
+                    owner,
+                    None,
+                    lucid_cli(stack.data, "search", "牌子 MARK 储物柜", "--k", "50", *ids),
+                )
+                world.check("lucid show --all", owner, None, lucid_cli(stack.data, "show", "--all", *ids))
+
+        lap("cli")
+    assert world.leaks == [], f"{len(world.leaks)} leaks, e.g. {world.leaks[:5]}"
+    figures.update(
+        tenants=len(TENANTS),
+        people=people,
+        personas=len(PERSONAS),
+        namespaces=len(owners),
+        groups=groups,
+        markers_planted=len(world.plants),
+        checks=sum(world.checks.values()),
+        checks_by_surface=dict(world.checks),
+        dream_runs=dict(reports),
+        model_requests_inspected=len(model.seen),
+        leaks=0,
+        seconds=phases,
+    )
+
+
+async def test_isolation_fast_subset(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, feishu: FakeFeishu, figures: Figures
+) -> None:
+    await isolation_run(
+        tmp_path,
+        redis_url,
+        feishu,
+        figures,
+        people=env_int("LUCID_RELIABILITY_ISO_PEOPLE", 2),
+        groups=2,
+        seed=env_int("LUCID_RELIABILITY_SEED", 1),
+        cli_namespaces=1,
+    )
+
+
+@pytest.mark.slow
+async def test_isolation_full(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, feishu: FakeFeishu, figures: Figures
+) -> None:
+    await isolation_run(
+        tmp_path,
+        redis_url,
+        feishu,
+        figures,
+        people=env_int("LUCID_RELIABILITY_ISO_FULL_PEOPLE", 8),
+        groups=4,
+        seed=env_int("LUCID_RELIABILITY_SEED", 1) + 1000,
+        cli_namespaces=8,
+        questions=(
+            "我的储物柜编号是多少",
+            "我在这个群的代号是什么",
+            "路过的牌子写着什么",
+            "旧储物柜的标签是什么",
+            "我喜欢什么牌子的咖啡",
+            "/memory",
+        ),
+        group_chatter=True,
+    )
