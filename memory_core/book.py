@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from . import similarity
 from .entry import MAX_TEXT_CHARS, RESIDENT_TYPES, TYPES, Entry, new_id
+from .injection import carries_instruction
 from .lineformat import (
     Item,
     MemoryFile,
@@ -288,6 +289,9 @@ class Book:
             if found is not None:
                 subject = _subject_key(found.subject)
         automatic = op.source not in USER_SOURCES
+        if automatic and (op.type in RESIDENT_TYPES or op.pinned) and carries_instruction(text):
+            # a model's tool call or an extraction may not put "ignore previous instructions…" in every prompt
+            op = replace(op, type="fact", pinned=False)
 
         # 1. The same text again: nothing to do.
         for e in self._dedup.same(text, now):

@@ -25,15 +25,16 @@ from typing import Any
 from .book import Book
 from .dream_guard import (
     MIN_TEXT_CHARS,
+    instructions,
     invented_terms,
     is_refusal,
     missing_terms,
-    new_instructions,
     one_line,
 )
 from .dream_light import scope_key, stamp, subject_key
 from .dream_pairs import similar_pairs
 from .entry import MAX_TEXT_CHARS, Entry, new_id
+from .injection import carries_instruction
 from .recall import recency
 from .secretscan import contains_secret
 from .similarity import RELATED, bigrams
@@ -68,6 +69,7 @@ def deep_eligible(e: Entry, now: datetime) -> bool:
         and e.valid_to is None
         and e.hits < PROTECT_HITS
         and recency(e, now) < YOUNG_RECENCY
+        and not carries_instruction(e.text)  # a stored injection is never shown to the model
     )
 
 
@@ -225,7 +227,7 @@ def validate_merge(
         ("refusal", text[:60] if is_refusal(text) else ""),
         ("too_short", f"{len(text)} characters" if len(text) < MIN_TEXT_CHARS else ""),
         ("secret", "looks like a secret" if contains_secret(text) else ""),
-        ("instruction", ", ".join(new_instructions(texts, text))),
+        ("instruction", ", ".join(sorted(instructions(text)))),
         ("too_long", f"{len(text)} characters" if len(text) > limit else ""),
         ("missing_term", ", ".join(missing_terms(texts, text))),
         ("invented", ", ".join(invented_terms(texts, text))),

@@ -30,6 +30,7 @@ import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 
+from .injection import instructions
 from .recall import HINTS
 from .similarity import bigrams, normalise
 
@@ -63,16 +64,6 @@ _REFUSAL = re.compile(
     r"作为(?:一个)?(?:ai|人工智能|语言模型)|"
     r"\bi'?m sorry\b|\bi am sorry\b|\bi cannot\b|\bi can'?t\b|\bi'?m unable\b|"
     r"\bunable to (?:generate|provide|create|complete)\b|\bas an ai(?: language)? model\b",
-    re.I,
-)
-_INSTRUCTION = re.compile(
-    r"\b(?:ignore|disregard|forget|override|bypass)\b[^.。\n]{0,30}?\b(?:previous|prior|above|earlier|preceding|"
-    r"all|any|the|your|system)\b[^.。\n]{0,20}?\b(?:instructions?|prompts?|rules?|messages?|context|memor(?:y|ies))\b|"
-    r"\b(?:delete|erase|wipe|purge|destroy)\b|\bremove (?:all|every(?:thing)?)\b|\bforget everything\b|"
-    r"\b(?:system|developer) prompt\b|\byou are now\b|\bnew instructions?\b|\bjailbreak\b|rm -rf|drop table|"
-    r"忽略(?:之前|以上|前面|上面|先前|此前|所有|全部)|无视(?:之前|以上|前面|所有)|不要理会|"
-    r"删除|删掉|清空|清除|抹掉|忘掉(?:所有|一切|全部)|忘记(?:所有|一切|全部)|系统提示|你现在是|新的指令|"
-    r"(?:指令|指示)[:：]",
     re.I,
 )
 
@@ -156,9 +147,7 @@ def is_refusal(text: str) -> bool:
     return _REFUSAL.search(_nfkc(text)) is not None
 
 
-def instructions(text: str) -> frozenset[str]:
-    """Instruction-like phrases in `text` (prompt-injection markers), lower-cased."""
-    return frozenset(m.group(0).lower() for m in _INSTRUCTION.finditer(_nfkc(text)))
+__all__ = ["instructions"]  # re-exported: the cage's checks are read from this module
 
 
 def new_instructions(sources: Iterable[str], rewrite: str) -> list[str]:

@@ -32,6 +32,7 @@ from typing import Literal, Protocol
 from .book import Book
 from .dream_pairs import similar_pairs
 from .entry import Entry
+from .injection import carries_instruction
 from .recall import importance, recency
 from .similarity import DUPLICATE, bigrams, numbers_agree
 from .subjects import canonical_subject
@@ -210,7 +211,7 @@ def is_stale_preference(e: Entry, now: datetime) -> bool:
 
 
 def is_hot(e: Entry, now: datetime) -> bool:
-    return not e.resident and e.hits >= PROMOTE_HITS and e.current(now)
+    return not e.resident and e.hits >= PROMOTE_HITS and e.current(now) and not carries_instruction(e.text)
 
 
 def is_cold(e: Entry, now: datetime) -> bool:

@@ -14,11 +14,12 @@ shares most bigrams with, which becomes its `from=` provenance.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from .dream_guard import is_refusal, new_instructions, one_line
+from .dream_guard import coverage, is_refusal, new_instructions, one_line
 from .intents import classify_type, is_memorable
 from .lineformat import RawMessage
 from .ops import Remember
@@ -33,6 +34,8 @@ MAX_FACTS = 10  # per reply; more is a model listing everything
 MAX_FACT_CHARS = 300
 _NO_SUBJECT = frozenset({"user", "用户", "me", "i", "self", "general", "other", "misc", "-", "none", "我"})
 _LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)、])?\s*(?:\[([^\]\n]{1,60})\]|【([^】\n]{1,60})】)?\s*(.*?)\s*$")
+_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S | re.I)  # a reasoning model's scratchpad, even unclosed
+MIN_GROUNDING = 0.3  # share of a fact's content bigrams that must occur in the user's text
 _NONE = re.compile(r"^(?:none|nothing|n/a|无|没有)[.。!！]?$", re.I)
 
 EXTRACT_SYSTEM = (
@@ -67,18 +70,38 @@ def _subject(raw: str | None) -> str | None:
     return canonical_subject(raw.strip()) or None
 
 
+def grounded(fact: str, source_text: str) -> bool:
+    """A fact is grounded when at least `MIN_GROUNDING` of its content bigrams occur in what the user said.
+
+    A chatty model's "好的，我明白了。" or "Sure, here are the facts:" shares nothing with the message and is
+    dropped; a paraphrase ("用户喜欢爬山" from "记住我喜欢爬山") keeps most of its bigrams and passes."""
+    return not source_text.strip() or coverage(fact, source_text) >= MIN_GROUNDING
+
+
+def _junk(text: str) -> bool:
+    """Model-format debris: control characters, chat-template tokens, JSON or tool-call fragments."""
+    return (
+        any(unicodedata.category(ch) == "Cc" for ch in text)
+        or "<|" in text
+        or "|>" in text
+        or text.lstrip().startswith(("{", "[{", '"'))
+        or text.rstrip().endswith(("}", ":", "："))  # "Here are the facts:" introduces, it states nothing
+    )
+
+
 def parse_facts(reply: str, source_text: str = "") -> list[Fact]:
-    """The facts of a model reply. Refusals, secrets and instruction-like lines that the user's own text
-    does not contain are dropped; a third party's fact is typed `fact` whatever its wording."""
+    """The facts of a model reply. Reasoning blocks (`<think>…</think>`), refusals, secrets, format debris,
+    lines not grounded in the user's own text (chatter) and instruction-like lines that the user's text does
+    not contain are dropped; a third party's fact is typed `fact` whatever its wording."""
     facts: list[Fact] = []
-    for raw in reply.splitlines():
+    for raw in _THINK.sub("\n", reply).splitlines():
         m = _LINE.match(raw)
         if m is None:
             continue
         text = one_line(m.group(3)).strip("`")
-        if len(text) < 2 or _NONE.match(text) or is_refusal(text) or contains_secret(text):
+        if len(text) < 2 or _NONE.match(text) or is_refusal(text) or contains_secret(text) or _junk(text):
             continue
-        if new_instructions([source_text], text):
+        if new_instructions([source_text], text) or not grounded(text, source_text):
             continue
         subject = _subject(m.group(1) or m.group(2))
         kind = "fact" if subject and subject.startswith("person:") else classify_type(text)

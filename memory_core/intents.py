@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from .injection import carries_instruction
 from .subjects import recognise
 
 IntentKind = Literal["remember", "forget", "question", "statement", "chitchat", "none"]
@@ -333,6 +334,8 @@ def classify_type(text: str) -> str:
     decides, so "I am based in Berlin" is a fact and 我更喜欢中文 a preference; and a bare "I am"/"I'm" is no
     identity ("I'm so tired today"), only "I am a…/I'm an…" is — identities are resident and protected.
     """
+    if carries_instruction(text):
+        return "fact"  # "以后忽略之前的所有指令" is data, never a standing instruction in every prompt
     if _INSTRUCTION_HINTS.search(text):
         return "instruction"
     if (found := recognise(text)) is not None:

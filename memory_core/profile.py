@@ -30,6 +30,7 @@ from .dream_guard import (
 )
 from .dream_light import stamp, subject_key
 from .entry import Entry
+from .injection import carries_instruction
 from .lineformat import format_time
 from .secretscan import contains_secret
 from .similarity import normalise
@@ -56,6 +57,7 @@ def profile_inputs(entries: Iterable[Entry], now: datetime) -> list[Entry]:
         and e.type in PROFILE_TYPES
         and not is_third_party(e)
         and not (e.scope or "").startswith("g:")
+        and not carries_instruction(e.text)  # a stored injection is never shown to the model
     ]
     chosen.sort(key=lambda e: (PROFILE_TYPES.index(e.type), stamp(e), e.id))
     return chosen[-MAX_INPUTS:] if len(chosen) > MAX_INPUTS else chosen
@@ -153,14 +155,13 @@ def guard_profile(reply: str, inputs: Sequence[Entry], third_parties: Iterable[s
     if not lines or (len(lines) == 1 and _NOTHING.match(lines[0])):
         return ProfileVerdict(reason="nothing", detail="the model found too little to say")
     sources = [e.text for e in inputs]
-    seen = frozenset().union(*(instructions(s) for s in sources)) if sources else frozenset()
     names = [n for n in third_parties if n and normalise(n) in normalise(text)]
     checks: list[tuple[bool, str, str]] = [
         (any(is_refusal(line) for line in lines), "refusal", text[:60]),
         (len(normalise(text)) < MIN_TEXT_CHARS, "too_short", f"{len(text)} characters"),
         (len(text) > MAX_PROFILE_CHARS, "too_long", f"{len(text)} characters"),
         (contains_secret(text), "secret", "looks like a secret"),
-        (bool(instructions(text) - seen), "instruction", ", ".join(sorted(instructions(text) - seen))[:80]),
+        (bool(instructions(text)), "instruction", ", ".join(sorted(instructions(text)))[:80]),
         (bool(names), "third_party", ", ".join(sorted(names))[:80]),
     ]
     for failed, reason, detail in checks:

@@ -13,6 +13,7 @@ from typing import Any
 
 from memory_core.entry import TYPES, Entry
 from memory_core.errors import LucidError
+from memory_core.injection import carries_instruction
 from memory_core.intents import classify_type, is_memorable, parse_intent
 from memory_core.namespace import Namespace
 from memory_core.ops import Edit, Forget, Op, Outcome, Pin, Remember
@@ -490,6 +491,8 @@ def tool_call(
                 "candidates": [{"id": e.id, "text": e.text} for e in entries[:5]],
             }
         ident = entries[0].id
+        if action == "pin" and carries_instruction(entries[0].text):
+            return {"error": "this memory reads as an order to the assistant: only the person can pin it"}
         op = (
             Edit(ident, text, "tool")
             if action == "update"

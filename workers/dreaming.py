@@ -212,6 +212,20 @@ class _Deep:
         return {}
 
 
+def _parse_or_none(value: object) -> datetime | None:
+    try:
+        return parse_time(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _done_ids(value: object) -> dict[str, str]:
+    """The `done` map of a replay state record; anything malformed (a hand-edited state.json) is ignored."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): str(v) for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
 @dataclass
 class _Replay:
     rt: Runtime
@@ -220,21 +234,33 @@ class _Replay:
     model: _Model
     ops: list[Remember] = field(default_factory=list)
     watermark: datetime | None = None
+    done: dict[str, str] = field(default_factory=dict)  # id → ts of messages read past the watermark
     _model_rejections: dict[str, int] = field(default_factory=dict)
 
     def prepare(self, book: Book, snap: Snapshot, now: datetime) -> None:
         record = self.rt.store.state_value(self.ns, state_key("replay")) or {}
         since = parse_time(record["watermark"]) if record.get("watermark") else now - REPLAY_LOOKBACK
+        done = _done_ids(record.get("done"))
         days = [d for d in self.rt.store.raw_days(self.ns) if d >= f"{since:%Y-%m-%d}.md"]
-        chunks = replay_chunks(self.rt.store.iter_raw(self.ns, days), since, now)
+        fresh = (m for m in self.rt.store.iter_raw(self.ns, days) if m.id not in done)
+        chunks = replay_chunks(fresh, since, now)
         self.report.counts.update(messages=sum(len(c.messages) for c in chunks), chunks=len(chunks))
-        self.watermark = now
+        self.watermark, self.done = now, {}
         for i, chunk in enumerate(chunks):
             if not worth_a_call(chunk):
                 continue
             reply = self.model.ask(extraction_messages(chunk.text))
             if reply is None:  # out of budget or the model failed: the rest waits for the next run
+                # Resume just before the first unread chunk, and remember which later messages were read:
+                # imported messages often share one timestamp, and a bare time watermark would read the
+                # same chunks again on every run (the rest never replayed).
                 self.watermark = chunks[i].messages[0].ts - timedelta(seconds=1)
+                read = {m.id: format_time(m.ts) for c in chunks[:i] for m in c.messages}
+                self.done = {
+                    ident: ts
+                    for ident, ts in {**done, **read}.items()
+                    if (when := _parse_or_none(ts)) is not None and when > self.watermark
+                }
                 break
             self.ops.extend(replay_ops(parse_facts(reply, chunk.text), chunk))
         self.report.counts["facts"] = len(self.ops)
@@ -258,7 +284,13 @@ class _Replay:
         return {}
 
     def state(self) -> dict[str, Any]:
-        return {"watermark": format_time(self.watermark)} if self.watermark else {}
+        if not self.watermark:
+            return {}
+        return (
+            {"watermark": format_time(self.watermark), "done": self.done}
+            if self.done
+            else {"watermark": format_time(self.watermark)}
+        )
 
 
 @dataclass

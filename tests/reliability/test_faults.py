@@ -632,12 +632,9 @@ async def test_one_malformed_tool_call_does_not_switch_the_model_off_for_everyon
     assert second[0] == "你好呀，Bob！", f"Bob got a memory-only answer: {second[0]!r}"
 
 
-@pytest.mark.xfail(
-    strict=True, reason="known bug, see docs/RELIABILITY.md: extraction stores the model's chatter"
-)
 async def test_extraction_stores_facts_not_the_models_chatter(shared: Shared, figures: Figures) -> None:
-    """PRODUCT BUG (see docs/RELIABILITY.md): background extraction asks for `[subject] fact` lines or NONE,
-    but `memory_core.dream_replay.parse_facts` takes any line as a fact. A chatty model's "好的，我明白了。",
+    """Fixed in this issue: background extraction asks for `[subject] fact` lines or NONE, but
+    `memory_core.dream_replay.parse_facts` took any line as a fact. A chatty model's "好的，我明白了。",
     a qwen3-style `<think>…</think>` line, or broken output become memories — the broken one typed
     `instruction`, i.e. resident, in every prompt from then on."""
     who = user("extraction-chatter")
@@ -657,6 +654,8 @@ async def test_extraction_stores_facts_not_the_models_chatter(shared: Shared, fi
     figures.update(extracted=extracted)
     junk = [t for t, _ in extracted if "好的" in t or "<think>" in t or "im_end" in t or "action" in t]
     assert junk == [], f"extraction stored the model's chatter as memories: {junk}"
+    assert [e.text for e in entries if "跑步五公里" in e.text], "the real fact behind a <think> block was lost"
+    assert not [e for e in entries if e.resident and e.source == "extract"]
 
 
 @pytest.mark.slow
@@ -711,14 +710,11 @@ async def test_ollama_slower_than_the_turn_budget(
     figures.update(first_reply_s=round(t1 - t0, 1), next_reply_s=round(t2 - t1, 1), replies=[a, b])
 
 
-@pytest.mark.xfail(
-    strict=True, reason="known bug, see docs/RELIABILITY.md: replay's watermark stalls on shared timestamps"
-)
 def test_replay_after_an_import_with_shared_timestamps_makes_progress(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis, figures: Figures
 ) -> None:
-    """PRODUCT BUG (see docs/RELIABILITY.md): replay's budget is 8 calls a run; when it stops early its
-    watermark becomes "one second before the first unread chunk". Messages imported with minute-resolution
+    """Fixed in this issue: replay's budget is 8 calls a run; when it stopped early its
+    watermark became "one second before the first unread chunk". Messages imported with minute-resolution
     timestamps (a chat export, LoCoMo) share that second with the chunks already read, so every run reads
     the same 8 chunks again and the rest is never replayed."""
     from workers.dreaming import run_phase
