@@ -7,6 +7,17 @@ waits until its own message is answered, or the holder dies and the lease expire
 only after its turn, so a killed worker's message is redone by the next job — safely, because the reply's
 uuid is the message id, the raw record is idempotent by id, and upserts of the same text are no-ops.
 `depends_on` chains were rejected: a replica can enqueue B before A's job exists.
+
+Recovery without a next message (`Sweeper`, run by every `lucid worker` in a thread): the webhook also marks
+the person's inbox in `lucid:inboxes` (a sorted set: namespace → when to look at it). Every SWEEP_SECONDS one
+worker (a Redis lock picks it) looks at the marks that are due: an empty inbox is unmarked; one whose turn
+lease is held is looked at again at the next sweep; one with pending messages, no lease and none
+of its jobs still waiting in the queue (the worker running them was killed, or Redis lost the job) gets a
+`handle_message` job for its oldest message, at the front of the chat queue. That job drains the inbox like
+any other, under the lease, so nothing is answered twice. A SIGKILLed turn is answered about
+TURN_LEASE_MS + SWEEP_SECONDS after the kill. RQ's own handling of the abandoned job was not enough: with a
+SimpleWorker the job counts as abandoned only job_timeout + 60 s after the kill, and the registry cleanup
+that would retry it runs every 10 minutes.
 """
 
 from __future__ import annotations
@@ -15,12 +26,14 @@ import hashlib
 import json
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 from rq import Queue
+from rq.job import JobStatus
 
 from memory_core.errors import LucidError
 from memory_core.namespace import Namespace
@@ -35,22 +48,52 @@ INBOX_TTL = 24 * 3600
 TURN_LEASE_MS = 15_000
 TURN_JOB_TIMEOUT = 600
 MAX_TRIES = 3
+INBOXES = "lucid:inboxes"  # namespaces whose inbox may hold messages → when to look (Redis clock, ms)
+ACCEPT_GRACE_MS = 5_000  # a fresh message's own job normally starts well within this
+RECHECK_MS = 10_000  # an inbox handed to a job (or whose job still waits in the queue) is looked at again
+SWEEP_SECONDS = 3.0
+SWEEP_BATCH = 500
+SWEEP_ITEMS = 50  # jobs of an inbox's oldest messages checked for "still queued"
 
 
 # --------------------------------------------------------------------------------------------- ordering
 
-# KEYS: the seen-keys (message id, event id), the job's key, the inbox. A job key that exists means this
-# message was enqueued before (its claim expired): still a duplicate. ARGV: ttl, score, member, inbox ttl.
+# KEYS: the seen-keys (message id, event id), the job's key, the inbox, the inbox marks. A job key that
+# exists means this message was enqueued before (its claim expired): still a duplicate.
+# ARGV: ttl, score, member, inbox ttl, the namespace key, the grace before a sweep looks at the inbox.
 _ACCEPT = """
-for i = 1, #KEYS - 1 do
+local n = #KEYS
+for i = 1, n - 2 do
   if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end
 end
-for i = 1, #KEYS - 2 do
+for i = 1, n - 3 do
   redis.call('SET', KEYS[i], '1', 'EX', ARGV[1])
 end
-redis.call('ZADD', KEYS[#KEYS], ARGV[2], ARGV[3])
-redis.call('EXPIRE', KEYS[#KEYS], ARGV[4])
+redis.call('ZADD', KEYS[n - 1], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[n - 1], ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[n], string.format('%d', now + tonumber(ARGV[6])), ARGV[5])
 return 1
+"""
+
+# The sweep's claim on one inbox mark, atomic so two sweepers never both hand it out. KEYS: the marks, the
+# inbox, the turn lease. ARGV: the namespace key, the recheck delay (ms), how many members to return.
+# Returns the inbox's oldest members when nobody holds its lease (the mark is pushed RECHECK_MS ahead),
+# else nil: not due; empty (unmarked); leased (a turn runs: the mark stays due, so the next sweep after the
+# lease expired sees it — at most one leased inbox per worker, so that costs little).
+_CLAIM = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not due or tonumber(due) > now then return false end
+if redis.call('ZCARD', KEYS[2]) == 0 then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return false
+end
+if redis.call('PTTL', KEYS[3]) > 0 then return false end
+redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[2])), ARGV[1])
+return redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[3]) - 1)
 """
 
 
@@ -59,7 +102,19 @@ def turn_job_id(inbound: Inbound) -> str:
 
 
 def _inbox(ns: Namespace) -> str:
-    return f"lucid:inbox:{ns.key}"
+    return _inbox_of(ns.key)
+
+
+def _inbox_of(ns_key: str) -> str:
+    return f"lucid:inbox:{ns_key}"
+
+
+def _turnlock_of(ns_key: str) -> str:
+    return f"lucid:turnlock:{ns_key}"
+
+
+def _resumed_key(ns_key: str) -> str:
+    return f"lucid:resumed:{ns_key}"
 
 
 def _done_key(inbound: Inbound) -> str:
@@ -69,8 +124,9 @@ def _done_key(inbound: Inbound) -> str:
 class Intake:
     """The webhook's side of the chat queue: dedupe, the person's inbox, the turn job — nothing slow."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, grace_ms: int = ACCEPT_GRACE_MS) -> None:
         self.client = client
+        self.grace_ms = grace_ms
         self.queue = Queue("chat", connection=client)
         self._accept = client.register_script(_ACCEPT)
 
@@ -95,8 +151,12 @@ class Intake:
             data = inbound.to_json()
             member = json.dumps(data, ensure_ascii=False, sort_keys=True)
             job_key = self.queue.job_class.key_for(turn_job_id(inbound))
-            keys = [*seen, job_key, _inbox(inbound.ns)]
-            self._accept(keys=keys, args=[SEEN_TTL, inbound.create_time, member, INBOX_TTL], client=pipe)
+            ns_key = inbound.ns.key
+            keys = [*seen, job_key, _inbox_of(ns_key), INBOXES]
+            grace = self.grace_ms
+            self._accept(
+                keys=keys, args=[SEEN_TTL, inbound.create_time, member, INBOX_TTL, ns_key, grace], client=pipe
+            )
             claims.append((inbound, data, seen, member))
         fresh = [bool(ok) for ok in pipe.execute()]
         if not any(fresh):
@@ -104,15 +164,7 @@ class Intake:
         pipe = self.client.pipeline(transaction=False)
         for (inbound, data, _, _), ok in zip(claims, fresh, strict=True):
             if ok:
-                self.queue.enqueue_call(
-                    "workers.turn.handle_message",  # by name: the turn module imports this one
-                    args=(data,),
-                    job_id=turn_job_id(inbound),
-                    timeout=TURN_JOB_TIMEOUT,
-                    result_ttl=3600,
-                    failure_ttl=7 * 86400,
-                    pipeline=pipe,
-                )
+                _enqueue_turn(self.queue, data, turn_job_id(inbound), pipe)
         try:
             pipe.execute()
         except BaseException:
@@ -134,6 +186,19 @@ class Intake:
             )
 
 
+def _enqueue_turn(queue: Queue, data: dict[str, Any], job_id: str, pipe: Any, at_front: bool = False) -> None:
+    queue.enqueue_call(
+        "workers.turn.handle_message",  # by name: the turn module imports this one
+        args=(data,),
+        job_id=job_id,
+        timeout=TURN_JOB_TIMEOUT,
+        result_ttl=3600,
+        failure_ttl=7 * 86400,
+        at_front=at_front,
+        pipeline=pipe,
+    )
+
+
 class Mailbox:
     """The worker's side: answer a namespace's messages one at a time, oldest first (see module docs)."""
 
@@ -143,7 +208,7 @@ class Mailbox:
         self.poll = poll
 
     def _lease(self, ns: Namespace) -> RedisLease | None:
-        key, owner = f"lucid:turnlock:{ns.key}", secrets.token_hex(12)
+        key, owner = _turnlock_of(ns.key), secrets.token_hex(12)
         if self.client.set(key, owner, nx=True, px=TURN_LEASE_MS):
             return RedisLease(self.client, key, owner, 0, TURN_LEASE_MS)
         return None
@@ -203,3 +268,117 @@ class Mailbox:
             except Exception:
                 log.exception("turn crashed: ns=%s message=%s", item.ns.key, item.message_id)
         self.client.set(_done_key(item), "1", ex=SEEN_TTL)
+
+
+# --------------------------------------------------------------------------------------------- recovery
+
+_WAITING = {JobStatus.QUEUED.value, JobStatus.DEFERRED.value, JobStatus.SCHEDULED.value}
+
+
+class Sweeper:
+    """Hands an inbox nobody is draining (its worker died mid-turn) to a new turn job (see module docs).
+
+    Cost: one lock attempt per worker per SWEEP_SECONDS; the one that wins reads the due marks (inboxes
+    that got a message in the last few seconds, or that are leased, or stuck) in a few pipelined round
+    trips — O(active inboxes), never a scan of Redis.
+    """
+
+    LOCK = "lucid:sweeping"
+
+    def __init__(
+        self, client: redis.Redis, interval: float = SWEEP_SECONDS, recheck_ms: int = RECHECK_MS
+    ) -> None:
+        self.client = client
+        self.interval = interval
+        self.recheck_ms = recheck_ms
+        self.queue = Queue("chat", connection=client)
+        self._claim = client.register_script(_CLAIM)
+
+    def sweep_if_due(self) -> list[str]:
+        """Sweep unless another worker did in the last interval; the namespace keys handed to a job."""
+        ttl = max(1, int(self.interval * 900))  # a little under the interval: the next tick finds it free
+        if not self.client.set(self.LOCK, secrets.token_hex(6), nx=True, px=ttl):
+            return []
+        return self.sweep()
+
+    def sweep(self) -> list[str]:
+        """One pass over the due marks; returns the namespace keys it queued a job for."""
+        seconds, micros = self.client.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        due = [_text(k) for k in self.client.zrangebyscore(INBOXES, "-inf", now_ms, start=0, num=SWEEP_BATCH)]
+        if not due:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for key in due:
+            self._claim(
+                keys=[INBOXES, _inbox_of(key), _turnlock_of(key)],
+                args=[key, self.recheck_ms, SWEEP_ITEMS],
+                client=pipe,
+            )
+        unattended: list[tuple[str, list[Inbound]]] = []
+        for key, members in zip(due, pipe.execute(), strict=True):
+            items = _readable(key, members or [])
+            if items:
+                unattended.append((key, items))
+        if not unattended:
+            return []
+        # Is one of the inbox's jobs (its messages' own, or the last one queued here) still waiting for a
+        # worker? Then it is a backlog, not a death: that job will drain the inbox.
+        resumed = self.client.mget([_resumed_key(key) for key, _ in unattended])
+        pipe = self.client.pipeline(transaction=False)
+        for (_, items), last in zip(unattended, resumed, strict=True):
+            ids = [turn_job_id(item) for item in items] + ([_text(last)] if last else [])
+            for job_id in ids:
+                pipe.hget(self.queue.job_class.key_for(job_id), "status")
+        statuses = iter(pipe.execute())
+        stuck: list[tuple[str, Inbound]] = []
+        for (key, items), last in zip(unattended, resumed, strict=True):
+            mine = [next(statuses) for _ in range(len(items) + (1 if last else 0))]
+            if not any(s is not None and _text(s) in _WAITING for s in mine):
+                stuck.append((key, items[0]))
+        if not stuck:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for key, head in stuck:
+            job_id = "resume-" + hashlib.sha1(f"{key}:{head.message_id}:{now_ms}".encode()).hexdigest()[:32]
+            _enqueue_turn(self.queue, head.to_json(), job_id, pipe, at_front=True)
+            pipe.set(_resumed_key(key), job_id, ex=INBOX_TTL)
+        pipe.execute()
+        for key, head in stuck:
+            log.warning(
+                "ns=%s: message=%s waits with no live turn (its worker died?); queued a turn to answer it",
+                key,
+                head.message_id,
+            )
+        return [key for key, _ in stuck]
+
+    def run(self, stop: threading.Event) -> None:
+        """Sweep every `interval` (±10 %) until `stop` is set; Redis errors are logged, never raised."""
+        jitter = secrets.SystemRandom()
+        failing = False
+        while True:
+            try:
+                self.sweep_if_due()
+                failing = False
+            except redis.RedisError as exc:
+                if not failing:  # once per outage, not every few seconds from every worker
+                    log.warning("inbox sweep failed (retrying every %.0f s): %s", self.interval, exc)
+                failing = True
+            except Exception:  # a bug here must not stop the sweeping for the life of the worker
+                log.exception("inbox sweep failed")
+            if stop.wait(self.interval * jitter.uniform(0.9, 1.1)):
+                return
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _readable(key: str, members: list[Any]) -> list[Inbound]:
+    items = []
+    for member in members:
+        try:
+            items.append(Inbound.from_json(json.loads(member)))
+        except (ValueError, TypeError) as exc:
+            log.error("an unreadable inbox entry of ns=%s (the next turn drops it): %s", key, exc)
+    return items

@@ -4,17 +4,23 @@ Chat turns come first, background extraction second, dreaming last: a long deep 
 reply for longer than the job it is already running. The worker runs rq's scheduler too, so retries with
 an interval (dream jobs retry after 30 s and 120 s) and jobs whose worker died are picked up again.
 Jobs run in this process (SimpleWorker), so caches stay warm between jobs; job modules are imported here.
+
+Each worker also runs the inbox sweeper in a thread (`mailbox.Sweeper`; one worker sweeps per interval):
+a message whose worker was killed mid-turn is answered about 15 s (the turn lease) + a few seconds later,
+even if the person never writes again. No extra process: every deployment that runs a worker has it.
 """
 
 from __future__ import annotations
 
 import gc
+import threading
 
 from rq import SimpleWorker
 
 from memory_core.errors import InvalidInput
 
 from . import dreaming, extraction, scheduler  # noqa: F401  (pre-import the job modules before forking)
+from .mailbox import Sweeper
 from .runtime import QUEUES, Runtime, install
 
 
@@ -28,4 +34,12 @@ def run_worker(runtime: Runtime, burst: bool = False) -> bool:
     # reload a 200k-message index from disk for every message). Scale out with more worker processes.
     gc.freeze()  # lark-oapi and friends leave ~400k long-lived objects; keep full collections short
     worker = SimpleWorker([runtime.queue(name) for name in QUEUES], connection=runtime.redis)
-    return bool(worker.work(burst=burst, with_scheduler=True))
+    stop = threading.Event()
+    sweeper = threading.Thread(
+        target=Sweeper(runtime.redis).run, args=(stop,), name="lucid-inbox-sweeper", daemon=True
+    )
+    sweeper.start()
+    try:
+        return bool(worker.work(burst=burst, with_scheduler=True))
+    finally:
+        stop.set()
