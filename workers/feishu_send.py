@@ -14,6 +14,10 @@ only `FeishuError` leaves the module:
   by a slot scheduler in Redis that every worker process shares;
 - long answers are split on paragraph boundaries; Markdown goes out as a `post` with one `md` node, plain text
   as `text`, and a `post` Feishu refuses is sent again as plain text.
+
+A failure is `retryable` when time can cure it (rate limits, 5xx, unreadable bodies, timeouts, refused
+connections, token trouble other than a wrong app id or secret). A turn's reply still refused that way after
+these tries is not dropped: `workers.outbox` parks it and delivers it later with the same uuids.
 """
 
 from __future__ import annotations
@@ -57,7 +61,10 @@ _MARKDOWN = re.compile(r"(\*\*|__|`|^#{1,6} |^\s*[-*+] |^\s*\d+\. |\[[^\]]+\]\([
 
 
 class FeishuError(LucidError):
-    """Feishu refused a request, or kept failing after retries. `code` is Feishu's, 0 for transport errors."""
+    """Feishu refused a request, or kept failing after retries. `code` is Feishu's, 0 for transport errors.
+
+    From `reply`, `chunks_sent` is how many chunks of the answer were posted before the one that failed.
+    """
 
     def __init__(
         self, message: str, code: int = 0, log_id: str | None = None, retryable: bool = False
@@ -66,6 +73,7 @@ class FeishuError(LucidError):
         self.code = code
         self.log_id = log_id
         self.retryable = retryable
+        self.chunks_sent = 0
 
 
 @dataclass(frozen=True)
@@ -219,25 +227,43 @@ class FeishuSender:
 
     # -------------------------------------------------------------------------------------- API
 
-    def reply(self, message_id: str, text: str, *, chat_id: str | None = None) -> list[str]:
-        """Reply to `message_id` with `text` (split as needed); returns the ids of the messages posted."""
+    def reply(
+        self,
+        message_id: str,
+        text: str,
+        *,
+        chat_id: str | None = None,
+        attempts: int = 0,
+        start: int = 0,
+    ) -> list[str]:
+        """Reply to `message_id` with `text` (split as needed); returns the ids of the messages posted.
+
+        `attempts` per chunk (default: the retry policy's); `start` skips chunks posted by an earlier call.
+        Chunk i always has the same uuid, so a chunk resent by a later call is never posted twice.
+        """
         sent: list[str] = []
         for i, chunk in enumerate(split(text)):
+            if i < start:
+                continue
             uuid = message_id if i == 0 else f"{message_id}:{i}"
-            msg_type, content = render(chunk)
             try:
-                sent.append(self._reply_once(message_id, msg_type, content, uuid, chat_id))
+                sent.append(self._reply_chunk(message_id, chunk, uuid, chat_id, attempts))
             except FeishuError as exc:
-                if msg_type == "text" or exc.code not in CONTENT_REFUSED:
-                    raise
-                log.warning(
-                    "post refused (code %s, log %s) for %s; resending as text",
-                    exc.code,
-                    exc.log_id,
-                    message_id,
-                )
-                sent.append(self._reply_once(message_id, "text", plain(chunk), uuid, chat_id))
+                exc.chunks_sent = i
+                raise
         return sent
+
+    def _reply_chunk(self, message_id: str, chunk: str, uuid: str, chat_id: str | None, attempts: int) -> str:
+        msg_type, content = render(chunk)
+        try:
+            return self._reply_once(message_id, msg_type, content, uuid, chat_id, attempts)
+        except FeishuError as exc:
+            if msg_type == "text" or exc.code not in CONTENT_REFUSED:
+                raise
+            log.warning(
+                "post refused (code %s, log %s) for %s; resending as text", exc.code, exc.log_id, message_id
+            )
+            return self._reply_once(message_id, "text", plain(chunk), uuid, chat_id, attempts)
 
     def react(self, message_id: str, emoji: str = THINKING) -> str | None:
         """Add a reaction; best effort (a missing "thinking" sign must never cost the answer)."""
@@ -284,11 +310,11 @@ class FeishuSender:
     # -------------------------------------------------------------------------------------- internals
 
     def _reply_once(
-        self, message_id: str, msg_type: str, content: str, uuid: str, chat_id: str | None
+        self, message_id: str, msg_type: str, content: str, uuid: str, chat_id: str | None, attempts: int = 0
     ) -> str:
         body = ReplyMessageRequestBody.builder().msg_type(msg_type).content(content).uuid(uuid).build()
         req = ReplyMessageRequest.builder().message_id(message_id).request_body(body).build()
-        resp = self._call(self.client.im.v1.message.reply, req, "reply", chat_id or message_id)
+        resp = self._call(self.client.im.v1.message.reply, req, "reply", chat_id or message_id, attempts)
         return str(resp.data.message_id) if resp.data is not None else ""
 
     def _call(
@@ -312,6 +338,7 @@ class FeishuSender:
                 last = FeishuError(f"{what}: tenant token refused (code {exc.code})", code=int(exc.code or 0))
                 if exc.code in (10003, 10014):  # wrong app id or secret: no retry helps
                     raise last from exc
+                last.retryable = True  # the token service limiting or failing: time cures it
             except ValueError as exc:  # a non-JSON body (an HTML 502 from a proxy)
                 last = FeishuError(f"{what}: unreadable answer ({type(exc).__name__})", retryable=True)
             else:
@@ -321,13 +348,17 @@ class FeishuSender:
                 status = resp.raw.status_code if resp.raw is not None else 0
                 log_id = resp.get_log_id()
                 last = FeishuError(f"{what}: code {code} ({resp.msg})", code=code, log_id=log_id)
-                if code in TOKEN_INVALID and not token_dropped:
+                if code in TOKEN_INVALID:
                     forget_token(self.app_id)
-                    token_dropped = True
-                    attempts += 1  # the retry after a token refresh is free
-                    log.info("%s: tenant token rejected (log %s); dropped it, retrying once", what, log_id)
-                    continue
-                if code in RATE_LIMITED or status == 429:
+                    last.retryable = True
+                    if not token_dropped:
+                        token_dropped = True
+                        attempts += 1  # the retry after a token refresh is free
+                        log.info(
+                            "%s: tenant token rejected (log %s); dropped it, retrying once", what, log_id
+                        )
+                        continue
+                elif code in RATE_LIMITED or status == 429:
                     last.retryable = True
                     wait = max(wait, _reset_after(resp))
                 elif status >= 500:

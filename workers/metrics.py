@@ -30,6 +30,15 @@ HELP = {
     "lucid_events_ignored_total": ("counter", "Events accepted but not answered, by reason."),
     "lucid_turns_total": ("counter", "Chat turns run, by outcome."),
     "lucid_turn_seconds": ("histogram", "Wall time of a chat turn, from job start to reply sent."),
+    "lucid_replies_parked_total": (
+        "counter",
+        "Replies Feishu did not take within the turn's tries, parked for later delivery.",
+    ),
+    "lucid_replies_delivered_late_total": ("counter", "Parked replies delivered by a later attempt."),
+    "lucid_replies_undelivered_total": (
+        "counter",
+        "Replies never delivered, by reason (refused: a refusal no retry cures; deadline: retried too long).",
+    ),
     "lucid_dream_runs_total": ("counter", "Dream runs, by phase and outcome."),
     "lucid_dream_operations_total": ("counter", "Dream operations applied, by phase and kind."),
     "lucid_dream_rejections_total": ("counter", "Dream operations rejected by the cage, by reason."),

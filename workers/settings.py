@@ -7,6 +7,7 @@ kept out of `repr` so they never reach a log line.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,24 @@ class Persona:
     bot_open_id: str = ""
 
 
+REPLY_DEADLINE = 50 * 60.0
+MAX_REPLY_DEADLINE = 55 * 60.0  # Feishu runs a uuid at most once an hour: every retry must stay inside it
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$", re.I)
+_UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_reply_deadline(text: str) -> float:
+    """`LUCID_REPLY_DEADLINE`: seconds, or `50m`, `90s`; more than 0 and at most 55 minutes."""
+    m = _DURATION.match(text)
+    seconds = float(m.group(1)) * _UNIT[m.group(2).lower()] if m else -1.0
+    if not 0 < seconds <= MAX_REPLY_DEADLINE:
+        raise InvalidInput(
+            "LUCID_REPLY_DEADLINE must be a duration such as 50m or 600 (seconds), more than 0 and at most "
+            f"55m (Feishu keeps a reply's uuid for an hour; later retries could post twice), got {text!r}"
+        )
+    return seconds
+
+
 @dataclass(frozen=True)
 class Settings:
     data_dir: Path = Path("./lucid-data")
@@ -47,6 +66,7 @@ class Settings:
     port: int = 8080
     admin_token: str | None = field(default=None, repr=False)
     now: datetime | None = None
+    reply_deadline: float = REPLY_DEADLINE
     personas: Mapping[str, Persona] = field(default_factory=dict)
 
     @classmethod
@@ -67,6 +87,7 @@ class Settings:
             now = parse_time(now_text) if now_text else None
         except ValueError as exc:
             raise InvalidInput(f"LUCID_NOW must be an ISO time such as 2026-06-20T09:00:00Z: {exc}") from exc
+        deadline_text = get("LUCID_REPLY_DEADLINE")
         values: dict[str, Any] = dict(
             data_dir=Path(get("LUCID_DATA") or "./lucid-data"),
             config_path=Path(get("LUCID_CONFIG") or "./lucid.toml"),
@@ -80,6 +101,7 @@ class Settings:
             port=port,
             admin_token=get("LUCID_ADMIN_TOKEN"),
             now=now,
+            reply_deadline=parse_reply_deadline(deadline_text) if deadline_text else REPLY_DEADLINE,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)

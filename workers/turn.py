@@ -50,6 +50,7 @@ from .llm import LLMError, LLMUnavailable
 from .mailbox import Mailbox
 from .memory_service import Assembly, MemoryService, service_for
 from .metrics import Metrics
+from .outbox import ReplyParked, send_reply
 from .runtime import Runtime, current
 from .settings import Persona
 
@@ -86,12 +87,17 @@ def run_turn(
         log.exception("turn failed: ns=%s message=%s", inbound.ns.key, inbound.message_id)
         result.mode = "error"
         result.reply = say(inbound, "error")
+    parked = False
     try:
         reply_fn(result.reply)
         result.delivered = True
+    except ReplyParked:  # Feishu did not take it now; the outbox delivers it later (its log says so)
+        parked = True
     except LucidError as exc:
         log.error("reply not delivered: ns=%s message=%s (%s)", inbound.ns.key, inbound.message_id, exc)
-    if after is not None and result.delivered:  # an answer nobody saw is not recorded as said
+    # An answer nobody will see is not recorded as said; a parked one will be seen (or its give-up is an
+    # error in the log), so the conversation goes on from it.
+    if after is not None and (result.delivered or parked):
         try:
             after()
         except Exception:
@@ -102,7 +108,7 @@ def run_turn(
         inbound.ns.key,
         inbound.message_id,
         result.mode,
-        result.delivered,
+        "parked" if parked else result.delivered,
         len(result.outcomes),
         len(result.recalled),
         result.tool_calls,
@@ -398,9 +404,7 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
     started = time.perf_counter()
     outcome = "error"
     try:
-        result = run_turn(
-            runtime, inbound, lambda text: sender.reply(inbound.message_id, text, chat_id=inbound.chat_id)
-        )
+        result = run_turn(runtime, inbound, lambda text: send_reply(runtime, sender, inbound, text))
         outcome = "ok"
         return result
     finally:

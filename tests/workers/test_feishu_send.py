@@ -177,3 +177,14 @@ def test_content_is_sent_without_ascii_escapes(fake: FakeFeishu) -> None:
     sender(fake).reply(inbound(fake), "中文" * 10)
     [call] = fake.calls("reply")
     assert "\\u" not in json.dumps(call.body, ensure_ascii=False)
+
+
+def test_token_trouble_is_retryable_but_a_wrong_app_secret_is_not(fake: FakeFeishu) -> None:
+    s, mid = sender(fake), inbound(fake)
+    fake.fail("token", *[api_error(99991400, "token endpoint rate limited", status=429)] * 4)
+    with pytest.raises(FeishuError) as limited:
+        s.reply(mid, "x")
+    assert limited.value.retryable and fake.sent == []  # parked and sent again later (workers.outbox)
+    with FakeFeishu(app_secret="the-right-secret") as strict, pytest.raises(FeishuError) as wrong:
+        sender(strict).reply(inbound(strict), "x")
+    assert not wrong.value.retryable and wrong.value.code == 10014 and strict.token_fetches == 1
