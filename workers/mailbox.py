@@ -286,9 +286,14 @@ class Sweeper:
     LOCK = "lucid:sweeping"
 
     def __init__(
-        self, client: redis.Redis, interval: float = SWEEP_SECONDS, recheck_ms: int = RECHECK_MS
+        self,
+        client: redis.Redis,
+        interval: float = SWEEP_SECONDS,
+        recheck_ms: int = RECHECK_MS,
+        also: Sequence[Callable[[], object]] = (),
     ) -> None:
         self.client = client
+        self.also = tuple(also)  # further watchdogs run under the same lock (the outbox's `rescue`)
         self.interval = interval
         self.recheck_ms = recheck_ms
         self.queue = Queue("chat", connection=client)
@@ -299,6 +304,8 @@ class Sweeper:
         ttl = max(1, int(self.interval * 900))  # a little under the interval: the next tick finds it free
         if not self.client.set(self.LOCK, secrets.token_hex(6), nx=True, px=ttl):
             return []
+        for watchdog in self.also:
+            watchdog()
         return self.sweep()
 
     def sweep(self) -> list[str]:

@@ -23,9 +23,12 @@ token trouble), the answer is not dropped: `send_reply` parks it and raises `Rep
   never held back behind an old reply.
 - Give up: at once on a refusal no retry cures (message recalled, bot removed from the chat, no permission),
   or when the deadline comes: an error in the log and `lucid_replies_undelivered_total{reason}`, never silently.
-- A worker killed mid-attempt: RQ runs the abandoned job again (`Retry`; RQ notices it at its next registry
-  cleanup, minutes later); the hash is still there and the uuid keeps the post single. A lock per parked reply (`SET NX PX`) keeps two jobs, or a job and a turn, from
-  sending the same one at once.
+- A worker killed mid-attempt, or a retry job that never runs (the worker holding RQ's scheduler lock was
+  killed: other workers take the scheduler over only at their 10-minute maintenance): every scheduled job
+  also writes when it is due into `lucid:replies:due`; the workers' sweeper (`rescue`, every few seconds)
+  queues a job at once for a parked reply whose job is more than OVERDUE_MS late. The hash is still there and
+  the uuid keeps the post single. A lock per parked reply (`SET NX PX`) keeps two jobs, or a job and a turn,
+  from sending the same one at once.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ JITTER = 0.1
 LOCK_MS = 90_000  # one attempt: a 10 s SDK timeout, maybe a token fetch, pacing; far below this
 KEEP = 3600  # keys expire this long after their give-up time, whatever happened to their jobs
 JOB_TIMEOUT = 120
+DUE = "lucid:replies:due"  # "<persona>\x1f<message id>" → when its next job is due (epoch ms)
+OVERDUE_MS = 30_000  # a retry job this late never ran: its worker died, or the RQ scheduler did
+RESCUE_BATCH = 200
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -113,6 +119,14 @@ class Parked:
         )
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _due_member(persona: str, message_id: str) -> str:
+    return f"{persona}\x1f{message_id}"
+
+
 def _entry(persona: str, message_id: str) -> str:
     return f"lucid:reply:{persona}:{message_id}"
 
@@ -133,8 +147,11 @@ def backoff(n: int) -> float:
 class Outbox:
     """The parked replies of every chat, in Redis."""
 
-    def __init__(self, client: redis.Redis, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, client: redis.Redis, metrics: Metrics | None = None, overdue_ms: int = OVERDUE_MS
+    ) -> None:
         self.client = client
+        self.overdue_ms = overdue_ms
         self.metrics = metrics or Metrics(client)
         self.queue = Queue(QUEUE, connection=client)
         self._release = client.register_script(_RELEASE)
@@ -182,28 +199,35 @@ class Outbox:
             p.give_up_at - time.time(),
         )
 
-    def _schedule(self, pipe: Any, p: Parked, n: int, delay: float) -> None:
+    def _schedule(self, pipe: Any | None, p: Parked, n: int, delay: float) -> None:
+        """The n-th retry job of `p`, `delay` seconds from now (through RQ's scheduler), or at once (`pipe`
+        None: straight onto the queue's front, no scheduler involved); its due mark for `rescue`."""
+        due = {_due_member(p.persona, p.message_id): int((time.time() + delay) * 1000)}
+        (pipe if pipe is not None else self.client).zadd(DUE, due)
         tag = hashlib.sha1(f"{p.persona}:{p.message_id}".encode()).hexdigest()[:24]
-        self.queue.enqueue_in(
-            timedelta(seconds=delay),
-            deliver_parked,
-            p.persona,
-            p.message_id,
-            n,
-            job_id=f"reply-{tag}-{n}-{secrets.token_hex(3)}",
-            job_timeout=JOB_TIMEOUT,
-            result_ttl=600,
-            failure_ttl=7 * 86400,
-            retry=JobRetry(max=3, interval=[10, 30, 60]),  # a worker killed mid-attempt: run it again
-            pipeline=pipe,
-        )
+        options: dict[str, Any] = {
+            "job_id": f"reply-{tag}-{n}-{secrets.token_hex(3)}",
+            "job_timeout": JOB_TIMEOUT,
+            "result_ttl": 600,
+            "failure_ttl": 7 * 86400,
+            "retry": JobRetry(max=3, interval=[10, 30, 60]),  # a job that raised: run it again
+            "pipeline": pipe,
+        }
+        if pipe is None:
+            del options["pipeline"]
+            self.queue.enqueue(deliver_parked, p.persona, p.message_id, n, at_front=True, **options)
+        else:
+            self.queue.enqueue_in(
+                timedelta(seconds=delay), deliver_parked, p.persona, p.message_id, n, **options
+            )
 
     def _remove(self, p: Parked) -> bool:
         """Forget `p`; True if this call removed it (so only one caller logs and counts the outcome)."""
         with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(_entry(p.persona, p.message_id))
             pipe.zrem(_chat(p.persona, p.chat_id), p.message_id)
-            removed, _ = pipe.execute()
+            pipe.zrem(DUE, _due_member(p.persona, p.message_id))
+            removed, _, _ = pipe.execute()
         return bool(removed)
 
     def _drop(self, p: Parked, reason: str, error: FeishuError | str) -> None:
@@ -330,6 +354,32 @@ class Outbox:
                 return "given up"
             self._schedule_now(p, n + 1, delay)
             return f"failed; next try in {delay:.0f}s"
+
+    def rescue(self) -> list[str]:
+        """Queue a job now for every parked reply whose retry job is overdue (see the module docs); the
+        message ids it queued. Run by the workers' sweeper thread; cost O(overdue replies)."""
+        now_ms = int(time.time() * 1000)
+        late = now_ms - self.overdue_ms
+        members = [_text(m) for m in self.client.zrangebyscore(DUE, "-inf", late, 0, RESCUE_BATCH)]
+        rescued: list[str] = []
+        for member in members:
+            persona, _, message_id = member.partition("\x1f")
+            p = self.get(persona, message_id)
+            if p is None:
+                self.client.zrem(DUE, member)
+                continue
+            if self.client.exists(_lock(persona, message_id)):  # being sent right now
+                self.client.zadd(DUE, {member: now_ms})
+                continue
+            self._schedule(None, p, p.attempts, JOB_TIMEOUT)  # queued now; its due mark gives it time to run
+            rescued.append(message_id)
+            log.warning(
+                "parked reply to message=%s (persona %s): its retry job is overdue (worker or scheduler died?);"
+                " queued another",
+                message_id,
+                persona,
+            )
+        return rescued
 
     def _schedule_now(self, p: Parked, n: int, delay: float) -> None:
         with self.client.pipeline(transaction=True) as pipe:

@@ -7,7 +7,9 @@ Jobs run in this process (SimpleWorker), so caches stay warm between jobs; job m
 
 Each worker also runs the inbox sweeper in a thread (`mailbox.Sweeper`; one worker sweeps per interval):
 a message whose worker was killed mid-turn is answered about 15 s (the turn lease) + a few seconds later,
-even if the person never writes again. No extra process: every deployment that runs a worker has it.
+even if the person never writes again. The same thread rescues parked replies whose retry job is overdue
+(`outbox.Outbox.rescue`: the job's worker died, or the worker holding RQ's scheduler lock did). No extra
+process: every deployment that runs a worker has it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from memory_core.errors import InvalidInput
 
 from . import dreaming, extraction, scheduler  # noqa: F401  (pre-import the job modules before forking)
 from .mailbox import Sweeper
+from .outbox import Outbox
 from .runtime import QUEUES, Runtime, install
 
 
@@ -36,7 +39,10 @@ def run_worker(runtime: Runtime, burst: bool = False) -> bool:
     worker = SimpleWorker([runtime.queue(name) for name in QUEUES], connection=runtime.redis)
     stop = threading.Event()
     sweeper = threading.Thread(
-        target=Sweeper(runtime.redis).run, args=(stop,), name="lucid-inbox-sweeper", daemon=True
+        target=Sweeper(runtime.redis, also=[Outbox(runtime.redis).rescue]).run,
+        args=(stop,),
+        name="lucid-inbox-sweeper",
+        daemon=True,
     )
     sweeper.start()
     try:

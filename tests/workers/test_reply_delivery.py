@@ -264,3 +264,32 @@ def test_nothing_is_parked_without_a_failure(rt: Runtime, fake: FakeFeishu) -> N
     send(rt, msg)
     assert work_until(rt, lambda: bool(replies(fake, msg.message_id)), timeout=30)
     assert parked(rt) == [] and scheduled(rt) == 0 and Outbox(rt.redis).pending("p", CHAT) == []  # type: ignore[arg-type]
+
+
+def test_a_parked_reply_whose_retry_job_never_runs_is_rescued_by_the_sweeper(
+    rt: Runtime, fake: FakeFeishu
+) -> None:
+    """The worker holding RQ's scheduler lock was SIGKILLed (others take the scheduler over only at their
+    10-minute maintenance), so the scheduled retry never becomes a job: the workers' sweeper queues one."""
+    from workers.mailbox import Sweeper
+
+    assert rt.redis is not None
+    first = message(fake, "记住我的车停在B2层")
+    fake.fail("reply", *[rate_limited(reset_seconds=0)] * 4)
+    send(rt, first)
+
+    def work_without_scheduler() -> None:
+        Worker(["chat", "memory"], connection=rt.redis).work(burst=True, with_scheduler=False)
+
+    work_without_scheduler()
+    assert len(parked(rt)) == 1 and scheduled(rt) == 1 and not replies(fake, first.message_id)
+    sweeper = Sweeper(rt.redis, also=[Outbox(rt.redis, overdue_ms=0).rescue])
+    assert sweeper.sweep_if_due() == [] and not replies(fake, first.message_id)  # not due yet: 2 s backoff
+    time.sleep(2.2)
+    rt.redis.delete(Sweeper.LOCK)  # the next tick of the sweep
+    sweeper.sweep_if_due()
+    work_without_scheduler()
+
+    assert len(replies(fake, first.message_id)) == 1
+    assert parked(rt) == [] and rt.redis.zcard("lucid:replies:due") == 0
+    assert reply_calls(fake, first.message_id) == [first.message_id] * 5  # one uuid throughout
