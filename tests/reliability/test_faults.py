@@ -657,7 +657,9 @@ async def test_extraction_stores_facts_not_the_models_chatter(shared: Shared, fi
     figures.update(extracted=extracted)
     junk = [t for t, _ in extracted if "好的" in t or "<think>" in t or "im_end" in t or "action" in t]
     assert junk == [], f"extraction stored the model's chatter as memories: {junk}"
-    assert [e.text for e in entries if "跑步五公里" in e.text], "the real fact behind a <think> block was lost"
+    assert [e.text for e in entries if "跑步五公里" in e.text], (
+        "the real fact behind a <think> block was lost"
+    )
     assert not [e for e in entries if e.resident and e.source == "extract"]
 
 
