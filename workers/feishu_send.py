@@ -47,7 +47,7 @@ from lark_oapi.core.token import TokenManager
 
 from memory_core.errors import LucidError
 
-from .settings import Persona
+from .settings import SEND_RATE, Persona
 
 log = logging.getLogger(__name__)
 
@@ -91,52 +91,83 @@ _PACE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local slot = now
+local tats = {}
 for i, key in ipairs(KEYS) do
-  local nxt = tonumber(redis.call('GET', key) or '0')
-  if nxt > slot then slot = nxt end
+  local tat = tonumber(redis.call('GET', key) or '0')
+  if tat < now then tat = now end
+  tats[i] = tat
+  local earliest = tat - tonumber(ARGV[2 * i])
+  if earliest > slot then slot = earliest end
 end
 for i, key in ipairs(KEYS) do
-  redis.call('SET', key, slot + tonumber(ARGV[i]), 'PX', tonumber(ARGV[i]) + 2000)
+  local tat = tats[i]
+  if slot > tat then tat = slot end
+  local nxt = tat + tonumber(ARGV[2 * i - 1])
+  redis.call('SET', key, nxt, 'PX', math.ceil(nxt - now) + 2000)
 end
 return slot - now
 """
 
 
 class Pacer:
-    """Hands out send slots: at most `chat_qps` per chat and `app_qps` per app, across every process.
+    """Hands out send slots under Feishu's limits, across every process (Feishu docs, "频控策略"):
 
-    Each call reserves the next free slot of both buckets atomically (one Lua call) and sleeps until it.
-    Without Redis (the terminal chat) the same schedule is kept in process.
+    - per chat (a user or a group): `chat_qps` (4, under the documented 5 QPS);
+    - per app: `app_qps` (40, under 50/s) and `app_limit` = (count, seconds) — 1000 per minute by default, so
+      a busy bot's sustained rate stays under Feishu's per-minute quota instead of living on 429s
+      (LUCID_FEISHU_SEND_RATE changes it for an app with another quota).
+
+    Each bucket is a GCRA (generic cell rate algorithm) cell: an interval between sends and a tolerance for
+    a burst. Per chat and per second: a plain spacing. Per minute: a burst of count/30 at once, then an
+    interval of seconds/(count − burst), so no window of `seconds` ever holds more than `count` sends. Each
+    call reserves the next slot of every bucket atomically (one Lua call, Redis's clock) and sleeps until
+    it. Without Redis (the terminal chat) the same schedule is kept in process.
     """
 
-    def __init__(self, client: redis.Redis | None, chat_qps: float = 4.0, app_qps: float = 40.0) -> None:
+    def __init__(
+        self,
+        client: redis.Redis | None,
+        chat_qps: float = 4.0,
+        app_qps: float = 40.0,
+        app_limit: tuple[int, float] = (1000, 60.0),
+    ) -> None:
         self.client = client
-        self.chat_ms = int(1000 / chat_qps)
-        self.app_ms = int(1000 / app_qps)
+        self.chat_ms = 1000 / chat_qps
+        self.app_ms = 1000 / app_qps
+        count, seconds = app_limit
+        burst = max(1, count // 30)
+        self.window_ms = seconds * 1000 / max(1, count - burst)
+        self.window_tolerance = (burst - 1) * self.window_ms
         self._script = client.register_script(_PACE) if client is not None else None
         self._local: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def wait(self, app_id: str, chat_id: str | None) -> float:
-        keys = [f"lucid:pace:app:{app_id}"] + ([f"lucid:pace:chat:{chat_id}"] if chat_id else [])
-        spacing = [self.app_ms] + ([self.chat_ms] if chat_id else [])
-        delay = self._reserve(keys, spacing) / 1000
+        buckets = [
+            (f"lucid:pace:app:{app_id}", self.app_ms, 0.0),
+            (f"lucid:pace:appmin:{app_id}", self.window_ms, self.window_tolerance),
+        ]
+        if chat_id:
+            buckets.append((f"lucid:pace:chat:{chat_id}", self.chat_ms, 0.0))
+        delay = self._reserve(buckets) / 1000
         if delay > 0:
             time.sleep(delay)
         return delay
 
-    def _reserve(self, keys: list[str], spacing: list[int]) -> float:
+    def _reserve(self, buckets: list[tuple[str, float, float]]) -> float:
         if self._script is not None:
             try:
-                return float(self._script(keys=keys, args=spacing))
+                args = [v for _, interval, tolerance in buckets for v in (interval, tolerance)]
+                return float(self._script(keys=[k for k, _, _ in buckets], args=args))
             except redis.RedisError as exc:  # pacing is a courtesy: never fail a send over it
                 log.warning("send pacing unavailable (%s); sending unpaced", type(exc).__name__)
                 return 0.0
         with self._lock:
             now = time.monotonic() * 1000
-            slot = max([now] + [self._local.get(k, 0.0) for k in keys])
-            for key, gap in zip(keys, spacing, strict=True):
-                self._local[key] = slot + gap
+            tats = [max(now, self._local.get(k, 0.0)) for k, _, _ in buckets]
+            slot = max([now] + [tat - tol for tat, (_, _, tol) in zip(tats, buckets, strict=True)])
+            for tat, (key, interval, _) in zip(tats, buckets, strict=True):
+                self._local[key] = max(tat, slot) + interval
             return slot - now
 
 
@@ -388,16 +419,20 @@ def forget_token(app_id: str) -> None:
 
 # ----------------------------------------------------------------------------------------------- per process
 
-_senders: dict[tuple[str, str, str], FeishuSender] = {}
+_senders: dict[tuple[str, str, str, int], FeishuSender] = {}
 _senders_lock = threading.Lock()
 
 
-def sender_for(persona: Persona, domain: str, redis_client: redis.Redis | None) -> FeishuSender:
-    """One sender per (app, domain) per process, so the SDK client and its connections are reused."""
-    key = (persona.app_id, persona.app_secret, domain)
+def sender_for(
+    persona: Persona, domain: str, redis_client: redis.Redis | None, send_rate: int = SEND_RATE
+) -> FeishuSender:
+    """One sender per (app, domain) per process, so the SDK client and its connections are reused.
+    `send_rate`: the app's message quota per minute (LUCID_FEISHU_SEND_RATE)."""
+    key = (persona.app_id, persona.app_secret, domain, send_rate)
     with _senders_lock:
         sender = _senders.get(key)
         if sender is None:
-            sender = FeishuSender(persona, domain, redis_client)
+            pacer = Pacer(redis_client, app_limit=(send_rate, 60.0))
+            sender = FeishuSender(persona, domain, redis_client, pacer=pacer)
             _senders[key] = sender
         return sender

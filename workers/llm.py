@@ -7,6 +7,7 @@ unknown model, bad request) and plain results; no `ollama` or `httpx` exception 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -93,12 +94,21 @@ class LLM:
         return client
 
     def _call(self, what: str, timeout: float | None, fn: Any) -> Any:
+        """`timeout` bounds the whole call, retries included: a turn's model budget is never overrun by a
+        retry of a request that already took the budget (the retry would answer after the user was told
+        the model is unavailable, and the model would not be skipped during the cooldown)."""
         attempts = self.retries + 1
+        budget = timeout or self.timeout
+        deadline = time.monotonic() + budget
         last: Exception | None = None
         bad_output = False
         for attempt in range(attempts):
+            left = deadline - time.monotonic()
+            if attempt and left < 1.0:
+                break
             try:
-                return fn(self._client(timeout or self.timeout))
+                # whole seconds after the first try: one cached client per distinct timeout
+                return fn(self._client(budget if attempt == 0 else float(math.ceil(left))))
             except ollama.ResponseError as exc:
                 if exc.status_code is not None and exc.status_code < 500:
                     self.usage.failures += 1

@@ -2,8 +2,12 @@
 
 Two messages from one person are answered in order: each accepted message goes into the person's inbox (a
 Redis sorted set by Feishu create_time) and a `handle_message` job is enqueued. A job takes the namespace's
-turn lease (a Redis lease with heartbeat) and drains the inbox oldest first; a job that finds the lease taken
-waits until its own message is answered, or the holder dies and the lease expires. A message leaves the inbox
+turn lease (a Redis lease with heartbeat) and drains the inbox oldest first, up to its own message (the later
+ones have their own jobs, further back in the queue); a job that finds the lease taken waits until its own
+message is answered, or the holder dies and the lease expires. Draining only up to its own message keeps a
+backlog fair and fast: a person with fifty queued messages does not hold a worker for fifty replies in a row,
+each waiting out the chat's send pacing (4 per second per chat), while everyone else waits; their turns
+interleave with other people's in queue order. A recovery job (below) drains the whole inbox. A message leaves the inbox
 only after its turn, so a killed worker's message is redone by the next job — safely, because the reply's
 uuid is the message id, the raw record is idempotent by id, and upserts of the same text are no-ops.
 `depends_on` chains were rejected: a replica can enqueue B before A's job exists.
@@ -186,10 +190,13 @@ class Intake:
             )
 
 
-def _enqueue_turn(queue: Queue, data: dict[str, Any], job_id: str, pipe: Any, at_front: bool = False) -> None:
+def _enqueue_turn(
+    queue: Queue, data: dict[str, Any], job_id: str, pipe: Any, at_front: bool = False, drain: bool = False
+) -> None:
     queue.enqueue_call(
         "workers.turn.handle_message",  # by name: the turn module imports this one
         args=(data,),
+        kwargs={"drain": True} if drain else None,
         job_id=job_id,
         timeout=TURN_JOB_TIMEOUT,
         result_ttl=3600,
@@ -216,8 +223,10 @@ class Mailbox:
     def _done(self, inbound: Inbound) -> bool:
         return bool(self.client.exists(_done_key(inbound)))
 
-    def deliver(self, inbound: Inbound, run: Callable[[Inbound], Any]) -> str:
+    def deliver(self, inbound: Inbound, run: Callable[[Inbound], Any], drain: bool = False) -> str:
+        """Answer `inbound` after every older message of its person; with `drain`, the whole inbox."""
         ns = inbound.ns
+        upto = None if drain else inbound.create_time
         deadline = time.monotonic() + self.wait
         while True:
             lease = self._lease(ns)
@@ -229,21 +238,24 @@ class Mailbox:
                 time.sleep(self.poll)
                 continue
             try:
-                self._drain(ns, run)
+                self._drain(ns, run, upto)
                 if not self._done(inbound):  # enqueued without an inbox entry (or the inbox expired)
                     self._run_once(inbound, run)
             finally:
                 lease.release()
-            if not self.client.zcard(_inbox(ns)):
+            if upto is not None or not self.client.zcard(_inbox(ns)):
                 return "answered"
 
-    def _drain(self, ns: Namespace, run: Callable[[Inbound], Any]) -> None:
+    def _drain(self, ns: Namespace, run: Callable[[Inbound], Any], upto: int | None = None) -> None:
+        """Answer the inbox oldest first; with `upto`, only messages created no later than it."""
         inbox = _inbox(ns)
         while True:
-            head: list[Any] = list(self.client.zrange(inbox, 0, 0))
+            head: list[Any] = list(self.client.zrange(inbox, 0, 0, withscores=True))
             if not head:
                 return
-            member: bytes = head[0]
+            member: bytes = head[0][0]
+            if upto is not None and head[0][1] > upto:
+                return
             try:
                 item = Inbound.from_json(json.loads(member))
             except (ValueError, TypeError) as exc:
@@ -348,7 +360,7 @@ class Sweeper:
         pipe = self.client.pipeline(transaction=False)
         for key, head in stuck:
             job_id = "resume-" + hashlib.sha1(f"{key}:{head.message_id}:{now_ms}".encode()).hexdigest()[:32]
-            _enqueue_turn(self.queue, head.to_json(), job_id, pipe, at_front=True)
+            _enqueue_turn(self.queue, head.to_json(), job_id, pipe, at_front=True, drain=True)
             pipe.set(_resumed_key(key), job_id, ex=INBOX_TTL)
         pipe.execute()
         for key, head in stuck:

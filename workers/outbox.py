@@ -336,7 +336,9 @@ class Outbox:
             try:
                 if conf is None:
                     raise FeishuError(f"persona {persona} is no longer configured")
-                sender = sender_for(conf, runtime.settings.feishu_domain, self.client)
+                sender = sender_for(
+                    conf, runtime.settings.feishu_domain, self.client, runtime.settings.send_rate
+                )
             except FeishuError as exc:
                 self._drop(p, "refused", exc)
                 return "dropped"

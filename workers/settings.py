@@ -40,6 +40,23 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$", re.I)
 _UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+SEND_RATE = 1000  # Feishu's documented quota of the message APIs: 1000 per minute per app
+MAX_SEND_RATE = 100_000
+
+
+def parse_send_rate(text: str) -> int:
+    """`LUCID_FEISHU_SEND_RATE`: messages per minute per app, a whole number from 60 to 100000."""
+    try:
+        rate = int(text.strip())
+    except ValueError:
+        rate = 0
+    if not 60 <= rate <= MAX_SEND_RATE:
+        raise InvalidInput(
+            f"LUCID_FEISHU_SEND_RATE must be messages per minute per app, 60 to {MAX_SEND_RATE}, got {text!r}"
+        )
+    return rate
+
+
 def parse_reply_deadline(text: str) -> float:
     """`LUCID_REPLY_DEADLINE`: seconds, or `50m`, `90s`; more than 0 and at most 55 minutes."""
     m = _DURATION.match(text)
@@ -67,6 +84,7 @@ class Settings:
     admin_token: str | None = field(default=None, repr=False)
     now: datetime | None = None
     reply_deadline: float = REPLY_DEADLINE
+    send_rate: int = SEND_RATE
     personas: Mapping[str, Persona] = field(default_factory=dict)
 
     @classmethod
@@ -88,6 +106,7 @@ class Settings:
         except ValueError as exc:
             raise InvalidInput(f"LUCID_NOW must be an ISO time such as 2026-06-20T09:00:00Z: {exc}") from exc
         deadline_text = get("LUCID_REPLY_DEADLINE")
+        rate_text = get("LUCID_FEISHU_SEND_RATE")
         values: dict[str, Any] = dict(
             data_dir=Path(get("LUCID_DATA") or "./lucid-data"),
             config_path=Path(get("LUCID_CONFIG") or "./lucid.toml"),
@@ -102,6 +121,7 @@ class Settings:
             admin_token=get("LUCID_ADMIN_TOKEN"),
             now=now,
             reply_deadline=parse_reply_deadline(deadline_text) if deadline_text else REPLY_DEADLINE,
+            send_rate=parse_send_rate(rate_text) if rate_text else SEND_RATE,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)

@@ -379,14 +379,15 @@ class Scratch:
         return bool(self._get(name))
 
 
-def handle_message(event: dict[str, Any]) -> str:
-    """RQ job on "chat": answer `event` (an `Inbound` as JSON) in order with the person's other messages."""
+def handle_message(event: dict[str, Any], drain: bool = False) -> str:
+    """RQ job on "chat": answer `event` (an `Inbound` as JSON) in order with the person's other messages
+    (`drain`: a recovery job, which answers the person's whole inbox)."""
     runtime = current()
     inbound = Inbound.from_json(event)
     if runtime.redis is None:
         feishu_turn(runtime, inbound)
         return "answered"
-    return Mailbox(runtime.redis).deliver(inbound, lambda item: feishu_turn(runtime, item))
+    return Mailbox(runtime.redis).deliver(inbound, lambda item: feishu_turn(runtime, item), drain=drain)
 
 
 def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
@@ -396,7 +397,9 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
         log.error("message=%s is for unknown persona %s; dropped", inbound.message_id, inbound.persona)
         return None
     try:
-        sender = sender_for(persona, runtime.settings.feishu_domain, runtime.redis)
+        sender = sender_for(
+            persona, runtime.settings.feishu_domain, runtime.redis, runtime.settings.send_rate
+        )
     except FeishuError as exc:
         log.error("message=%s: %s", inbound.message_id, exc)
         return None

@@ -32,7 +32,7 @@ import itertools
 import json
 import time
 import uuid as uuidlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,6 +185,8 @@ class FakeFeishu(BackgroundServer):
     app_secret: if set, a token request with another secret gets code 10014.
     token_expire: seconds reported to the SDK; at 600 or less the SDK refetches on every call.
     chat_qps: if set, more than this many sends to one chat within a second get 230020.
+    app_limits: (count, seconds) pairs: more than `count` sends of the app within any `seconds` get the
+        gateway limit (HTTP 429, 99991400), as Feishu's "1000 per minute and 50 per second" does.
     """
 
     def __init__(
@@ -196,6 +198,7 @@ class FakeFeishu(BackgroundServer):
         token_expire: int = 7200,
         uuid_ttl: float = 3600.0,
         chat_qps: float | None = None,
+        app_limits: Sequence[tuple[int, float]] = (),
     ) -> None:
         super().__init__()
         self.bot_open_id = bot_open_id
@@ -204,6 +207,9 @@ class FakeFeishu(BackgroundServer):
         self.token_expire = token_expire
         self.uuid_ttl = uuid_ttl
         self.chat_qps = chat_qps
+        self.app_limits = tuple(app_limits)
+        self.app_limited = 0  # sends refused by `app_limits`
+        self._app_sends: collections.deque[float] = collections.deque()
         self.requests: list[ApiCall] = []
         self.sent: list[SentMessage] = []
         self.reactions: list[Reaction] = []
@@ -388,6 +394,19 @@ class FakeFeishu(BackgroundServer):
                 first = self._by_uuid.get(uid)
                 if first is not None and now - first.time < self.uuid_ttl:
                     return _ok(_message_data(first, self.bot_open_id))
+            if self.app_limits:
+                longest = max(seconds for _, seconds in self.app_limits)
+                while self._app_sends and now - self._app_sends[0] >= longest:
+                    self._app_sends.popleft()
+                for count, seconds in self.app_limits:
+                    if sum(1 for t in self._app_sends if now - t < seconds) >= count:
+                        self.app_limited += 1
+                        return web.json_response(
+                            {"code": GATEWAY_RATE_LIMIT, "msg": "request trigger frequency limit"},
+                            status=429,
+                            headers={"x-ogw-ratelimit-limit": str(count), "x-ogw-ratelimit-reset": "1"},
+                        )
+                self._app_sends.append(now)
             if chat_id and self.chat_qps is not None:
                 window = self._chat_sends[chat_id]
                 while window and now - window[0] >= 1.0:

@@ -187,7 +187,7 @@ for tpl, pw in [
     ("the door passcode is {s}", "4471"),
     ("My password is {s}", "correcthorse7"),
     ('password is "{s}"', "open sesame 42"),
-    ("Wi-Fi: MyHome, pass: {s}", "12345678"),
+    ("Wi-Fi: MyHome, pass: {s}", "58219034"),  # not "12345678": benign phone and order numbers contain that
     ("password: {s}", "P@ss&Word9"),
 ]:
     add("en-password", "password", pw, tpl)

@@ -154,12 +154,24 @@ def check_outcome(stack: Stack, feishu: FakeFeishu, msgs: list[Msg], figures: Fi
 
 
 async def load_run(
-    tmp_path: Path, redis_url: str, redis_client: redis.Redis, feishu: FakeFeishu, figures: Figures, n: int
+    tmp_path: Path,
+    redis_url: str,
+    redis_client: redis.Redis,
+    feishu: FakeFeishu,
+    figures: Figures,
+    n: int,
+    feishu_quota: bool,
 ) -> None:
+    """`feishu_quota`: the fake enforces Feishu's documented app quota (50/s and 1000/min: a 429 beyond) and
+    Lucid paces under it, as in production; without it the quota is lifted on both sides
+    (LUCID_FEISHU_SEND_RATE=100000), so the figures measure Lucid itself, not Feishu's 16.7 replies/s."""
     msgs = traffic(n)
     for m in msgs:
         feishu.note_message(m.message_id, m.chat_id)
-    with Stack(tmp_path, redis_url, feishu, bots=2, workers=2) as stack:
+    if feishu_quota:
+        feishu.app_limits = ((50, 1.0), (1000, 60.0))
+    extra = {} if feishu_quota else {"LUCID_FEISHU_SEND_RATE": "100000"}
+    with Stack(tmp_path, redis_url, feishu, bots=2, workers=2, extra_env=extra) as stack:
         started = time.time()
         results, first_post = await run_traffic(stack, msgs)
         posted = time.time()
@@ -188,7 +200,10 @@ async def load_run(
     turn = [by_parent[m.message_id][0].time - reacted[m.message_id] for m in msgs if m.message_id in reacted]
     e2e = [by_parent[m.message_id][0].time - first_post[m.message_id] for m in msgs]
     retries = reply_requests_by_parent(feishu)
+    assert feishu.app_limited == 0, f"{feishu.app_limited} sends refused by Feishu's app quota"
     figures.update(
+        feishu_quota="50/s and 1000/min per app, enforced" if feishu_quota else "lifted (capacity run)",
+        refused_by_quota=feishu.app_limited,
         processes="2 × `lucid bot`, 2 × `lucid worker`",
         messages=len(msgs),
         deliveries=len(results),
@@ -248,7 +263,13 @@ async def test_load_fast_subset(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis, feishu: FakeFeishu, figures: Figures
 ) -> None:
     await load_run(
-        tmp_path, redis_url, redis_client, feishu, figures, env_int("LUCID_RELIABILITY_EVENTS", FAST_EVENTS)
+        tmp_path,
+        redis_url,
+        redis_client,
+        feishu,
+        figures,
+        env_int("LUCID_RELIABILITY_EVENTS", FAST_EVENTS),
+        feishu_quota=True,
     )
 
 
@@ -263,4 +284,5 @@ async def test_load_full(
         feishu,
         figures,
         env_int("LUCID_RELIABILITY_FULL_EVENTS", FULL_EVENTS),
+        feishu_quota=False,
     )

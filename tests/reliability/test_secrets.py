@@ -217,9 +217,10 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
                     texts = {e.text for e in entries_of("tool call")}
                     stored["tool call"] = sum(1 for b in benign if b in texts)
 
-                    # 3. background extraction returns it as a fact
-                    asks = [f"记住第{i}件事：周末去爬山" for i in range(len(cases))]
-                    model.extract = {f"记住第{i}件事：": c for i, c in enumerate(cases)}
+                    # 3. background extraction returns it as a fact (said in passing, not "记住": only the
+                    # extraction stores it; a fact must be grounded in what the person said)
+                    asks = [f"我的第{i}件事：{c}" for i, c in enumerate(cases)]
+                    model.extract = {f"我的第{i}件事：": c for i, c in enumerate(cases)}
                     loop.run_until_complete(send("extraction", asks))
                     texts = {e.text for e in entries_of("extraction") if e.source == "extract"}
                     stored["extraction"] = sum(1 for b in benign if " ".join(b.split()) in texts)
@@ -236,11 +237,11 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
                     "id": f"rp{i}",
                     "ts": format_time(hour_ago + timedelta(seconds=i)),
                     "speaker": "u",
-                    "text": f"记住回放第{i}条。",
+                    "text": f"我的回放第{i}条：{c}",
                     "chat": f"oc_replay{i:04d}",
                     "chat_type": "p2p",
                 }
-                for i in range(len(cases))
+                for i, c in enumerate(cases)
             ]
             (tmp_path / "replay.jsonl").write_text(
                 "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n"
@@ -269,7 +270,7 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
                 capture_output=True,
                 timeout=300,
             )
-            model.extract = {f"记住回放第{i}条。": c for i, c in enumerate(cases)}
+            model.extract = {f"我的回放第{i}条：": c for i, c in enumerate(cases)}
             replay_runs: list[dict[str, Any]] = []
             while len(replay_runs) < len(cases):
                 report = run_phase(rt, ns["replay"], "replay")

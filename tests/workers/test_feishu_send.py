@@ -41,9 +41,9 @@ def sender(fake: FakeFeishu, client: redis.Redis | None = None, timeout: float =
     return FeishuSender(persona, fake.url, client, timeout=timeout, retry=retry)
 
 
-def inbound(fake: FakeFeishu) -> str:
+def inbound(fake: FakeFeishu, chat: str = CHAT) -> str:
     message_id = "om_" + uuid.uuid4().hex
-    fake.note_message(message_id, CHAT)
+    fake.note_message(message_id, chat)
     return message_id
 
 
@@ -153,6 +153,42 @@ def test_sends_to_one_chat_are_paced_under_its_limit(fake: FakeFeishu, redis_cli
             s.reply(mid, "hi", chat_id=CHAT)  # attempts=1: a 230020 would raise
         elapsed = time.monotonic() - started
     assert len(strict.sent) == 6 and elapsed >= 1.0
+
+
+def test_sends_of_one_app_stay_under_its_quota_per_window(redis_client: redis.Redis) -> None:
+    """Feishu's "1000 per minute" per app, scaled down to 20 per 2 s so it runs in seconds: a burst of 40
+    replies to 40 chats from two senders (two workers) is paced so that Feishu refuses none of them."""
+    app = f"cli_{uuid.uuid4().hex[:12]}"
+    with FakeFeishu(app_limits=[(20, 2.0)]) as strict:
+        senders = [
+            FeishuSender(
+                Persona("p", app_id=app, app_secret="s"),
+                strict.url,
+                redis_client,
+                retry=Retry(attempts=1),
+                pacer=Pacer(redis_client, app_limit=(20, 2.0)),
+            )
+            for _ in range(2)
+        ]
+        mids = [inbound(strict, chat=f"oc_quota_{i:02d}") for i in range(40)]
+        started = time.monotonic()
+        for i, mid in enumerate(mids):
+            senders[i % 2].reply(mid, "hi", chat_id=f"oc_quota_{i:02d}")  # attempts=1: a 429 would raise
+        elapsed = time.monotonic() - started
+        unpaced = FeishuSender(
+            Persona("p", app_id=app, app_secret="s"),
+            strict.url,
+            redis_client,
+            retry=Retry(attempts=1),
+            pacer=Pacer(None, app_qps=10_000, app_limit=(100_000, 1.0)),
+        )
+        with pytest.raises(FeishuError):  # the fake does enforce it: without the pacer the quota trips
+            for i in range(25):
+                unpaced.reply(
+                    inbound(strict, chat=f"oc_unpaced_{i:02d}"), "hi", chat_id=f"oc_unpaced_{i:02d}"
+                )
+    assert len([m for m in strict.sent if (m.chat_id or "").startswith("oc_quota_")]) == 40
+    assert elapsed >= 2.0  # 40 sends under 20 per 2 s need more than one window
 
 
 def test_the_thinking_reaction_is_added_and_removed(fake: FakeFeishu) -> None:

@@ -285,6 +285,27 @@ def test_messages_of_one_person_are_answered_oldest_first(rt: Runtime, redis_cli
     assert (outcome, again) == ("answered", "answered")
 
 
+def test_a_job_answers_up_to_its_own_message_so_a_backlog_interleaves(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    """A person with a backlog does not hold a worker for all of it: each job answers the person's older
+    messages and its own, in order; the rest wait for their own jobs (a recovery job drains everything)."""
+    intake = Intake(redis_client)
+    a1, a2, a3, a4 = (msg(f"第{i}条") for i in range(1, 5))
+    assert all(intake.accept(m) for m in (a1, a2, a3, a4))
+    answered: list[str] = []
+    mailbox = Mailbox(redis_client)
+
+    assert mailbox.deliver(a2, lambda m: answered.append(m.text)) == "answered"
+    assert answered == ["第1条", "第2条"]
+    assert mailbox.deliver(a1, lambda m: answered.append(m.text)) == "answered"
+    assert answered == ["第1条", "第2条"]  # already answered: not twice
+    assert mailbox.deliver(a3, lambda m: answered.append(m.text), drain=True) == "answered"
+    assert answered == ["第1条", "第2条", "第3条", "第4条"]
+    assert mailbox.deliver(a4, lambda m: answered.append(m.text)) == "answered"
+    assert len(answered) == 4
+
+
 def test_lucid_chat_runs_the_same_turn_from_piped_input(data_dir: Path) -> None:
     rt = make_runtime(data_dir, None)  # no Redis at all: the terminal chat still works
     parser = argparse.ArgumentParser()
