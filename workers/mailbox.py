@@ -43,6 +43,7 @@ from memory_core.errors import LucidError
 from memory_core.namespace import Namespace
 
 from .inbound import Inbound
+from .metrics import Metrics
 from .redis_backend import RedisLease
 
 log = logging.getLogger(__name__)
@@ -363,6 +364,7 @@ class Sweeper:
             _enqueue_turn(self.queue, head.to_json(), job_id, pipe, at_front=True, drain=True)
             pipe.set(_resumed_key(key), job_id, ex=INBOX_TTL)
         pipe.execute()
+        Metrics(self.client).inc("lucid_turns_recovered_total", value=len(stuck))
         for key, head in stuck:
             log.warning(
                 "ns=%s: message=%s waits with no live turn (its worker died?); queued a turn to answer it",

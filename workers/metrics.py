@@ -39,6 +39,14 @@ HELP = {
         "counter",
         "Replies never delivered, by reason (refused: a refusal no retry cures; deadline: retried too long).",
     ),
+    "lucid_replies_rescued_total": (
+        "counter",
+        "Parked replies whose retry job was overdue (its worker or RQ's scheduler died), queued again.",
+    ),
+    "lucid_turns_recovered_total": (
+        "counter",
+        "Inboxes with messages and no live turn (their worker died mid-turn), handed to a new turn job.",
+    ),
     "lucid_dream_runs_total": ("counter", "Dream runs, by phase and outcome."),
     "lucid_dream_operations_total": ("counter", "Dream operations applied, by phase and kind."),
     "lucid_dream_rejections_total": ("counter", "Dream operations rejected by the cage, by reason."),

@@ -375,6 +375,7 @@ class Outbox:
                 continue
             self._schedule(None, p, p.attempts, JOB_TIMEOUT)  # queued now; its due mark gives it time to run
             rescued.append(message_id)
+            self.metrics.inc("lucid_replies_rescued_total")
             log.warning(
                 "parked reply to message=%s (persona %s): its retry job is overdue (worker or scheduler died?);"
                 " queued another",

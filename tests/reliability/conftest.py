@@ -56,6 +56,16 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         Path(target).write_text(json.dumps(_FIGURES, ensure_ascii=False, indent=1, sort_keys=True), "utf-8")
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect each test's figures from its report: with `-n` (pytest-xdist) tests run in other processes,
+    and their reports (with `user_properties`) are what reaches this one."""
+    if report.when != "teardown":
+        return
+    for key, value in report.user_properties:
+        if key == "reliability_figures" and value:
+            _FIGURES[report.nodeid.split("::", 1)[-1]] = value
+
+
 class Figures:
     def __init__(self, name: str) -> None:
         self.name = name
@@ -70,7 +80,9 @@ class Figures:
 
 @pytest.fixture
 def figures(request: pytest.FixtureRequest) -> Figures:
-    return Figures(request.node.nodeid.split("::", 1)[-1])
+    found = Figures(request.node.nodeid.split("::", 1)[-1])
+    request.node.user_properties.append(("reliability_figures", found.values))
+    return found
 
 
 @pytest.fixture

@@ -349,7 +349,10 @@ class Stack:
         out: dict[str, int] = {}
         for name in ("chat", "memory"):
             out[f"{name}_queued"] = Queue(name, connection=self.client).count
-        out["running"] = sum(1 for w in Worker.all(connection=self.client) if w.get_current_job_id())
+        live = {p.popen.pid for p in self.procs if p.alive}  # a killed worker stays registered for minutes
+        out["running"] = sum(
+            1 for w in Worker.all(connection=self.client) if w.pid in live and w.get_current_job_id()
+        )
         out["inbox"] = sum(int(self.client.zcard(k)) for k in self.client.scan_iter("lucid:inbox:*"))
         out["ops"] = sum(int(self.client.llen(k)) for k in self.client.scan_iter("lucid:ops:*"))
         return out

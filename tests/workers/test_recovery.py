@@ -28,6 +28,7 @@ from tests.fakes.ollama import FakeOllama
 from tests.reliability.harness import BOT, Stack, chat_responder, text_of, wait_for
 from workers.inbound import Inbound
 from workers.mailbox import INBOXES, Intake, Mailbox, Sweeper, turn_job_id
+from workers.metrics import Metrics
 from workers.runtime import Runtime, build, install
 from workers.settings import Persona, Settings
 
@@ -164,6 +165,12 @@ def test_a_message_whose_job_never_reached_the_queue_is_answered_once_in_order(
     assert reply_order(feishu) == [one.message_id, two.message_id]
     assert sweeper.sweep() == [] and redis_client.zscore(INBOXES, one.ns.key) is None  # unmarked
     assert chat.count == 0
+    recovered = [
+        float(line.rsplit(" ", 1)[1])
+        for line in Metrics(redis_client).render().splitlines()
+        if line.startswith("lucid_turns_recovered_total ")
+    ]
+    assert recovered == [1.0]  # what an operator sees on /metrics
 
 
 def test_the_sweep_never_doubles_a_turn_that_is_queued_or_running(

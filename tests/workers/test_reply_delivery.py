@@ -293,3 +293,4 @@ def test_a_parked_reply_whose_retry_job_never_runs_is_rescued_by_the_sweeper(
     assert len(replies(fake, first.message_id)) == 1
     assert parked(rt) == [] and rt.redis.zcard("lucid:replies:due") == 0
     assert reply_calls(fake, first.message_id) == [first.message_id] * 5  # one uuid throughout
+    assert metric(rt, "lucid_replies_rescued_total") == 1
