@@ -15,6 +15,7 @@ they were said. Counts per path are the figures.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import subprocess
@@ -27,9 +28,11 @@ from typing import Any
 
 import pytest
 
-from memory_core.lineformat import escape, format_time
+from memory_core.intents import parse_intent
+from memory_core.lineformat import LineError, escape, format_time, parse_entry
 from memory_core.namespace import Namespace
 from memory_core.ops import Put, Remember
+from memory_core.similarity import normalise
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.feishu_events import TENANT_KEY, message_event, user
 from tests.fakes.ollama import FakeOllama
@@ -44,6 +47,7 @@ from tests.reliability.harness import (
     converse,
     env_int,
     files_text,
+    git,
     git_everything,
     ids_of,
     last_user_text,
@@ -155,6 +159,34 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
     # one at a time (in order), several people's in parallel by the two workers
     senders = {path: [user(f"secrets-{path.replace(' ', '-')}-{k}") for k in range(6)] for path in PATHS[:3]}
 
+    def ever_stored(path: str) -> set[str]:
+        """Every entry text MEMORY.md of the path's people ever held (git history included): a benign text
+        that a later near-duplicate updated in place was stored, and history keeps it."""
+        texts: set[str] = set()
+        for who in senders[path]:
+            root = Namespace.of(TENANT_KEY, who.union_id, "x").path(data)
+            if not (root / ".git").exists():
+                continue
+            for line in git(root, "log", "-p", "--format=", "--", "MEMORY.md").splitlines():
+                if line[:1] in "+-" and line[1:].startswith("- "):
+                    with contextlib.suppress(LineError):
+                        texts.add(parse_entry(line[1:]).text)
+        return texts
+
+    def kept(benign: list[str], texts: set[str], said: str = "") -> int:
+        """Benign texts stored as said, or within a stored text once punctuation is set aside (the upsert
+        keeps the fuller of two texts; "记住…:" is stored without its colon). With `said` (the message's
+        prefix), a benign text that is a question, not something to remember, counts when the raw archive
+        kept it unredacted (the bot answered it; there was nothing to store)."""
+        norms = [normalise(t) for t in texts]
+        count = 0
+        for b in benign:
+            if said and parse_intent(said + b).kind != "remember":
+                count += 1  # checked unredacted in the raw archive (the "message (raw, unredacted)" figure)
+            elif any(normalise(b) in n for n in norms):
+                count += 1
+        return count
+
     def entries_of(path: str) -> list[Any]:
         return [
             e
@@ -205,7 +237,7 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
                         for who in senders["message"]
                         for m in raw_messages(Namespace.of(TENANT_KEY, who.union_id, "x").path(data))
                     }
-                    stored["message"] = sum(1 for b in benign if b in texts)
+                    stored["message"] = kept(benign, texts | ever_stored("message"), said="记住")
                     stored["message (raw, unredacted)"] = sum(
                         1 for b in benign if f"记住{' '.join(b.split())}" in raw or f"记住{b}" in raw
                     )
@@ -215,7 +247,7 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
                     model.tool = dict(zip(asks, cases, strict=True))
                     loop.run_until_complete(send("tool call", asks))
                     texts = {e.text for e in entries_of("tool call")}
-                    stored["tool call"] = sum(1 for b in benign if b in texts)
+                    stored["tool call"] = kept(benign, texts | ever_stored("tool call"))
 
                     # 3. background extraction returns it as a fact (said in passing, not "记住": only the
                     # extraction stores it; a fact must be grounded in what the person said)
@@ -357,7 +389,7 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
     assert all(n == 0 for n in per_path.values()) and not elsewhere and not in_redis, {
         p: v[:5] for p, v in leaks.items() if v
     }
-    for path in ("message", "tool call", "hand edit"):
+    for path in ("message", "message (raw, unredacted)", "tool call", "hand edit"):
         assert stored[path] == len(benign), (path, stored[path], len(benign))
 
 
