@@ -1,9 +1,10 @@
 """Reliability suite: fixtures, scaling, and the figures every test reports.
 
 Fast by default (`pytest` / `pytest tests/reliability`): tests marked `slow` are deselected unless a marker
-expression is given, so CI runs the fast subset of every category. The full run:
+expression is given, so CI runs the fast subset of every category. The full run (pytest-xdist, a module per
+worker; most of the faults module waits on timeouts, so three workers fit two cores):
 
-    pytest tests/reliability -m "slow or not slow"
+    pytest tests/reliability -m "slow or not slow" -n 3 --dist loadscope
 
 Sizes scale with environment variables (documented in docs/RELIABILITY.md), e.g. LUCID_RELIABILITY_EVENTS.
 Each test records its figures with the `figures` fixture; they are printed at the end of the run and, with
@@ -30,12 +31,24 @@ MODEL = "qwen3:4b"
 
 HERE = Path(__file__).resolve().parent
 _FIGURES: dict[str, dict[str, Any]] = {}
+FULL_RUN_ORDER = (
+    "test_load",
+    "test_faults",
+    "test_isolation",
+    "test_secrets",
+    "test_hostile",
+    "test_disk_full",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Without a marker expression, the slow tests are deselected (not skipped): the default run is the
     fast subset; `-m "slow or not slow"` runs everything."""
     if config.getoption("markexpr", ""):
+        # The full run (`-n 3 --dist loadscope`, one module per worker at a time): the longest modules
+        # first, so the 10,000-event load starts at once and the rest fills the other workers around it.
+        rank = {name: i for i, name in enumerate(FULL_RUN_ORDER)}
+        items.sort(key=lambda i: rank.get(Path(str(i.fspath)).stem, len(rank)))
         return
     slow = [
         i for i in items if i.get_closest_marker("slow") and HERE in Path(str(i.fspath)).resolve().parents
