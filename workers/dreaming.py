@@ -286,11 +286,7 @@ class _Replay:
     def state(self) -> dict[str, Any]:
         if not self.watermark:
             return {}
-        return (
-            {"watermark": format_time(self.watermark), "done": self.done}
-            if self.done
-            else {"watermark": format_time(self.watermark)}
-        )
+        return {"watermark": format_time(self.watermark), **({"done": self.done} if self.done else {})}
 
 
 @dataclass

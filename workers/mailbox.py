@@ -44,7 +44,7 @@ from memory_core.namespace import Namespace
 
 from .inbound import Inbound
 from .metrics import Metrics
-from .redis_backend import RedisLease
+from .redis_backend import RedisLease, text
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +325,7 @@ class Sweeper:
         """One pass over the due marks; returns the namespace keys it queued a job for."""
         seconds, micros = self.client.time()
         now_ms = int(seconds) * 1000 + int(micros) // 1000
-        due = [_text(k) for k in self.client.zrangebyscore(INBOXES, "-inf", now_ms, start=0, num=SWEEP_BATCH)]
+        due = [text(k) for k in self.client.zrangebyscore(INBOXES, "-inf", now_ms, start=0, num=SWEEP_BATCH)]
         if not due:
             return []
         pipe = self.client.pipeline(transaction=False)
@@ -347,14 +347,14 @@ class Sweeper:
         resumed = self.client.mget([_resumed_key(key) for key, _ in unattended])
         pipe = self.client.pipeline(transaction=False)
         for (_, items), last in zip(unattended, resumed, strict=True):
-            ids = [turn_job_id(item) for item in items] + ([_text(last)] if last else [])
+            ids = [turn_job_id(item) for item in items] + ([text(last)] if last else [])
             for job_id in ids:
                 pipe.hget(self.queue.job_class.key_for(job_id), "status")
         statuses = iter(pipe.execute())
         stuck: list[tuple[str, Inbound]] = []
         for (key, items), last in zip(unattended, resumed, strict=True):
             mine = [next(statuses) for _ in range(len(items) + (1 if last else 0))]
-            if not any(s is not None and _text(s) in _WAITING for s in mine):
+            if not any(s is not None and text(s) in _WAITING for s in mine):
                 stuck.append((key, items[0]))
         if not stuck:
             return []
@@ -389,10 +389,6 @@ class Sweeper:
                 log.exception("inbox sweep failed")
             if stop.wait(self.interval * jitter.uniform(0.9, 1.1)):
                 return
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _readable(key: str, members: list[Any]) -> list[Inbound]:

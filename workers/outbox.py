@@ -55,6 +55,7 @@ from memory_core.secretscan import redact
 from .feishu_send import FeishuError, FeishuSender, sender_for
 from .inbound import Inbound
 from .metrics import Metrics
+from .redis_backend import text
 from .runtime import Runtime, current
 
 log = logging.getLogger(__name__)
@@ -101,10 +102,7 @@ class Parked:
 
     @classmethod
     def from_redis(cls, raw: dict[Any, Any]) -> Parked:
-        data = {
-            (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-            for k, v in raw.items()
-        }
+        data = {text(k): text(v) for k, v in raw.items()}
         return cls(
             persona=data["persona"],
             chat_id=data["chat_id"],
@@ -117,10 +115,6 @@ class Parked:
             chunks_sent=int(data.get("chunks_sent") or 0),
             last_error=data.get("last_error") or "",
         )
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _due_member(persona: str, message_id: str) -> str:
@@ -174,7 +168,7 @@ class Outbox:
         ids = self.client.zrangebyscore(
             _chat(persona, chat_id), "-inf", "+inf" if upto == float("inf") else upto
         )
-        return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+        return [text(i) for i in ids]
 
     def park(self, p: Parked, error: FeishuError) -> None:
         """Keep `p` and schedule its first retry, in one transaction: a parked reply always has a job."""
@@ -362,7 +356,7 @@ class Outbox:
         message ids it queued. Run by the workers' sweeper thread; cost O(overdue replies)."""
         now_ms = int(time.time() * 1000)
         late = now_ms - self.overdue_ms
-        members = [_text(m) for m in self.client.zrangebyscore(DUE, "-inf", late, 0, RESCUE_BATCH)]
+        members = [text(m) for m in self.client.zrangebyscore(DUE, "-inf", late, 0, RESCUE_BATCH)]
         rescued: list[str] = []
         for member in members:
             persona, _, message_id = member.partition("\x1f")

@@ -14,6 +14,7 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 
@@ -157,3 +158,8 @@ class RedisOpQueue:
             op_id = (key.decode() if isinstance(key, bytes) else str(key)).rsplit(":", 1)[1]
             found[op_id] = Outcome.from_json(json.loads(raw))
         return found
+
+
+def text(value: Any) -> str:
+    """A Redis reply (bytes, or str with decode_responses) as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import redis
 
 from memory_core.lineformat import LineError, RawMessage, parse_file, parse_raw
@@ -758,3 +759,36 @@ def logs_since(stack: Stack, mark: dict[Path, int]) -> str:
                 fh.seek(mark.get(p.log, 0))
                 out.append(fh.read().decode(errors="replace"))
     return "\n".join(out)
+
+
+def on_small_tmpfs(tmp_path: Path, script: str, filler_bytes: int, timeout: float = 300) -> dict[str, Any]:
+    """Run `script` (Python source, given the mount point as argv[1]) in a private mount namespace on a
+    1.5 MB tmpfs already holding `filler_bytes`, so it runs into ENOSPC; its last stdout line, as JSON."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.fail("needs util-linux's `unshare` to mount a private tmpfs")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    inner = (
+        f"mount -t tmpfs -o size=1500k tmpfs {mnt} && "
+        f"head -c {filler_bytes} /dev/zero > {mnt}/filler && "
+        f"{sys.executable} {path} {mnt}"
+    )
+    args = [unshare, "--mount", "--propagation", "private"]
+    if os.getuid() != 0:
+        args.insert(1, "--map-root-user")
+    out = subprocess.run(
+        [*args, "sh", "-c", inner],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result

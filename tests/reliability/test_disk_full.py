@@ -3,16 +3,10 @@ file, nothing lost that was acknowledged, and writes resume once space is freed.
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.reliability.harness import on_small_tmpfs
 
 SCRIPT = textwrap.dedent(
     """
@@ -53,24 +47,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_disk_full_is_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        pytest.fail("this test needs util-linux's `unshare` to mount a private tmpfs")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    script = tmp_path / "fill.py"
-    script.write_text(SCRIPT)
-    inner = (
-        f"mount -t tmpfs -o size=1500k tmpfs {mnt} && "
-        f"head -c 300000 /dev/zero > {mnt}/filler && "
-        f"{sys.executable} {script} {mnt}"
-    )
-    args = [unshare, "--mount", "--propagation", "private"]
-    if subprocess.run(["id", "-u"], capture_output=True, text=True).stdout.strip() != "0":
-        args.insert(1, "--map-root-user")
-    out = subprocess.run([*args, "sh", "-c", inner], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = on_small_tmpfs(tmp_path, SCRIPT, filler_bytes=300_000)
     assert result["error"] and "disk full" in result["error"]  # the clear error a user or operator sees
     assert result["acked"] > 0 and result["first_kept"]
     assert result["lost"] == []  # every acknowledged write is in the file

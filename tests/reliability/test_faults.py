@@ -56,6 +56,7 @@ from tests.reliability.harness import (
     logs_since,
     memory_entries,
     ns_for,
+    on_small_tmpfs,
     raw_messages,
     replies_by_parent,
     reply_requests_by_parent,
@@ -456,29 +457,7 @@ def test_disk_full_during_a_conversation(tmp_path: Path, figures: Figures) -> No
     """`lucid chat` (the same turn as a Feishu message) on a 1.5 MB tmpfs that fills up: every message
     gets an answer, an acknowledged memory is never lost, nothing is torn, and it works again once space
     is freed. (The writer alone: tests/reliability/test_disk_full.py.)"""
-    import shutil
-
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        pytest.fail("needs util-linux's `unshare` to mount a private tmpfs")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    script = tmp_path / "chat.py"
-    script.write_text(_DISK_FULL)
-    inner = f"mount -t tmpfs -o size=1500k tmpfs {mnt} && head -c 600000 /dev/zero > {mnt}/filler && {sys.executable} {script} {mnt}"
-    args = [unshare, "--mount", "--propagation", "private"]
-    if os.getuid() != 0:
-        args.insert(1, "--map-root-user")
-    out = subprocess.run(
-        [*args, "sh", "-c", inner],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = on_small_tmpfs(tmp_path, _DISK_FULL, filler_bytes=600_000, timeout=600)
     assert len(r["replies"]) == len(r["lines"])  # every message answered
     remembered = [
         line[2:]
