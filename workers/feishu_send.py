@@ -143,16 +143,21 @@ class Pacer:
         self._lock = threading.Lock()
 
     def wait(self, app_id: str, chat_id: str | None) -> float:
+        """Sleep until this send's slot; returns the seconds slept."""
+        delay = self.reserve(app_id, chat_id)
+        if delay > 0:
+            time.sleep(delay)
+        return delay
+
+    def reserve(self, app_id: str, chat_id: str | None) -> float:
+        """Take the next slot for one send without sleeping; returns the seconds until it."""
         buckets = [
             (f"lucid:pace:app:{app_id}", self.app_ms, 0.0),
             (f"lucid:pace:appmin:{app_id}", self.window_ms, self.window_tolerance),
         ]
         if chat_id:
             buckets.append((f"lucid:pace:chat:{chat_id}", self.chat_ms, 0.0))
-        delay = self._reserve(buckets) / 1000
-        if delay > 0:
-            time.sleep(delay)
-        return delay
+        return self._reserve(buckets) / 1000
 
     def _reserve(self, buckets: list[tuple[str, float, float]]) -> float:
         if self._script is not None:
@@ -432,7 +437,10 @@ def sender_for(
     with _senders_lock:
         sender = _senders.get(key)
         if sender is None:
-            pacer = Pacer(redis_client, app_limit=(send_rate, 60.0))
+            # Feishu's 50/s rides with its 1000/min: an app granted a bigger quota gets a per-second
+            # cap raised in proportion (40/s at the default, under the documented 50).
+            app_qps = max(40.0, send_rate / 25)
+            pacer = Pacer(redis_client, app_qps=app_qps, app_limit=(send_rate, 60.0))
             sender = FeishuSender(persona, domain, redis_client, pacer=pacer)
             _senders[key] = sender
         return sender

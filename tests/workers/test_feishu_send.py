@@ -23,7 +23,7 @@ from tests.fakes.feishu import (
     server_error,
     token_invalid,
 )
-from workers.feishu_send import FeishuError, FeishuSender, Pacer, Retry, split
+from workers.feishu_send import FeishuError, FeishuSender, Pacer, Retry, sender_for, split
 from workers.settings import Persona
 
 CHAT = "oc_send_test_chat"
@@ -189,6 +189,21 @@ def test_sends_of_one_app_stay_under_its_quota_per_window(redis_client: redis.Re
                 )
     assert len([m for m in strict.sent if (m.chat_id or "").startswith("oc_quota_")]) == 40
     assert elapsed >= 2.0  # 40 sends under 20 per 2 s need more than one window
+
+
+def test_a_bigger_quota_raises_the_per_second_cap_too(redis_client: redis.Redis) -> None:
+    """An app granted more than 1000 per minute is not held at the default 40/s: the schedule the pacer
+    hands out for 120 replies to 120 chats spans ~3 s at the default quota and a fraction of that at
+    12,000 per minute (480/s)."""
+
+    def span(rate: int) -> float:
+        persona = Persona("p", app_id=f"cli_{uuid.uuid4().hex[:12]}", app_secret="s")
+        pacer = sender_for(persona, "http://127.0.0.1:9", redis_client, rate).pacer
+        slots = [pacer.reserve(persona.app_id, None) for _ in range(120)]
+        return max(slots)
+
+    assert span(1000) >= 2.9  # 40/s: 120 sends need ~3 s
+    assert span(12_000) < 0.5
 
 
 def test_the_thinking_reaction_is_added_and_removed(fake: FakeFeishu) -> None:
