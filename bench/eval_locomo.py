@@ -114,14 +114,22 @@ def product_ranker(sample: dict[str, Any], mode: str, depth: int) -> Ranker:
     ns = Namespace.of("eval", sample["sample_id"], "default")
     if mode == "raw":
         rows = [
-            {"kind": "message", "id": m.id, "ts": format_time(m.ts), "speaker": m.speaker, "text": m.text,
-             "chat": m.chat, "session": m.session}
+            {
+                "kind": "message",
+                "id": m.id,
+                "ts": format_time(m.ts),
+                "speaker": m.speaker,
+                "text": m.text,
+                "chat": m.chat,
+                "session": m.session,
+            }
             for m in turn_messages(sample)
         ]
     else:
         rows = [
             {"kind": "fact", "text": text, "from": ",".join(ids)}
-            for text, ids in observation_facts(sample) if text.strip()
+            for text, ids in observation_facts(sample)
+            if text.strip()
         ]
     plan = parse_import("\n".join(json.dumps(r) for r in rows).encode(), ns)
     for target, ops in plan.ops.items():

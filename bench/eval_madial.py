@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         "memories": str(args.memories),
         "embed": args.embed,
         "k": ks,
-        "relevance": "memory_core.recall.RelevanceIndex (as lucid recall: BM25 k1 1.0 b 0.3, CJK uni+bigrams, 49 stop chars, evidence rule)" if embedder is None else "textindex.entry_relevance hybrid",
+        "relevance": "memory_core.recall.RelevanceIndex (as lucid recall: BM25 k1 1.0 b 0.3, CJK uni+bigrams, 49 stop chars, evidence rule)"
+        if embedder is None
+        else "textindex.entry_relevance hybrid",
     }
     print(json.dumps(result, ensure_ascii=False, indent=None if args.json else 2))
     return 0

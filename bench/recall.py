@@ -39,11 +39,54 @@ from workers.runtime import build  # noqa: E402
 from workers.settings import Settings  # noqa: E402
 
 NOW = datetime(2026, 6, 26, 12, 0, tzinfo=UTC)
-SUBJECTS = ["咖啡", "乌龙茶", "爬山", "跑步", "Python", "Redis", "周会", "项目", "女儿", "猫", "日本", "杭州",
-            "deadline", "budget", "piano", "guitar", "花生", "体检", "Kubernetes", "Go", "React", "书法"]
-VERBS = ["喜欢", "讨厌", "最近在学", "每周都", "计划去", "刚买了", "和同事聊了", "想了解", "prefers", "is learning",
-         "talked about", "bought a new"]
-TAILS = ["，感觉不错", "，但是太贵了", "，周末再说", " last weekend", " for the team", "，和朋友一起", "", " again"]
+SUBJECTS = [
+    "咖啡",
+    "乌龙茶",
+    "爬山",
+    "跑步",
+    "Python",
+    "Redis",
+    "周会",
+    "项目",
+    "女儿",
+    "猫",
+    "日本",
+    "杭州",
+    "deadline",
+    "budget",
+    "piano",
+    "guitar",
+    "花生",
+    "体检",
+    "Kubernetes",
+    "Go",
+    "React",
+    "书法",
+]
+VERBS = [
+    "喜欢",
+    "讨厌",
+    "最近在学",
+    "每周都",
+    "计划去",
+    "刚买了",
+    "和同事聊了",
+    "想了解",
+    "prefers",
+    "is learning",
+    "talked about",
+    "bought a new",
+]
+TAILS = [
+    "，感觉不错",
+    "，但是太贵了",
+    "，周末再说",
+    " last weekend",
+    " for the team",
+    "，和朋友一起",
+    "",
+    " again",
+]
 
 
 def sentence(rng: random.Random) -> str:
@@ -70,20 +113,38 @@ def main() -> None:
     puts = []
     for i in range(args.entries):
         at = NOW - timedelta(days=rng.randint(0, 400))
-        puts.append(Put(entry={"id": f"{i:016x}", "text": sentence(rng), "type": rng.choice(types),
-                               "at": format_time(at), "hits": rng.randint(0, 4)}))
+        puts.append(
+            Put(
+                entry={
+                    "id": f"{i:016x}",
+                    "text": sentence(rng),
+                    "type": rng.choice(types),
+                    "at": format_time(at),
+                    "hits": rng.randint(0, 4),
+                }
+            )
+        )
     writer.submit(ns, puts)
     t0 = NOW - timedelta(days=365)
     step = 365 * 86400 / max(1, args.messages)
     for start in range(0, args.messages, 20_000):
         chunk = [
-            Record(message={"id": f"m{i}", "ts": format_time(t0 + timedelta(seconds=i * step)),
-                            "speaker": rng.choice(["user", "Lucid"]), "text": sentence(rng), "chat": "c1",
-                            "session": f"s{i // 40}"})
+            Record(
+                message={
+                    "id": f"m{i}",
+                    "ts": format_time(t0 + timedelta(seconds=i * step)),
+                    "speaker": rng.choice(["user", "Lucid"]),
+                    "text": sentence(rng),
+                    "chat": "c1",
+                    "session": f"s{i // 40}",
+                }
+            )
             for i in range(start, min(args.messages, start + 20_000))
         ]
         writer.submit(ns, chunk)
-    queries = [f"{rng.choice(['我', 'I'])}{rng.choice(VERBS)}{rng.choice(SUBJECTS)}吗" for _ in range(args.queries)]
+    queries = [
+        f"{rng.choice(['我', 'I'])}{rng.choice(VERBS)}{rng.choice(SUBJECTS)}吗" for _ in range(args.queries)
+    ]
 
     rt = build(Settings(data_dir=data, now=NOW))
     # Cold open: parse + index + first query, in a fresh service.
@@ -110,7 +171,11 @@ def main() -> None:
         scores = bm.get_scores(tokenize(q))
         top = max(scores) or 1.0
         ranked = sorted(
-            ((recency(e, NOW) + importance(e) + s / top, e.id) for e, s in zip(entries, scores, strict=True) if s > 0),
+            (
+                (recency(e, NOW) + importance(e) + s / top, e.id)
+                for e, s in zip(entries, scores, strict=True)
+                if s > 0
+            ),
             reverse=True,
         )[:5]
         base.append(time.perf_counter() - t)
