@@ -17,6 +17,7 @@ the same text are no-ops. `depends_on` chains were rejected: a replica can enque
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -44,19 +45,21 @@ from .commands import (
     tool_call,
 )
 from .extraction import extract_turn
-from .feishu_send import FeishuError, sender_for
+from .feishu_send import FeishuError, FeishuSender, sender_for
 from .inbound import Inbound, TurnLimits, TurnResult
 from .llm import LLMError, LLMUnavailable
 from .mailbox import Mailbox
 from .memory_service import Assembly, MemoryService, service_for
 from .metrics import Metrics
 from .outbox import ReplyParked, send_reply
+from .redis_backend import text
 from .runtime import Runtime, current
 from .settings import Persona
 
 log = logging.getLogger(__name__)
 
 SESSION_TTL = 30 * 60
+THINKING_TTL = 24 * 3600  # a turn's reaction id, kept so a redo can remove a killed attempt's
 
 
 # --------------------------------------------------------------------------------------------- the turn
@@ -403,7 +406,7 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
     except FeishuError as exc:
         log.error("message=%s: %s", inbound.message_id, exc)
         return None
-    reaction = sender.react(inbound.message_id)
+    reaction = _show_thinking(runtime, sender, inbound)
     started = time.perf_counter()
     outcome = "error"
     try:
@@ -412,6 +415,38 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
         return result
     finally:
         sender.unreact(inbound.message_id, reaction)
+        _thinking_done(runtime, inbound)
         metrics = Metrics(runtime.redis)
         metrics.observe("lucid_turn_seconds", time.perf_counter() - started)
         metrics.inc("lucid_turns_total", {"outcome": outcome, "chat_type": inbound.chat_type})
+
+
+def _thinking_key(inbound: Inbound) -> str:
+    return f"lucid:thinking:{inbound.persona}:{inbound.message_id}"
+
+
+def _show_thinking(runtime: Runtime, sender: FeishuSender, inbound: Inbound) -> str | None:
+    """Add the "thinking" reaction, or take over the one a killed attempt of this turn left showing.
+
+    The reaction id is kept in Redis for the turn's life: a worker SIGKILLed mid-turn cannot remove its
+    reaction, so the attempt that redoes the turn removes it when it answers (otherwise the message would
+    show "thinking" forever beside its answer)."""
+    client, key = runtime.redis, _thinking_key(inbound)
+    if client is not None:
+        try:
+            left = client.get(key)
+        except redis.RedisError:
+            left = None
+        if left:
+            return text(left)
+    reaction = sender.react(inbound.message_id)
+    if reaction and client is not None:
+        with contextlib.suppress(redis.RedisError):
+            client.set(key, reaction, ex=THINKING_TTL)
+    return reaction
+
+
+def _thinking_done(runtime: Runtime, inbound: Inbound) -> None:
+    if runtime.redis is not None:
+        with contextlib.suppress(redis.RedisError):
+            runtime.redis.delete(_thinking_key(inbound))

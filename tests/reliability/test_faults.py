@@ -178,13 +178,17 @@ async def test_a_worker_sigkilled_mid_turn_is_redone_by_the_next_message(
             assert by_parent[ids[0]][0].time < by_parent[ids[1]][0].time  # in order
             recorded_once(stack, who, ids)
             assert memory_texts(stack, who)["我喜欢慢跑的时候听播客"] == 1
-            stuck = [r for r in feishu.reactions if r.message_id == ids[0] and not r.deleted]
+            stuck = [r for r in feishu.reactions if r.message_id in ids and not r.deleted]
+            added = len([r for r in feishu.reactions if r.message_id == ids[0]])
+    # Fixed in this issue: the attempt that redoes the turn removes the killed attempt's reaction
+    assert stuck == [], stuck
     figures.update(
         recovered_after_s=round(recovered, 1),
         lost=0,
+        thinking_reactions_added_to_the_message=added,
         thinking_reactions_left_on_the_message=len(stuck),
         user_saw=f"both answered in order, {recovered:.0f} s after the kill (the turn lease expires after "
-        f"15 s); {len(stuck)} 'thinking' reaction(s) of the killed attempt left on the message",
+        f"15 s); no 'thinking' sign left on either message",
     )
 
 
@@ -214,7 +218,9 @@ async def test_a_worker_sigkilled_mid_turn_is_answered_without_a_next_message(
                 recovered = replies_by_parent(feishu)[ids_of([one])[0]][0].time - killed
                 figures.update(recovered_after_s=round(recovered, 1))
             figures.update(answered_within_60_s=answered)
+            stuck = [r for r in feishu.reactions if r.message_id == ids_of([one])[0] and not r.deleted]
     assert answered, "the message of the killed turn was never answered (nobody wrote again)"
+    assert stuck == [], "the killed attempt's 'thinking' reaction is still on the message"
 
 
 @pytest.mark.slow
