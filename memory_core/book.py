@@ -118,20 +118,40 @@ class _DedupIndex:
 
     def __init__(self, entries: dict[str, Entry]) -> None:
         self._entries = entries
+        self._texts: dict[str, str] = {}  # id → the text indexed for it
         self._norm: dict[str, set[str]] = {}
         self._postings: dict[str, set[str]] = {}
         for e in entries.values():
             self.add(e)
 
     def add(self, e: Entry) -> None:
+        if e.id in self._texts:
+            self._drop(e.id)
+        self._texts[e.id] = e.text
         self._norm.setdefault(similarity.normalise(e.text), set()).add(e.id)
         for g in similarity.bigrams(e.text):
             self._postings.setdefault(g, set()).add(e.id)
 
     def remove(self, e: Entry) -> None:
-        self._norm.get(similarity.normalise(e.text), set()).discard(e.id)
-        for g in similarity.bigrams(e.text):
-            self._postings.get(g, set()).discard(e.id)
+        self._drop(e.id)
+
+    def _drop(self, ident: str) -> None:
+        text = self._texts.pop(ident, None)
+        if text is None:
+            return
+        self._norm.get(similarity.normalise(text), set()).discard(ident)
+        for g in similarity.bigrams(text):
+            self._postings.get(g, set()).discard(ident)
+
+    def rebase(self, entries: dict[str, Entry]) -> None:
+        """Serve `entries` (the same namespace read again) by re-indexing only the entries whose text
+        changed, appeared or went: far cheaper than a new index over thousands of entries."""
+        for ident in [i for i, t in self._texts.items() if (e := entries.get(i)) is None or e.text != t]:
+            self._drop(ident)
+        for e in entries.values():
+            if self._texts.get(e.id) != e.text:
+                self.add(e)
+        self._entries = entries
 
     def same(self, text: str, now: datetime) -> list[Entry]:
         ids = self._norm.get(similarity.normalise(text), set())
@@ -170,6 +190,14 @@ class Book:
         self._normalise_hand_moves()
         self._dedup_index: _DedupIndex | None = None  # built on the first write that needs it
         self.changed = False
+
+    def reuse_index(self, older: Book) -> None:
+        """Take over the dedup index of `older` (this namespace as this process last wrote it), updated
+        for what changed since. When the writer lease moves between processes, each batch starts from a
+        fresh read; rebuilding the index of a 5,000-entry file cost more than the rest of the batch."""
+        if self._dedup_index is None and older._dedup_index is not None:
+            older._dedup_index.rebase(self.memory.entries)
+            self._dedup_index, older._dedup_index = older._dedup_index, None
 
     @property
     def _dedup(self) -> _DedupIndex:

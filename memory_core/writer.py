@@ -289,7 +289,12 @@ class Writer:
             if expect_version is not None and snap.version != expect_version:
                 return None
             cached = self._books.pop(ns, None)
-            book = cached[1] if cached is not None and cached[0] == snap.version else _book(snap)
+            if cached is not None and cached[0] == snap.version:
+                book = cached[1]
+            else:
+                book = _book(snap)
+                if cached is not None:  # another process wrote since: keep what still holds
+                    book.reuse_index(cached[1])
             book.changed = False
             self.problems = book.problems()
             now = self.clock()

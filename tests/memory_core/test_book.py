@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from memory_core.book import Book
+from memory_core.lineformat import parse_file, render_file
 from memory_core.ops import Edit, Forget, Pin, Put, Remember, Touch
 
 T0 = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
@@ -139,3 +143,69 @@ def test_an_automatic_path_cannot_make_an_injection_resident() -> None:
     assert all(o.status == "added" for o in (tool, pinned, mine))
     assert not got[tool.id].resident and not got[pinned.id].resident  # type: ignore[union-attr]
     assert got[mine.id].resident  # type: ignore[union-attr]  # a real standing wish stays resident
+
+
+_WORDS = [
+    "咖啡",
+    "乌龙茶",
+    "爬山",
+    "跑步",
+    "Python",
+    "Redis",
+    "周会",
+    "猫",
+    "杭州",
+    "余杭区",
+    "西湖区",
+    "吉他",
+]
+_STEMS = ["我喜欢", "我讨厌", "我住在", "我最近在学", "项目使用", "我每周都去"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_reused_dedup_index_decides_like_a_fresh_one(data: st.DataObject) -> None:
+    """When the lease moves between processes, a writer re-reads the files and takes over the dedup index
+    of its own last book (Book.reuse_index) instead of rebuilding it. Whatever another process changed in
+    between (added, updated, superseded, forgot), the next ops must be decided exactly as a fresh book
+    decides them."""
+    texts = st.builds(lambda a, b: a + b, st.sampled_from(_STEMS), st.sampled_from(_WORDS))
+    ops = st.lists(texts, min_size=1, max_size=12)
+    mine = Book()
+    for i, text in enumerate(data.draw(ops)):
+        mine.apply(Remember(text=text), T0 + timedelta(minutes=i))
+    # another process: starts from my files, changes them, writes them back
+    other = Book(parse_file(render_file(mine.memory_file())), parse_file(render_file(mine.archive_file())))
+    t = T0 + timedelta(hours=1)
+    for text in data.draw(ops):
+        other.apply(Remember(text=text), t)
+    gone = data.draw(st.lists(st.sampled_from(sorted(e.id for e in other.entries()) or ["x"]), max_size=3))
+    for ident in gone:
+        other.apply(Forget(id=ident), t)
+    files = render_file(other.memory_file()), render_file(other.archive_file())
+    reused = Book(parse_file(files[0]), parse_file(files[1]))
+    reused.reuse_index(mine)
+    fresh = Book(parse_file(files[0]), parse_file(files[1]))
+    later = T0 + timedelta(hours=2)
+
+    def same_entry(x: str | None, y: str | None) -> bool:
+        """The same entry in both books: the same id if it was in the files, else the same text (an entry
+        added by these last ops gets a random id in each book)."""
+        ex, ey = reused.get(x or ""), fresh.get(y or "")
+        return (
+            x == y
+            if x in reused_ids or y in reused_ids
+            else ex is not None and ey is not None and ex.text == ey.text
+        )
+
+    reused_ids = {e.id for e in reused.entries()}
+    for text in data.draw(ops):
+        a, b = reused.apply(Remember(text=text), later), fresh.apply(Remember(text=text), later)
+        assert a.status == b.status
+        if a.status in ("unchanged", "updated", "superseded"):
+            assert same_entry(a.id, b.id)
+        if a.status == "superseded":
+            assert len(a.superseded) == len(b.superseded)
+            assert all(
+                same_entry(x, y) for x, y in zip(sorted(a.superseded), sorted(b.superseded), strict=True)
+            )
