@@ -193,8 +193,8 @@ def test_sends_of_one_app_stay_under_its_quota_per_window(redis_client: redis.Re
 
 def test_a_bigger_quota_raises_the_per_second_cap_too(redis_client: redis.Redis) -> None:
     """An app granted more than 1000 per minute is not held at the default 40/s: the schedule the pacer
-    hands out for 120 replies to 120 chats spans ~3 s at the default quota and a fraction of that at
-    12,000 per minute (480/s)."""
+    hands out for 120 replies to 120 chats spans over 3 s at the default quota (40/s, and 1000/min after
+    a burst of 33) and a fraction of a second at 12,000 per minute (480/s)."""
 
     def span(rate: int) -> float:
         persona = Persona("p", app_id=f"cli_{uuid.uuid4().hex[:12]}", app_secret="s")
