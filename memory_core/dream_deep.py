@@ -25,7 +25,6 @@ from typing import Any
 from .book import Book
 from .dream_guard import (
     MIN_TEXT_CHARS,
-    instructions,
     invented_terms,
     is_refusal,
     missing_terms,
@@ -34,7 +33,7 @@ from .dream_guard import (
 from .dream_light import scope_key, stamp, subject_key
 from .dream_pairs import similar_pairs
 from .entry import MAX_TEXT_CHARS, Entry, new_id
-from .injection import carries_instruction
+from .injection import carries_instruction, instructions
 from .recall import recency
 from .secretscan import contains_secret
 from .similarity import RELATED, bigrams

@@ -147,9 +147,6 @@ def is_refusal(text: str) -> bool:
     return _REFUSAL.search(_nfkc(text)) is not None
 
 
-__all__ = ["instructions"]  # re-exported: the cage's checks are read from this module
-
-
 def new_instructions(sources: Iterable[str], rewrite: str) -> list[str]:
     """Instruction-like phrases of the rewrite that none of the sources contains."""
     seen = frozenset().union(*(instructions(s) for s in sources))

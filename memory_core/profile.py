@@ -22,7 +22,6 @@ from datetime import datetime
 from .dream_guard import (
     MIN_TEXT_CHARS,
     coverage,
-    instructions,
     invented_terms,
     is_refusal,
     key_terms,
@@ -30,7 +29,7 @@ from .dream_guard import (
 )
 from .dream_light import stamp, subject_key
 from .entry import Entry
-from .injection import carries_instruction
+from .injection import carries_instruction, instructions
 from .lineformat import format_time
 from .secretscan import contains_secret
 from .similarity import normalise

@@ -51,6 +51,8 @@ from .settings import SEND_RATE, Persona
 
 log = logging.getLogger(__name__)
 
+APP_QPS = 40.0  # replies per second per app at Feishu's default quota (documented: 50/s with 1000/min)
+
 TOKEN_INVALID = frozenset({99991663, 99991664, 99991665})
 RATE_LIMITED = frozenset({99991400, 230020, 11232, 230049})
 CONTENT_REFUSED = frozenset({230001, 230025, 99992402})
@@ -113,9 +115,10 @@ class Pacer:
     """Hands out send slots under Feishu's limits, across every process (Feishu docs, "频控策略"):
 
     - per chat (a user or a group): `chat_qps` (4, under the documented 5 QPS);
-    - per app: `app_qps` (40, under 50/s) and `app_limit` = (count, seconds) — 1000 per minute by default, so
-      a busy bot's sustained rate stays under Feishu's per-minute quota instead of living on 429s
-      (LUCID_FEISHU_SEND_RATE changes it for an app with another quota).
+    - per app: `app_limit` = (count, seconds) — 1000 per minute by default, so a busy bot's sustained rate
+      stays under Feishu's per-minute quota instead of living on 429s (LUCID_FEISHU_SEND_RATE changes it for
+      an app with another quota) — and `app_qps`: 40 (under the documented 50/s) for that default quota,
+      raised in proportion for a bigger one (Feishu's per-second limit rides with the per-minute one).
 
     Each bucket is a GCRA (generic cell rate algorithm) cell: an interval between sends and a tolerance for
     a burst. Per chat and per second: a plain spacing. Per minute: a burst of count/30 at once, then an
@@ -128,13 +131,13 @@ class Pacer:
         self,
         client: redis.Redis | None,
         chat_qps: float = 4.0,
-        app_qps: float = 40.0,
+        app_qps: float | None = None,
         app_limit: tuple[int, float] = (1000, 60.0),
     ) -> None:
         self.client = client
-        self.chat_ms = 1000 / chat_qps
-        self.app_ms = 1000 / app_qps
         count, seconds = app_limit
+        self.chat_ms = 1000 / chat_qps
+        self.app_ms = 1000 / (app_qps or max(APP_QPS, APP_QPS * count / seconds / (SEND_RATE / 60)))
         burst = max(1, count // 30)
         self.window_ms = seconds * 1000 / max(1, count - burst)
         self.window_tolerance = (burst - 1) * self.window_ms
@@ -437,10 +440,7 @@ def sender_for(
     with _senders_lock:
         sender = _senders.get(key)
         if sender is None:
-            # Feishu's 50/s rides with its 1000/min: an app granted a bigger quota gets a per-second
-            # cap raised in proportion (40/s at the default, under the documented 50).
-            app_qps = max(40.0, send_rate / 25)
-            pacer = Pacer(redis_client, app_qps=app_qps, app_limit=(send_rate, 60.0))
+            pacer = Pacer(redis_client, app_limit=(send_rate, 60.0))
             sender = FeishuSender(persona, domain, redis_client, pacer=pacer)
             _senders[key] = sender
         return sender

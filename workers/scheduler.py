@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -42,7 +41,7 @@ from memory_core.namespace import Namespace, list_namespaces
 
 from .dreaming import MODEL_PHASES, PHASES, enqueue_phase, last_run, memory_version, state_key
 from .runtime import Runtime, current, install
-from .settings import Settings
+from .settings import Settings, duration_seconds
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +56,6 @@ DEFAULT_INTERVALS = {
 JITTER_FRACTION = 0.1
 MAX_JITTER = timedelta(hours=2)
 BASELINE_PHASES = ("deep", "replay")  # first sighting records a start instead of running
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$", re.I)
-_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_switch(value: str | None, default: timedelta) -> timedelta | None:
@@ -68,10 +65,10 @@ def parse_switch(value: str | None, default: timedelta) -> timedelta | None:
         return default
     if text in ("off", "no", "false", "0", "never"):
         return None
-    m = _DURATION.match(text)
-    if m is None or int(m.group(1)) <= 0:
+    seconds = duration_seconds(text)
+    if seconds is None or seconds <= 0:
         raise InvalidInput(f"a dream schedule is off, on, or an interval like 12h / 3d / 90m, got {value!r}")
-    return timedelta(seconds=int(m.group(1)) * _UNIT[m.group(2)])
+    return timedelta(seconds=seconds)
 
 
 @dataclass(frozen=True)

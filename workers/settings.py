@@ -36,8 +36,14 @@ class Persona:
 
 REPLY_DEADLINE = 50 * 60.0
 MAX_REPLY_DEADLINE = 55 * 60.0  # Feishu runs a uuid at most once an hour: every retry must stay inside it
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$", re.I)
-_UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.I)
+_UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def duration_seconds(text: str) -> float | None:
+    """`90`, `90s`, `15m`, `1.5h`, `3d` → seconds; None when `text` is not such a duration."""
+    m = _DURATION.match(text)
+    return float(m.group(1)) * _UNIT[m.group(2).lower()] if m else None
 
 
 SEND_RATE = 1000  # Feishu's documented quota of the message APIs: 1000 per minute per app
@@ -59,9 +65,8 @@ def parse_send_rate(text: str) -> int:
 
 def parse_reply_deadline(text: str) -> float:
     """`LUCID_REPLY_DEADLINE`: seconds, or `50m`, `90s`; more than 0 and at most 55 minutes."""
-    m = _DURATION.match(text)
-    seconds = float(m.group(1)) * _UNIT[m.group(2).lower()] if m else -1.0
-    if not 0 < seconds <= MAX_REPLY_DEADLINE:
+    seconds = duration_seconds(text)
+    if seconds is None or not 0 < seconds <= MAX_REPLY_DEADLINE:
         raise InvalidInput(
             "LUCID_REPLY_DEADLINE must be a duration such as 50m or 600 (seconds), more than 0 and at most "
             f"55m (Feishu keeps a reply's uuid for an hour; later retries could post twice), got {text!r}"
