@@ -28,8 +28,9 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,41 @@ def clean_env(**extra: str | None) -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT)
     env.update({k: v for k, v in extra.items() if v is not None})
     return env
+
+
+def lucid_cli(
+    data: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    stdin: str | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run `lucid <args> --data <data>` as a person would, in a clean environment (`clean_env()` unless
+    `env`); with `check`, a non-zero exit fails the test with the command's stderr."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bot.cli", *args, "--data", str(data)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env if env is not None else clean_env(),
+        input=stdin,
+        timeout=timeout,
+    )
+    if check:
+        assert out.returncode == 0, (
+            f"lucid {' '.join(args)[:200]}: exit {out.returncode}\n{out.stderr[-2000:]}"
+        )
+    return out
+
+
+def lucid_import(
+    data: Path, rows: Sequence[Mapping[str, Any]], *args: str, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    """`lucid import` of `rows` (written as JSON Lines beside the data directory), quietly."""
+    source = data.parent / f"import-{uuid.uuid4().hex[:8]}.jsonl"
+    source.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
+    return lucid_cli(data, "import", str(source), "--quiet", *args, **kwargs)
 
 
 def write_config(path: Path, personas: Sequence[str] = ("x", "y"), **extra: str) -> Path:

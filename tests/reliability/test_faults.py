@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
 import subprocess
@@ -54,6 +53,7 @@ from tests.reliability.harness import (
     ids_of,
     log_mark,
     logs_since,
+    lucid_import,
     memory_entries,
     ns_for,
     on_small_tmpfs,
@@ -736,26 +736,7 @@ def test_replay_after_an_import_with_shared_timestamps_makes_progress(
         }
         for i, fact in enumerate(facts)
     ]
-    (tmp_path / "export.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bot.cli",
-            "import",
-            str(tmp_path / "export.jsonl"),
-            "--quiet",
-            "--data",
-            str(data),
-            "--user",
-            "exporter",
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    lucid_import(data, rows, "--user", "exporter")
     ns = Namespace.of("default", "exporter", "default")
 
     def respond(body: dict[str, Any]) -> str:

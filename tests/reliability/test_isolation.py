@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -46,13 +44,13 @@ from tests.reliability.harness import (
     BOT,
     EXTRACT_PREFIX,
     MARK,
-    ROOT,
     Stack,
     await_for,
-    clean_env,
     converse,
     env_int,
     ids_of,
+    lucid_cli,
+    lucid_import,
     replies_by_parent,
     text_of,
 )
@@ -151,17 +149,8 @@ class EchoModel:
         return "我看到了：" + (" ".join(found) if found else "（没有标记）")
 
 
-def lucid_cli(data: Path, *args: str) -> str:
-    out = subprocess.run(
-        [sys.executable, "-m", "bot.cli", *args, "--data", str(data)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
+def cli_output(data: Path, *args: str) -> str:
+    return lucid_cli(data, *args).stdout
 
 
 async def isolation_run(
@@ -252,10 +241,7 @@ async def isolation_run(
                                 "persona": owner.persona,
                             }
                         )
-            (tmp_path / "old.jsonl").write_text(
-                "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n"
-            )
-            lucid_cli(stack.data, "import", str(tmp_path / "old.jsonl"), "--quiet")
+            lucid_import(stack.data, rows)
 
             from workers.dreaming import run_phase
             from workers.runtime import build
@@ -395,13 +381,13 @@ async def isolation_run(
                     "lucid recall",
                     owner,
                     None,
-                    lucid_cli(stack.data, "recall", "储物柜 代号 牌子 MARK", "--k", "50", "--no-gate", *ids),
+                    cli_output(stack.data, "recall", "储物柜 代号 牌子 MARK", "--k", "50", "--no-gate", *ids),
                 )
                 world.check(
                     "lucid recall --chat-type group",
                     owner,
                     group,
-                    lucid_cli(
+                    cli_output(
                         stack.data,
                         "recall",
                         "储物柜 代号 牌子 MARK",
@@ -419,9 +405,9 @@ async def isolation_run(
                     "lucid search",
                     owner,
                     None,
-                    lucid_cli(stack.data, "search", "牌子 MARK 储物柜", "--k", "50", *ids),
+                    cli_output(stack.data, "search", "牌子 MARK 储物柜", "--k", "50", *ids),
                 )
-                world.check("lucid show --all", owner, None, lucid_cli(stack.data, "show", "--all", *ids))
+                world.check("lucid show --all", owner, None, cli_output(stack.data, "show", "--all", *ids))
 
         lap("cli")
     assert world.leaks == [], f"{len(world.leaks)} leaks, e.g. {world.leaks[:5]}"

@@ -35,6 +35,7 @@ from tests.reliability.harness import (
     await_for,
     env_int,
     git,
+    lucid_cli,
     memory_entries,
     ns_for,
     percentiles,
@@ -226,32 +227,13 @@ def test_two_facts_that_differ_in_a_number_are_both_kept(tmp_path: Path, figures
     overlap an old one's by ≥ 0.65 as a near duplicate and updated the old entry in place: "我的第0个愿望是去0号星球"
     was overwritten by "我的第20个愿望是去20号星球" (Jaccard 0.67), though the person was told both were kept."""
     import json
-    import subprocess
-    import sys
-
-    from tests.reliability.harness import ROOT, clean_env
 
     data = tmp_path / "data"
     said = ["我的第0个愿望是去0号星球", "我的第20个愿望是去20号星球", "周三下午3点开会", "周三下午4点开会"]
     outcomes = []
     for text in said:
-        out = subprocess.run(
-            [sys.executable, "-m", "bot.cli", "remember", text, "--json", "--data", str(data)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            env=clean_env(),
-            timeout=120,
-        )
-        outcomes.append(json.loads(out.stdout)["status"])
-    shown = subprocess.run(
-        [sys.executable, "-m", "bot.cli", "show", "--json", "--data", str(data)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        timeout=120,
-    )
+        outcomes.append(json.loads(lucid_cli(data, "remember", text, "--json").stdout)["status"])
+    shown = lucid_cli(data, "show", "--json")
     texts = [r["text"] for r in json.loads(shown.stdout)["results"]]
     figures.update(outcomes=outcomes, memory=texts)
     assert [t for t in said if t not in texts] == [], (

@@ -18,8 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import subprocess
-import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -40,7 +38,6 @@ from tests.memory_core.secret_corpus import BENIGN, POSITIVES, Positive
 from tests.reliability.conftest import Figures
 from tests.reliability.harness import (
     EXTRACT_PREFIX,
-    ROOT,
     Stack,
     await_for,
     clean_env,
@@ -51,6 +48,7 @@ from tests.reliability.harness import (
     git_everything,
     ids_of,
     last_user_text,
+    lucid_import,
     memory_entries,
     raw_messages,
     replies_by_parent,
@@ -275,31 +273,17 @@ def secrets_run(tmp_path: Path, feishu: FakeFeishu, figures: Figures, every: int
                 }
                 for i, c in enumerate(cases)
             ]
-            (tmp_path / "replay.jsonl").write_text(
-                "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n"
-            )
             who = people["replay"]
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "bot.cli",
-                    "import",
-                    str(tmp_path / "replay.jsonl"),
-                    "--quiet",
-                    "--data",
-                    str(data),
-                    "--tenant",
-                    TENANT_KEY,
-                    "--user",
-                    who.union_id,
-                    "--persona",
-                    "x",
-                ],
-                cwd=ROOT,
+            lucid_import(
+                data,
+                rows,
+                "--tenant",
+                TENANT_KEY,
+                "--user",
+                who.union_id,
+                "--persona",
+                "x",
                 env=clean_env(REDIS_URL=server.url),
-                check=True,
-                capture_output=True,
                 timeout=300,
             )
             model.extract = {f"我的回放第{i}条：": c for i, c in enumerate(cases)}
