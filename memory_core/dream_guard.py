@@ -18,7 +18,13 @@ with white space and punctuation removed (`similarity.normalise`), so 2026-06-20
   (喝, 吃, 玩, 看…): 我住在西湖区 → 西湖, 我叫张三 → 张三, 我对花生过敏 → 花生, 我喜欢喝咖啡 → 咖啡. Compounds that are not cues (但是, 现在, 用户…) are excluded;
 - salience words: every hint word of recall importance (过敏, 务必, never, allergic…), because dropping
   one changes how much the fact matters;
-- negation: a source with a negation (不, 没, 别, 未, never, not, n't, no) needs one in the rewrite.
+- negation: a source with a negation (不, 没, 别, 未, never, not, n't, no) needs one in the rewrite;
+- content (`content_terms`), each named by its kind in a rejection: places and organisations (the two
+  CJK characters before a place or organisation suffix — 西湖区, 东京区域, 浦东机场, 字节公司 — and
+  English place words like district, region, downtown), qualifiers that change what a fact says
+  (每周, 周末, 晚上, 只, 偶尔, 经常, always, only, every, weekends, north…), and quantities (两个,
+  三只, a dozen, twice, the number words one…twenty). 我住在杭州西湖区 → 我住在杭州 loses 西湖区;
+  部署在 AWS 东京区域 → 部署在 AWS loses 东京区域.
 
 Coverage: besides the terms, each source must keep at least half of its character bigrams (ignoring
 bigrams with 我/的/了), so that a source whose facts have no cue word cannot silently vanish.
@@ -68,6 +74,45 @@ _REFUSAL = re.compile(
 )
 
 
+_PLACE_SUFFIX = (
+    "特别行政区|自治区|新区|区域|地区|区|市|省|州府|县|镇|乡|村|路|街|巷|弄|胡同|小区|大厦|广场|公园|"
+    "机场|车站|火车站|地铁站|港|湾|岛|大学|学院|中学|小学|医院|公司|集团|银行|酒店|总部|分部|办公室|"
+    "机房|数据中心|国"
+)
+_PLACE_TERM = re.compile(rf"([{_CJK}]{{2}})({_PLACE_SUFFIX})")
+_PLACE_LEAD = frozenset("在住到去从于来往是的了过和与及跟")
+_EN_PLACE = re.compile(
+    r"\b(?:north|south|east|west|northern|southern|eastern|western|central|downtown|uptown|suburbs?|"
+    r"district|region|province|county|state|city|town|village|campus|office|headquarters|branch|"
+    r"airport|station|street|avenue|road|floor)\b",
+    re.I,
+)
+_ZH_QUALIFIER = re.compile(
+    r"每(?:天|日|晚|早|周[一二三四五六日天]?|星期[一二三四五六日天]?|月|年|次|隔)|工作日|周末|节假日|"
+    r"早上|早晨|上午|中午|下午|傍晚|晚上|夜里|凌晨|半夜|偶尔|经常|总是|通常|一般|很少|从不|从来|"
+    r"只(?=[\u4e00-\u9fff])|仅|唯一|不太|非常|特别|有点|稍微|大约|左右|以上|以下|至少|最多|之前|以后|"
+    r"以前|曾经|暂时|长期|短期|永久|远程|兼职|全职|东部|西部|南部|北部|中部|东边|西边|南边|北边|"
+    r"[东西南北]区|市中心|郊区|老家|本地"
+)
+_EN_QUALIFIER = re.compile(
+    r"\b(?:always|never|usually|often|sometimes|rarely|seldom|occasionally|only|every|each|daily|weekly|"
+    r"monthly|yearly|weekdays?|weekends?|mornings?|evenings?|nights?|afternoons?|mostly|mainly|"
+    r"except|remote(?:ly)?|part-time|full-time|temporarily|permanently|formerly|previously|"
+    r"about|around|approximately|least|most)\b",
+    re.I,
+)
+_ZH_QUANTITY = re.compile(
+    r"[零〇一二两三四五六七八九十百千万半几]+(?:个|只|位|条|家|所|种|件|台|辆|套|本|次|间|张|双|口|头|匹|"
+    r"棵|瓶|杯|碗|份|节|门|层|楼|年|月|日|号|点|岁|周|天|小时|分钟|公里|米|斤|公斤|元|块)"
+)
+_EN_QUANTITY = re.compile(
+    r"\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|"
+    r"sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|hundred|thousand|million|"
+    r"dozen|half|twice|thrice|once|single|double|both|several|few|many)\b",
+    re.I,
+)
+
+
 def _nfkc(text: str) -> str:
     return unicodedata.normalize("NFKC", text)
 
@@ -100,10 +145,61 @@ def _cjk_terms(text: str) -> set[str]:
     return found
 
 
+def _places(text: str) -> set[str]:
+    """西湖区, 东京区域, 浦东机场: the suffix and the two CJK characters before it, minus a leading
+    function character (在/住/到… — 住在杭州西湖区 gives 西湖区, 去过美国 gives 美国)."""
+    found: set[str] = set()
+    for m in _PLACE_TERM.finditer(text):
+        head = m.group(1)
+        while head and head[0] in _PLACE_LEAD:
+            head = head[1:]
+        found.add(head + m.group(2))
+    return found
+
+
+def content_terms(text: str) -> dict[str, str]:
+    """The places, qualifiers and quantities of `text` (normalised term → kind: place, qualifier,
+    quantity). A rewrite that drops one says less than its sources; one that adds one invents."""
+    nf = _nfkc(text)
+    terms: dict[str, str] = {}
+    for kind, found in (
+        ("place", _places(nf) | {m.group(0).lower() for m in _EN_PLACE.finditer(nf)}),
+        ("qualifier", {m.group(0).lower() for r in (_ZH_QUALIFIER, _EN_QUALIFIER) for m in r.finditer(nf)}),
+        ("quantity", {m.group(0).lower() for r in (_ZH_QUANTITY, _EN_QUANTITY) for m in r.finditer(nf)}),
+    ):
+        for term in found:
+            norm = normalise(term)
+            if norm:
+                terms.setdefault(norm, kind)
+    return terms
+
+
 def key_terms(text: str) -> frozenset[str]:
     """The terms of `text` a rewrite must keep (see the module docstring), numbers excluded."""
     nf = _nfkc(text)
-    return frozenset(normalise(t) for t in _latin_terms(nf) | _cjk_terms(nf) if normalise(t))
+    found = {normalise(t) for t in _latin_terms(nf) | _cjk_terms(nf)}
+    return frozenset(t for t in found | set(content_terms(nf)) if t)
+
+
+def _term_label(term: str, source: str) -> str:
+    kind = content_terms(source).get(term)
+    return f"{kind} {term}" if kind else term
+
+
+def _contains(hay: tuple[str, str], term: str) -> bool:
+    """`term` in `hay` (normalised, and normalised word by word); a Latin term must be a whole word
+    there (only ≠ lonely), a CJK term a substring."""
+    joined, spaced = hay
+    if not term.isascii():
+        return term in joined
+    return re.search(rf"(?<![a-z0-9]){re.escape(term)}(?![a-z0-9])", spaced) is not None
+
+
+def _hay(*texts: str) -> tuple[str, str]:
+    """The texts normalised, and normalised with their words kept apart (for whole-word tests)."""
+    joined = " ".join(normalise(t) for t in texts)
+    spaced = " ".join(normalise(w) for t in texts for w in re.split(r"[\s,;:!?。，；：！？、]+", _nfkc(t)))
+    return joined, spaced
 
 
 def has_negation(text: str) -> bool:
@@ -120,11 +216,11 @@ def coverage(source: str, rewrite: str) -> float:
 
 def missing_terms(sources: Sequence[str], rewrite: str) -> list[str]:
     """What of the sources the rewrite lost: terms, numbers, negation, or a whole source (coverage)."""
-    hay = normalise(rewrite)
+    hay = _hay(rewrite)
     kept_numbers = numbers(rewrite)
     missing: list[str] = []
     for src in sources:
-        missing.extend(sorted(t for t in key_terms(src) if t not in hay))
+        missing.extend(sorted(_term_label(t, src) for t in key_terms(src) if not _contains(hay, t)))
         missing.extend(sorted(n for n in numbers(src) if n not in kept_numbers))
         if coverage(src, rewrite) < MIN_COVERAGE:
             missing.append(f"coverage<{MIN_COVERAGE:.0%}: {src[:24]}")
@@ -136,9 +232,9 @@ def missing_terms(sources: Sequence[str], rewrite: str) -> list[str]:
 def invented_terms(sources: Iterable[str], rewrite: str) -> list[str]:
     """Numbers and key terms of the rewrite that no source contains: the model made them up."""
     texts = list(sources)
-    hay = "".join(normalise(s) for s in texts)
+    hay = _hay(*texts)
     have_numbers = frozenset().union(*(numbers(s) for s in texts)) if texts else frozenset()
-    invented = sorted(t for t in key_terms(rewrite) if t not in hay)
+    invented = sorted(_term_label(t, rewrite) for t in key_terms(rewrite) if not _contains(hay, t))
     invented += sorted(n for n in numbers(rewrite) if n not in have_numbers)
     return invented
 
