@@ -47,6 +47,7 @@ from memory_core.profile import (
     split_lines,
     stored_digest,
     third_party_names,
+    third_party_texts,
 )
 from memory_core.recall import estimate_tokens
 from memory_core.store import ARCHIVE, DREAMS, MEMORY, PROFILE, Snapshot
@@ -312,8 +313,8 @@ class _Profile:
         reply = self.model.ask(profile_messages(inputs, shown))
         if reply is None:
             return
-        people = third_party_names([*book.entries(), *book.archived()])
-        verdict = guard_profile(reply, inputs, people)
+        everyone = [*book.entries(), *book.archived()]
+        verdict = guard_profile(reply, inputs, third_party_names(everyone), third_party_texts(everyone))
         if verdict.reason == "nothing":
             self.report.notes.append("the model found too little for a profile")
         elif not verdict.accepted:
