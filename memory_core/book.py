@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from . import similarity
-from .entry import MAX_TEXT_CHARS, RESIDENT_TYPES, TYPES, Entry, new_id
+from .entry import MAX_TEXT_CHARS, PROMOTED, RESIDENT_TYPES, TYPES, Entry, new_id
 from .injection import carries_instruction
 from .lineformat import (
     Item,
@@ -428,6 +428,11 @@ class Book:
         entry = self.memory.entries.get(op.id)
         if entry is None:
             return Outcome(op.op_id, "rejected:not_found", detail=f"no current entry {op.id}")
+        if not op.pinned and entry.promoted:  # unpinning a promoted entry takes the promotion back too
+            entry = entry.with_mark(PROMOTED, None)
+            self._set(entry)
+            if not entry.pinned:
+                return Outcome(op.op_id, "updated", id=op.id)
         if entry.pinned == op.pinned:
             return Outcome(op.op_id, "unchanged", id=op.id)
         self._set(entry.with_changes(pinned=op.pinned))
@@ -491,6 +496,8 @@ class Book:
                 self.memory.entries[entry.id] = entry.with_changes(pinned=True)
             elif slot.section == "recall" and entry.pinned and entry.type not in RESIDENT_TYPES:
                 self.memory.entries[entry.id] = entry.with_changes(pinned=False)
+            elif slot.section == "recall" and entry.promoted and not entry.pinned:
+                self.memory.entries[entry.id] = entry.with_mark(PROMOTED, None)  # moved back by hand
 
 
 def _with_sections(memory: MemoryFile | None) -> MemoryFile:

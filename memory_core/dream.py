@@ -82,7 +82,17 @@ class DreamReport:
     @property
     def changes(self) -> int:
         """Entries written: what makes a run "something" rather than "nothing to do"."""
-        keys = ("merged", "superseded", "archived", "promoted", "demoted", "added", "updated", "profile")
+        keys = (
+            "merged",
+            "superseded",
+            "archived",
+            "promoted",
+            "demoted",
+            "unpromoted",
+            "added",
+            "updated",
+            "profile",
+        )
         return sum(self.counts.get(k, 0) for k in keys)
 
     def reject(self, reason: str, n: int = 1) -> None:

@@ -10,8 +10,12 @@ functions, re-checking each precondition, so a plan applied to a moved book can 
                             either, earliest at/vf, latest last, union of sup). Never a hard delete.
     supersede_contradictions  same subject, several current holders: the older get vt=now, the newest
                             sup+=them. `person:` subjects name who a fact is about, not an attribute: skipped.
-    demote_stale_preferences  a preference never recalled (hits 0) with recency < 0.02 (~170 days) → context.
-    promote_recalled        a recall-tier entry recalled ≥ 3 times → pinned (resident).
+    demote_stale_preferences  a preference never recalled (hits 0) with recency < 0.02 (~170 days) → context
+                            in the recall tier, marked `demo=<date>`: it stays current there (never
+                            archived as cold — it is still true, just not worth every prompt).
+    promote_recalled        a recall-tier entry recalled ≥ 3 times and used within 90 days → resident,
+                            marked `promo=<date>` — not `pin=1`, which only the user sets.
+    return_unused_promotions  a promoted entry unused (no recall) for 90 days → back to the recall tier.
     archive_cold            a recall-tier entry with recency < 0.05 (~130 days) and importance < 0.55 → ARCHIVE.
     archive_history         an entry whose valid-to has passed (superseded, merged, expired) → ARCHIVE.
 
@@ -31,18 +35,19 @@ from typing import Literal, Protocol
 
 from .book import Book
 from .dream_pairs import similar_pairs
-from .entry import Entry
+from .entry import DEMOTED, PROMOTED, Entry
 from .injection import carries_instruction
 from .recall import importance, recency
 from .similarity import DUPLICATE, bigrams, numbers_agree
 from .subjects import canonical_subject
 
-Action = Literal["merge", "supersede", "archive", "promote", "demote"]
+Action = Literal["merge", "supersede", "archive", "promote", "demote", "unpromote"]
 DREAM_PROTECTED_TYPES = frozenset({"rule", "identity", "instruction"})
 PROMOTE_HITS = 3
 COLD_RECENCY = 0.05
 COLD_IMPORTANCE = 0.55
 STALE_RECENCY = 0.02
+UNUSED_DAYS = 90  # a promotion lapses after this long without a recall, and is not granted after it
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -99,6 +104,8 @@ def union(survivor: Entry, loser: Entry) -> Entry:
         if survivor.valid_from is None or loser.valid_from is None
         else min(survivor.valid_from, loser.valid_from)
     )
+    promos = sorted(p for p in (survivor.mark(PROMOTED), loser.mark(PROMOTED)) if p)
+    survivor = survivor.with_mark(PROMOTED, promos[0] if promos else None)
     return survivor.with_changes(
         hits=max(survivor.hits, loser.hits),
         pinned=survivor.pinned or loser.pinned,
@@ -117,15 +124,17 @@ def apply_op(book: Target, op: LightOp, now: datetime) -> bool:
     e = book.current_entry(op.target)
     if e is None or untouchable(e):
         return False
-    if op.action in ("archive", "promote", "demote"):
+    if op.action in ("archive", "promote", "demote", "unpromote"):
         if not SINGLE_RULES[op.rule](e, now):
             return False
         if op.action == "archive":
             book.archive(e.id)
+        elif op.action == "promote":
+            book.replace_entry(e.with_mark(PROMOTED, f"{now:%Y-%m-%d}"))
+        elif op.action == "demote":
+            book.replace_entry(e.with_changes(type="context").with_mark(DEMOTED, f"{now:%Y-%m-%d}"))
         else:
-            book.replace_entry(
-                e.with_changes(pinned=True) if op.action == "promote" else e.with_changes(type="context")
-            )
+            book.replace_entry(e.with_mark(PROMOTED, None))
         return True
     other = book.current_entry(op.into) if op.into else None
     if other is None or other.id == e.id or untouchable(other) or not (e.current(now) and other.current(now)):
@@ -210,8 +219,29 @@ def is_stale_preference(e: Entry, now: datetime) -> bool:
     return e.type == "preference" and e.hits == 0 and e.current(now) and recency(e, now) < STALE_RECENCY
 
 
+def _days_unused(e: Entry, now: datetime) -> float:
+    """Days since the entry was last recalled (else promoted, else recorded); 0 with no date at all."""
+    promo = e.mark(PROMOTED)
+    try:
+        promoted = datetime.strptime(promo, "%Y-%m-%d").replace(tzinfo=UTC) if promo else None
+    except ValueError:
+        promoted = None
+    times = [t for t in (e.last, promoted, e.at, e.valid_from) if t is not None]
+    return (now - max(times)).total_seconds() / 86400 if times else 0.0
+
+
 def is_hot(e: Entry, now: datetime) -> bool:
-    return not e.resident and e.hits >= PROMOTE_HITS and e.current(now) and not carries_instruction(e.text)
+    return (
+        not e.resident
+        and e.hits >= PROMOTE_HITS
+        and e.current(now)
+        and _days_unused(e, now) < UNUSED_DAYS
+        and not carries_instruction(e.text)
+    )
+
+
+def is_unused_promotion(e: Entry, now: datetime) -> bool:
+    return e.promoted and not e.pinned and _days_unused(e, now) >= UNUSED_DAYS
 
 
 def is_cold(e: Entry, now: datetime) -> bool:
@@ -219,6 +249,7 @@ def is_cold(e: Entry, now: datetime) -> bool:
         not e.resident
         and e.valid_to is None
         and e.current(now)
+        and e.mark(DEMOTED) is None  # a demoted preference is still true: it stays in the recall tier
         and recency(e, now) < COLD_RECENCY
         and importance(e) < COLD_IMPORTANCE
     )
@@ -232,6 +263,7 @@ def is_history(e: Entry, now: datetime) -> bool:
 SINGLE_RULES: dict[str, Callable[[Entry, datetime], bool]] = {
     "demote_stale_preferences": is_stale_preference,
     "promote_recalled": is_hot,
+    "return_unused_promotions": is_unused_promotion,
     "archive_cold": is_cold,
     "archive_history": is_history,
 }
@@ -240,7 +272,13 @@ SINGLE_RULES: dict[str, Callable[[Entry, datetime], bool]] = {
 def _single(name: str) -> Rule:
     predicate = SINGLE_RULES[name]
     action: Action = (
-        "demote" if name.startswith("demote") else "promote" if name.startswith("promote") else "archive"
+        "demote"
+        if name.startswith("demote")
+        else "promote"
+        if name.startswith("promote")
+        else "unpromote"
+        if name.startswith("return")
+        else "archive"
     )
 
     def rule(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
@@ -252,6 +290,7 @@ def _single(name: str) -> Rule:
 
 demote_stale_preferences = _single("demote_stale_preferences")
 promote_recalled = _single("promote_recalled")
+return_unused_promotions = _single("return_unused_promotions")
 archive_cold = _single("archive_cold")
 archive_history = _single("archive_history")
 
@@ -261,6 +300,7 @@ RULES: tuple[Rule, ...] = (
     supersede_contradictions,
     demote_stale_preferences,
     promote_recalled,
+    return_unused_promotions,
     archive_cold,
     archive_history,
 )
@@ -301,7 +341,9 @@ class LightResult:
     """What a light run did: counts per action, ids per action, and ops skipped because the book moved."""
 
     counts: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(("merged", "superseded", "archived", "promoted", "demoted"), 0)
+        default_factory=lambda: dict.fromkeys(
+            ("merged", "superseded", "archived", "promoted", "demoted", "unpromoted"), 0
+        )
     )
     touched: dict[str, list[str]] = field(default_factory=dict)
     skipped: int = 0
@@ -317,6 +359,7 @@ _COUNT_KEY = {
     "archive": "archived",
     "promote": "promoted",
     "demote": "demoted",
+    "unpromote": "unpromoted",
 }
 
 

@@ -16,6 +16,12 @@ RESIDENT_TYPES = frozenset({"rule", "identity", "instruction", "preference"})
 PROTECTED_TYPES = frozenset({"rule", "identity"})
 SOURCES = ("user", "tool", "extract", "replay", "dream", "manual", "import")
 
+#: Light dreaming's own marks (extra metadata keys, value = the date): `promo` lifts a much-recalled entry
+#: into the resident tier without being the user's pin (`pin=1`) and is taken back when it goes unused;
+#: `demo` records that a stale preference was moved to the recall tier, where it stays current.
+PROMOTED = "promo"
+DEMOTED = "demo"
+
 #: An entry's text may not be longer than this (characters); longer input is rejected, not cut.
 MAX_TEXT_CHARS = 2000
 
@@ -59,8 +65,21 @@ class Entry:
 
     @property
     def resident(self) -> bool:
-        """Tier is derived, never stored: pinned or a resident type."""
-        return self.pinned or self.type in RESIDENT_TYPES
+        """Tier is derived, never stored: pinned, promoted by light dreaming, or a resident type."""
+        return self.pinned or self.type in RESIDENT_TYPES or (bool(self.extra) and self.promoted)
+
+    def mark(self, key: str) -> str | None:
+        """The value of an extra metadata key (e.g. PROMOTED), or None."""
+        return next((v for k, v in self.extra if k == key), None)
+
+    def with_mark(self, key: str, value: str | None) -> Entry:
+        """This entry with the extra key set to `value` (None removes it)."""
+        rest = tuple((k, v) for k, v in self.extra if k != key)
+        return replace(self, extra=rest if value is None else (*rest, (key, value)))
+
+    @property
+    def promoted(self) -> bool:
+        return self.mark(PROMOTED) is not None
 
     @property
     def protected(self) -> bool:

@@ -114,8 +114,9 @@ def test_history_is_archived_but_a_future_end_date_is_not() -> None:
 def test_recalled_three_times_is_promoted_to_resident() -> None:
     book = book_of(E("hot", "常去的健身房在文三路", hits=3), E("warm", "那家面馆在湖边", hits=2))
     assert light(book)["promoted"] == 1
-    assert book.memory.entries["hot"].pinned and book.memory.entries["hot"].resident
-    assert not book.memory.entries["warm"].pinned
+    hot = book.memory.entries["hot"]
+    assert hot.resident and hot.promoted and not hot.pinned  # promotion is not the user's pin
+    assert not book.memory.entries["warm"].resident
 
 
 def test_old_unimportant_entries_are_archived_salient_and_recent_ones_stay() -> None:

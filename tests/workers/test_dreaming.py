@@ -168,7 +168,7 @@ def test_light_phase_end_to_end_through_rq(env: Env) -> None:
     book = env.book()
     assert {e.id for e in book.entries()} == {"dup2", "new", "hot", "pin"}
     assert {e.id for e in book.archived()} == {"dup1", "old", "cold"}
-    assert book.memory.entries["dup2"].supersedes == ("dup1",) and book.memory.entries["hot"].pinned
+    assert book.memory.entries["dup2"].supersedes == ("dup1",) and book.memory.entries["hot"].promoted
     assert env.dream_commits() == ["dream light: 1 merged, 1 superseded, 3 archived, 1 promoted"]
     [run] = journal_runs(env.read(DREAMS))
     assert "· light · 1 merged" in run
