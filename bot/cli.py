@@ -149,16 +149,14 @@ def cmd_history(args: argparse.Namespace, rt: Runtime) -> int:
 
 @command("undo")
 def cmd_undo(args: argparse.Namespace, rt: Runtime) -> int:
-    ns = _ns(args)
-    message, files = rt.store.revert(ns, args.rev)
+    from memory_core.history import undo
 
-    def change(book: Any, snap: Any) -> dict[str, str]:
-        return {name: text for name, text in files.items() if text or snap.files.get(name) is not None}
-
-    report = rt.writer.transact(ns, change, message)
-    rev = report.revision if report else None
+    done = undo(rt.writer, _ns(args), args.rev)
+    rev = done.revision
     _emit(
-        args, {"message": message, "revision": rev}, f"{message} → {rev[:10] if rev else 'nothing to undo'}"
+        args,
+        {"message": done.message, "undone": done.rev, "revision": rev, "entries": done.entries},
+        f"{done.message} → {rev[:10] if rev else 'nothing left to undo'} ({done.entries} entries restored)",
     )
     return 0
 
@@ -281,7 +279,8 @@ def cmd_dream(args: argparse.Namespace, rt: Runtime) -> int:
 
     targets = list_namespaces(rt.settings.data_dir) if args.all else [_ns(args)]
     reports = [run_phase(rt, ns, args.phase, dry_run=args.dry_run) for ns in targets]
-    text = "\n\n".join(format_report(r) for r in reports) or "no namespaces"
+    data = str(rt.settings.data_dir) if rt.settings.data_dir != Path("./lucid-data") else None
+    text = "\n\n".join(format_report(r, data) for r in reports) or "no namespaces"
     _emit(args, {"results": reports} if args.all else reports[0], text)
     return 0
 
@@ -387,8 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=50)
     _common(p)
 
-    p = sub.add_parser("undo", help="revert one commit of the namespace (default: the last)")
-    p.add_argument("rev", nargs="?", default="HEAD")
+    p = sub.add_parser(
+        "undo", help="take back one commit, entry by entry (default: the last change to memory)"
+    )
+    p.add_argument("rev", nargs="?", default=None, help="the commit (see `lucid history`)")
     _common(p)
 
     p = sub.add_parser("import", help="bulk-load JSON Lines of messages and facts")

@@ -6,6 +6,7 @@
      ├── NotFound            an id or namespace that does not exist
      ├── LeaseLost           the writer's lease expired or its fencing token is stale: nothing written
      ├── ConcurrentEdit      the files changed under the writer (a hand edit) and retries ran out
+     ├── UndoRefused         an undo later changes stand in the way of (or with nothing to undo)
      └── StoreError          the disk or git refused (ENOSPC, permissions): nothing torn, nothing lost
 
 Adapters translate library errors at their boundary into these; the CLI prints one line and exits non-zero.
@@ -41,6 +42,10 @@ class LeaseLost(LucidError):
 
 class ConcurrentEdit(LucidError):
     """The namespace kept changing under the writer; the batch was not applied."""
+
+
+class UndoRefused(LucidError):
+    """An undo was not done: later commits changed the same entries, or the commit changed no memory."""
 
 
 class StoreError(LucidError):

@@ -455,39 +455,49 @@ class Store:
         out = self._git(ns, "show", "--format=", "--unified=0", rev, "--", *TRACKED, check=False).stdout
         return out if len(out) <= limit else out[:limit] + "\n… (diff cut)"
 
-    def revert(self, ns: Namespace, rev: str) -> tuple[str, dict[str, str]]:
-        """Compute the files as they would be with commit `rev` reverted (no commit is made here).
-
-        Returns the message for the commit and the new content of each tracked file that changes; the
-        caller writes them through the single writer, so an undo is one more ordinary batch.
-        """
+    def resolve(self, ns: Namespace, rev: str) -> str:
+        """The full id of commit `rev` (a hex prefix, or HEAD / HEAD~N). Raises StoreError if none."""
         if not re.fullmatch(r"[0-9a-fA-F]{4,40}|HEAD(~\d+)?", rev):
             raise StoreError(f"not a revision: {rev!r}")
-        full = self._git(ns, "rev-parse", "--verify", f"{rev}^{{commit}}").stdout.strip()
-        subject = self._git(ns, "log", "-1", "--format=%s", full).stdout.strip()
-        worktree = Path(tempfile.mkdtemp(prefix="lucid-undo-"))
-        try:
-            self._git(ns, "worktree", "add", "-q", "--detach", str(worktree), "HEAD")
-            wt = subprocess.run(
-                ["git", "-C", str(worktree), "revert", "--no-commit", full],
-                capture_output=True,
-                text=True,
-                env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull},
-                check=False,
-            )
-            if wt.returncode != 0:
-                raise StoreError(
-                    f"cannot undo {full[:10]} cleanly (later changes touch the same lines): "
-                    f"{(wt.stderr or wt.stdout).strip()[:200]}"
-                )
-            files = {}
-            for name in TRACKED:
-                p = worktree / name
-                files[name] = p.read_text("utf-8", errors="surrogateescape") if p.exists() else ""
-            return f"undo {full[:10]}: {subject}", files
-        finally:
-            self._git(ns, "worktree", "remove", "--force", str(worktree), check=False)
-            subprocess.run(["rm", "-rf", str(worktree)], check=False)
+        if not (self.path(ns) / ".git").exists():
+            raise StoreError(f"no history for {ns} yet")
+        found = self._git(ns, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
+        if found.returncode != 0:
+            raise StoreError(f"no commit {rev!r} in the history of {ns} (see `lucid history`)")
+        return found.stdout.strip()
+
+    def subject(self, ns: Namespace, rev: str) -> str:
+        return self._git(ns, "log", "-1", "--format=%s", rev).stdout.strip()
+
+    def files_at(self, ns: Namespace, rev: str) -> dict[str, str | None]:
+        """The tracked files as commit `rev` had them (None: absent, or no such commit — `root^`)."""
+        out: dict[str, str | None] = dict.fromkeys(TRACKED)
+        query = "".join(f"{rev}:{name}\n" for name in TRACKED)
+        done = subprocess.run(
+            ["git", "-C", str(self.path(ns)), "cat-file", "--batch"],
+            input=query.encode(),
+            capture_output=True,
+            env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull},
+            check=False,
+            timeout=60,
+        )
+        data, pos = done.stdout, 0
+        for name in TRACKED:
+            end = data.index(b"\n", pos)
+            header = data[pos:end].split()
+            pos = end + 1
+            if len(header) == 3 and header[1] == b"blob":
+                size = int(header[2])
+                out[name] = data[pos : pos + size].decode("utf-8", errors="surrogateescape")
+                pos += size + 1
+        return out
+
+    def revisions_touching(self, ns: Namespace, names: tuple[str, ...], limit: int = 200) -> list[str]:
+        """Full ids of the newest commits (at most `limit`) that changed any of `names`, newest first."""
+        if not (self.path(ns) / ".git").exists():
+            return []
+        out = self._git(ns, "log", f"-n{limit}", "--format=%H", "--", *names, check=False).stdout
+        return out.split()
 
 
 class ConcurrentChange(StoreError):

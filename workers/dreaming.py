@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import logging
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -517,8 +518,26 @@ def enqueue_phase(rt: Runtime, ns: str | Namespace, phase: str, dry_run: bool = 
     return {"status": "queued", "job_id": ident, "phase": phase, "namespace": str(space)}
 
 
-def format_report(report: dict[str, Any]) -> str:
-    """A report as a few lines for people (the CLI and the bot's /dream reply); a dry run adds its diff."""
+def command_hint(command: str, namespace: str, data_dir: str | None = None) -> str:
+    """`lucid COMMAND` with the flags that reach `namespace` (tenant/user/persona) and the data directory,
+    each only when not the default, quoted for a POSIX shell: it runs as printed."""
+    words = ["lucid", *shlex.split(command)]
+    try:
+        ns = Namespace.parse(namespace)
+    except ValueError:
+        ns = None
+    if ns is not None:
+        for flag, value in (("--tenant", ns.tenant), ("--user", ns.user), ("--persona", ns.persona)):
+            if value != "default":
+                words += [flag, value]
+    if data_dir:
+        words += ["--data", data_dir]
+    return shlex.join(words)
+
+
+def format_report(report: dict[str, Any], data_dir: str | None = None) -> str:
+    """A report as a few lines for people (the CLI and the bot's /dream reply); a dry run adds its diff.
+    `data_dir`: the data directory to name in the undo hint (None: the default one)."""
     counts = ", ".join(f"{n} {k}" for k, n in report.get("counts", {}).items()) or "no counts"
     head = (
         f"dream {report.get('phase')} · {report.get('namespace')} · {str(report.get('status', '')).upper()}"
@@ -538,9 +557,9 @@ def format_report(report: dict[str, Any]) -> str:
     )
     lines.extend(f"  note: {n}" for n in report.get("notes", []))
     if report.get("revision"):
-        lines.append(
-            f"  commit: {str(report['revision'])[:10]} (undo with `lucid undo {str(report['revision'])[:10]}`)"
-        )
+        rev = str(report["revision"])[:10]
+        hint = command_hint(f"undo {rev}", str(report.get("namespace", "")), data_dir)
+        lines.append(f"  commit: {rev} (undo with `{hint}`)")
     if report.get("diff"):
         lines.append("  would-be diff:")
         lines.extend("    " + line for line in str(report["diff"]).splitlines())

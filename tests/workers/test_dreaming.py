@@ -26,6 +26,7 @@ from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegis
 import workers.runtime as runtime_module
 from memory_core.book import Book
 from memory_core.errors import InvalidInput
+from memory_core.history import undo
 from memory_core.lineformat import format_time
 from memory_core.namespace import Namespace
 from memory_core.ops import Put, Record, Remember
@@ -210,12 +211,8 @@ def test_undo_of_a_dream_commit_restores_the_files(env: Env) -> None:
     memory, archive = env.read(MEMORY), env.read(ARCHIVE)
     report = run_phase(env.rt, NS, "light")
     assert env.read(MEMORY) != memory
-    message, files = env.rt.store.revert(NS, report["revision"])  # what `lucid undo REV` does
-
-    def change(book: Book, snap: Any) -> dict[str, str]:
-        return {name: text for name, text in files.items() if text or snap.files.get(name) is not None}
-
-    assert env.rt.writer.transact(NS, change, message) is not None
+    done = undo(env.rt.writer, NS, report["revision"])  # what `lucid undo REV` does
+    assert done.revision is not None
     assert env.read(MEMORY) == memory and env.read(ARCHIVE) == archive
     assert env.rt.store.history(NS)[0]["message"].startswith("undo ")
 
