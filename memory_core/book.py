@@ -247,7 +247,7 @@ class Book:
         if isinstance(op, Touch):
             return self._touch(op)
         if isinstance(op, Put):
-            return self._put(op)
+            return self._put(op, now)
         return Outcome(op.op_id, "rejected:unsupported")
 
     def replace_entry(self, entry: Entry) -> None:
@@ -325,6 +325,7 @@ class Book:
         for e in self._dedup.same(text, now):
             return Outcome(op.op_id, "unchanged", id=e.id)
 
+        stated = _stated(op.valid_from, now)
         # 2. Same subject, different value: supersede every current holder of the subject.
         if subject is not None:
             holders = [
@@ -335,8 +336,18 @@ class Book:
             if holders:
                 if automatic and any(e.protected for e in holders):
                     return Outcome(op.op_id, "rejected:protected", detail="a pinned entry holds this subject")
+                newer = [e.valid_from or e.at for e in holders if (e.valid_from or e.at or _EPOCH) > stated]
+                if (
+                    op.valid_from and newer
+                ):  # said before the current value was: history, not a change (replay, import)
+                    ended = min(t for t in newer if t is not None)
+                    entry = self._new_entry(op, text, subject, now).with_changes(valid_to=ended)
+                    self.add_entry(entry)
+                    return Outcome(
+                        op.op_id, "added", id=entry.id, detail="history: older than the current value"
+                    )
                 for old in holders:
-                    self._set(old.with_changes(valid_to=now))
+                    self._set(old.with_changes(valid_to=stated))
                 entry = self._new_entry(op, text, subject, now, supersedes=tuple(e.id for e in holders))
                 self.add_entry(entry)
                 return Outcome(op.op_id, "superseded", id=entry.id, superseded=tuple(e.id for e in holders))
@@ -367,13 +378,15 @@ class Book:
     def _new_entry(
         self, op: Remember, text: str, subject: str | None, now: datetime, supersedes: tuple[str, ...] = ()
     ) -> Entry:
+        stated = _stated(op.valid_from, now)
+        free = op.entry_id is not None and self.get(op.entry_id) is None
         return Entry(
-            id=self._fresh_id(),
+            id=op.entry_id if free and op.entry_id else self._fresh_id(),
             text=text,
             type=op.type,
             subject=subject,
-            valid_from=now if supersedes else None,
-            at=now,
+            valid_from=stated if supersedes or op.valid_from else None,
+            at=_stated(op.at, now),
             supersedes=supersedes,
             confidence=round(op.confidence, 2) if op.confidence is not None else None,
             pinned=op.pinned,
@@ -467,7 +480,7 @@ class Book:
             self.changed = True
         return Outcome(op.op_id, "updated" if touched else "unchanged", detail=f"{touched} touched")
 
-    def _put(self, op: Put) -> Outcome:
+    def _put(self, op: Put, now: datetime) -> Outcome:
         try:
             entry = entry_from_json(op.entry)
         except (KeyError, ValueError, TypeError) as exc:
@@ -482,9 +495,18 @@ class Book:
             if existing == entry:
                 return Outcome(op.op_id, "unchanged", id=entry.id)
             self.replace_entry(entry)
+            self._end_superseded(entry, now)
             return Outcome(op.op_id, "updated", id=entry.id)
         self.add_entry(entry)
+        self._end_superseded(entry, now)
         return Outcome(op.op_id, "added", id=entry.id)
+
+    def _end_superseded(self, entry: Entry, now: datetime) -> None:
+        """An entry written as given that names what it supersedes ends those that are still open."""
+        for ident in entry.supersedes:
+            old = self.memory.entries.get(ident)
+            if old is not None and old.valid_to is None and ident != entry.id:
+                self._set(old.with_changes(valid_to=entry.valid_from or now))
 
     def _normalise_hand_moves(self) -> None:
         """A line a person moved under Resident counts as pinned; one moved out of it is unpinned."""
@@ -498,6 +520,16 @@ class Book:
                 self.memory.entries[entry.id] = entry.with_changes(pinned=False)
             elif slot.section == "recall" and entry.promoted and not entry.pinned:
                 self.memory.entries[entry.id] = entry.with_mark(PROMOTED, None)  # moved back by hand
+
+
+def _stated(value: str | None, now: datetime) -> datetime:
+    """An op's own time (ISO, as given); the write time when it has none."""
+    if not value:
+        return now
+    try:
+        return parse_time(value)
+    except ValueError:
+        return now
 
 
 def _with_sections(memory: MemoryFile | None) -> MemoryFile:

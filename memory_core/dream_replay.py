@@ -16,12 +16,12 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from .dream_guard import coverage, is_refusal, new_instructions, one_line
 from .intents import classify_type, is_memorable
-from .lineformat import RawMessage
+from .lineformat import RawMessage, format_time
 from .ops import Remember
 from .secretscan import contains_secret
 from .similarity import bigrams
@@ -168,10 +168,12 @@ def attribute(fact: Fact, chunk: Chunk) -> RawMessage:
 
 
 def replay_ops(facts: Sequence[Fact], chunk: Chunk) -> list[Remember]:
-    """Remember ops (src=replay) with provenance and scope taken from each fact's message."""
+    """Remember ops (src=replay) with provenance, scope and `valid_from` taken from each fact's message."""
     ops: list[Remember] = []
     for fact in facts:
         msg = attribute(fact, chunk)
         scope = f"g:{msg.chat}" if msg.chat_type == "group" and msg.chat else "p2p"
-        ops.extend(facts_to_ops([fact], "replay", origin=msg.id, scope=scope))
+        # true since the message said it, not since the replay ran (vf, and the vt of what it supersedes)
+        said = format_time(msg.ts)
+        ops.extend(replace(op, valid_from=said) for op in facts_to_ops([fact], "replay", msg.id, scope))
     return ops

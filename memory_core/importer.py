@@ -2,6 +2,12 @@
 
 The whole file is validated before anything is applied, so a bad line (invalid UTF-8, malformed JSON, a
 missing field) is reported with its line number and the rest of the file is not half-applied.
+
+Facts keep what the file says: their ids and dates (`valid_from`, `valid_to`, `at`, `last`) with or
+without `--upsert`, and `supersedes` ends the named entries that are still open (at the new fact's
+`valid_from`), whether they are already in memory or further down the same file — facts are applied
+superseded-first. With `--upsert` a fact goes through the upsert rules (duplicates, same subject)
+unless it is already history (`valid_to`) or names what it supersedes: then it is written as given.
 """
 
 from __future__ import annotations
@@ -95,7 +101,32 @@ def parse_import(data: bytes, default: Namespace, upsert: bool = False) -> Impor
         except (ValueError, TypeError) as exc:
             raise ImportFormatError(line_no, str(exc)) from exc
         ops.setdefault(ns, []).append(op)
-    return ImportPlan(ops, messages, facts)
+    return ImportPlan({ns: _superseded_first(batch) for ns, batch in ops.items()}, messages, facts)
+
+
+def _superseded_first(ops: list[Op]) -> list[Op]:
+    """The ops with every fact after the facts of this file it supersedes (stable otherwise), so that an
+    entry the file ends exists by the time its successor is written."""
+    ids = {_fact_id(op): i for i, op in enumerate(ops) if _fact_id(op)}
+    depth: dict[int, int] = {}
+
+    def level(i: int, seen: frozenset[int] = frozenset()) -> int:
+        if i not in depth:
+            op = ops[i]
+            named = op.entry.get("supersedes", []) if isinstance(op, Put) else []
+            below = [ids[s] for s in named if s in ids and ids[s] not in seen and ids[s] != i]
+            depth[i] = 1 + max((level(j, seen | {i}) for j in below), default=-1)
+        return depth[i]
+
+    return [ops[i] for i in sorted(range(len(ops)), key=lambda i: (level(i), i))]
+
+
+def _fact_id(op: Op) -> str | None:
+    if isinstance(op, Put):
+        return str(op.entry.get("id") or "") or None
+    if isinstance(op, Remember):
+        return op.entry_id
+    return None
 
 
 def _namespace(obj: dict[str, Any], default: Namespace) -> Namespace:
@@ -188,7 +219,7 @@ def _fact(obj: dict[str, Any], upsert: bool) -> Op:
     ident = _str(obj, "id", limit=64)
     if ident is not None and not all(ch.isalnum() or ch in "_.:-" for ch in ident):
         raise ValueError("id may hold letters, digits and _.:- only")
-    if upsert:
+    if upsert and not supersedes and _time(obj, "valid_to") is None:
         return Remember(
             text=text,
             type=kind,
@@ -198,6 +229,9 @@ def _fact(obj: dict[str, Any], upsert: bool) -> Op:
             scope=scope,
             confidence=confidence,
             pinned=pinned,
+            valid_from=_time(obj, "valid_from"),
+            at=_time(obj, "at"),
+            entry_id=ident,
         )
     entry = {
         "id": ident or new_id(),

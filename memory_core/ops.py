@@ -33,6 +33,11 @@ class Remember:
     scope: str | None = None
     confidence: float | None = None
     pinned: bool = False
+    #: When it became true (ISO; replay: the message's time, import: the file's `valid_from`); what it
+    #: supersedes ends then. None: the write time.
+    valid_from: str | None = None
+    at: str | None = None  # when it was first recorded (import keeps the file's); None: the write time
+    entry_id: str | None = None  # the id a new entry takes if it is free (import keeps the file's ids)
     op_id: str = field(default_factory=new_op_id)
 
 

@@ -281,7 +281,8 @@ def recall(
 ) -> list[Scored]:
     """The top-k current entries for `query`, each with its three terms.
 
-    `as_of` answers what was current at that time (recency is still measured from `now`). With vectors
+    `as_of` answers what was current at that time (recency is still measured from `now`); pass the
+    archived entries too, since light dreaming archives what stopped being true. With vectors
     for the query and the entries, relevance = 0.7 × minmax(cosine) + 0.3 × lexical, and an entry needs
     lexical or vector evidence to be returned at all. Pass the same `index` (and the same `entries`
     list) between queries to keep the work proportional to the matches.
@@ -295,6 +296,8 @@ def recall(
     by_id = index.entries
 
     def eligible(e: Entry) -> bool:
+        if as_of is not None and (e.valid_from or e.at or when) > when:
+            return False  # not yet said at `as_of` (an entry without vf starts when it was recorded)
         return e.current(when) and visible_in(e, chat_type, chat)
 
     lexical = {i: r for i, r in index.relevance(query).items() if eligible(by_id[i])}

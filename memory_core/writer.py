@@ -298,6 +298,8 @@ class Writer:
             book.changed = False
             self.problems = book.problems()
             now = self.clock()
+            if report.manual_edit:
+                _stamp_hand_lines(book, now)
             report.outcomes, raw = self._apply(ns, book, [op for _, op in ops], now)
             extra = change(book, snap) if change is not None else None
             files: dict[str, str] = {}
@@ -449,6 +451,14 @@ class Writer:
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+
+def _stamp_hand_lines(book: Book, now: datetime) -> None:
+    """A line a person added by hand has no `at`: it was recorded when the writer first saw it (else it
+    would look new to recall and light dreaming forever). Its source is the person's hand."""
+    for e in book.entries():
+        if e.at is None and e.valid_from is None:
+            book.replace_entry(e.with_changes(at=now, source=e.source or "manual"))
 
 
 def _book(snap: Snapshot) -> Book:

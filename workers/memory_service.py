@@ -162,24 +162,28 @@ class MemoryService:
         gate: bool = True,
     ) -> list[Scored]:
         cache = self._cache(ns)
+        # What was true at `as_of` may since have been archived by light dreaming: read ARCHIVE.md too
+        # (a fresh index: such questions are rare, the hot path keeps its own).
+        pool = cache.entries if as_of is None else [*cache.entries, *cache.book.archived()]
+        index = cache.index if as_of is None else RelevanceIndex()
         qvec: list[float] | None = None
         vectors: dict[str, Sequence[float]] | None = None
         if self.embeddings is not None and query.strip():
             qvec = self.embeddings.query(query)
             if qvec is not None:
                 when = as_of or now
-                by_text = self.embeddings.passages([e.text for e in cache.entries if e.current(when)])
-                vectors = {e.id: by_text[e.text] for e in cache.entries if e.text in by_text}
+                by_text = self.embeddings.passages([e.text for e in pool if e.current(when)])
+                vectors = {e.id: by_text[e.text] for e in pool if e.text in by_text}
         with self._lock:
             return recall(
-                cache.entries,
+                pool,
                 query,
                 now,
                 k=k,
                 as_of=as_of,
                 chat_type=chat_type,
                 chat=chat,
-                index=cache.index,
+                index=index,
                 gate=gate,
                 query_vector=qvec,
                 vectors=vectors,
