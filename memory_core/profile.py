@@ -168,7 +168,15 @@ def _content_grams(text: str) -> set[str]:
     """CJK bigrams (without 我/的/是/用户…) and English words (without function words) of `text`."""
     grams = {g for g in bigrams(text) if len(g) == 2 and not g.isascii() and not (set(g) & _LEAK_SKIP)}
     words = _EN_WORD.findall(unicodedata.normalize("NFKC", text).lower())
-    return grams | {w for w in words if w not in _EN_SKIP and len(w) > 1}
+    return grams | {_stem(w) for w in words if w not in _EN_SKIP and len(w) > 1}
+
+
+def _stem(word: str) -> str:
+    """loves/loved/loving → lov: enough for "is this word also the user's own" (no stemmer needed)."""
+    for suffix in ("ing", "ed", "es", "s", "e"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)]
+    return word
 
 
 def leaked_from_others(line: str, inputs: Sequence[str], others: Sequence[str]) -> list[str]:
