@@ -99,6 +99,8 @@ def describe(entry: Entry, now: datetime) -> str:
         bits.append(entry.subject)
     if entry.pinned:
         bits.append("pinned")
+    elif entry.promoted:
+        bits.append("promoted")
     if entry.valid_from:
         bits.append(f"from {format_time(entry.valid_from)}")
     if entry.valid_to:
