@@ -337,9 +337,8 @@ class Book:
                 if automatic and any(e.protected for e in holders):
                     return Outcome(op.op_id, "rejected:protected", detail="a pinned entry holds this subject")
                 newer = [e.valid_from or e.at for e in holders if (e.valid_from or e.at or _EPOCH) > stated]
-                if (
-                    op.valid_from and newer
-                ):  # said before the current value was: history, not a change (replay, import)
+                # Said before the current value was (replay, import): history, not a change.
+                if op.valid_from and newer:
                     ended = min(t for t in newer if t is not None)
                     entry = self._new_entry(op, text, subject, now).with_changes(valid_to=ended)
                     self.add_entry(entry)

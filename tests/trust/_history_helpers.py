@@ -133,15 +133,15 @@ class Lucid:
         return self
 
 
-@pytest.fixture
-def lucid(tmp_path: Path) -> Lucid:
+@pytest.fixture(name="lucid")
+def lucid_fixture(tmp_path: Path) -> Lucid:
     data = tmp_path / "data"
     data.mkdir()
     return Lucid(data)
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeOllama]:
+@pytest.fixture(name="fake")
+def fake_fixture() -> Iterator[FakeOllama]:
     with FakeOllama() as server:
         yield server
 

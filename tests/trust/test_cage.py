@@ -10,7 +10,7 @@ import pytest
 from memory_core.dream_deep import Rejection, validate_merge
 from memory_core.entry import Entry
 from tests.fakes.ollama import FakeOllama
-from tests.trust._history_helpers import Lucid, at, fact, fake, lucid  # noqa: F401
+from tests.trust._history_helpers import Lucid, at, fact, fake_fixture, lucid_fixture  # noqa: F401
 
 
 def verdict(sources: list[str], merged: str) -> str:

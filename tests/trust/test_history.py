@@ -13,7 +13,7 @@ from memory_core.namespace import Namespace
 from memory_core.ops import Record, Touch
 from memory_core.writer import Writer
 from tests.fakes.ollama import FakeOllama
-from tests.trust._history_helpers import Lucid, at, fact, fake, lucid  # noqa: F401
+from tests.trust._history_helpers import Lucid, at, fact, fake_fixture, lucid_fixture  # noqa: F401
 from workers.runtime import build
 from workers.settings import Settings
 
@@ -97,7 +97,9 @@ class TestUndoByRevision:
     def test_undo_of_a_manual_edit_brings_a_deleted_line_back(self, lucid: Lucid) -> None:
         lucid.ok("remember", "I am allergic to peanuts")
         lucid.ok("remember", "I like hiking")
-        lucid.write("MEMORY.md", "\n".join(ln for ln in lucid.read("MEMORY.md").splitlines() if "peanuts" not in ln))
+        lucid.write(
+            "MEMORY.md", "\n".join(ln for ln in lucid.read("MEMORY.md").splitlines() if "peanuts" not in ln)
+        )
         lucid.ok("remember", "I live in Paris")  # the writer commits the hand edit first
         edit = commit_of(lucid, "manual edit")
         lucid.ok("undo", edit[:10])
@@ -120,6 +122,16 @@ class TestBareUndo:
             p.read_text("utf-8") for p in (lucid.root / "raw").iterdir()
         )
 
+    def test_a_hit_count_commit_is_not_what_it_takes_back(self, lucid: Lucid) -> None:
+        lucid.ok("remember", "I like hiking")
+        tea = lucid.ok("remember", "I am allergic to peanuts", "--json").json()
+        writer, ns = writer_of(lucid, at(0))
+        writer.submit(ns, [Touch(ids=(tea["id"],), at=at(0))])  # a chat turn used it
+        assert lucid.history()[0]["message"] == "memory: 1 updated"
+        ran = lucid.ok("undo")
+        assert "memory: 1 added" in ran.out
+        assert lucid.current_texts() == ["I like hiking"]
+
     def test_nothing_to_undo_is_a_clear_refusal(self, lucid: Lucid) -> None:
         writer, ns = writer_of(lucid, at(0))
         message = {"id": "m1", "ts": at(0), "speaker": "alice", "text": "hello", "chat": "c1"}
@@ -140,17 +152,23 @@ class TestHintsRunAsPrinted:
         data = tmp_path / "my data"
         data.mkdir()
         person = Lucid(data, user="alice", persona="p1", tenant="t1")
-        person.import_lines([fact("a", "我喜欢喝黑咖啡", at=at(-40)), fact("b", "我喜欢喝黑咖啡了", at=at(-30))])
+        person.import_lines(
+            [fact("a", "我喜欢喝黑咖啡", at=at(-40)), fact("b", "我喜欢喝黑咖啡了", at=at(-30))]
+        )
         out = person.ok("dream", "--phase", "light").out
         [hint] = re.findall(r"undo with `([^`]+)`", out)
-        assert "--user alice" in hint and "--persona p1" in hint and "--tenant t1" in hint and "--data" in hint
+        assert (
+            "--user alice" in hint and "--persona p1" in hint and "--tenant t1" in hint and "--data" in hint
+        )
         ran = person.run_printed(hint)
         assert ran.code == 0, ran.err
         assert sorted(person.current_texts()) == ["我喜欢喝黑咖啡", "我喜欢喝黑咖啡了"]
 
     def test_the_default_person_gets_no_needless_flags(self, lucid: Lucid) -> None:
         person = Lucid(lucid.data, user="default")
-        person.import_lines([fact("a", "I like tea a lot", at=at(-40)), fact("b", "I like tea a lot!", at=at(-30))])
+        person.import_lines(
+            [fact("a", "I like tea a lot", at=at(-40)), fact("b", "I like tea a lot!", at=at(-30))]
+        )
         out = person.ok("dream", "--phase", "light").out
         [hint] = re.findall(r"undo with `([^`]+)`", out)
         assert "--user" not in hint and "--persona" not in hint and "--tenant" not in hint
@@ -173,7 +191,9 @@ class TestReplayDatesFactsAtTheMessage:
         assert lucid.entry("我住在余杭区")["valid_to"] == at(-5)
         assert lucid.recall("我住在哪", "--as-of", at(-10)) == ["我住在余杭区"]
 
-    def test_a_replayed_older_statement_does_not_end_a_newer_one(self, lucid: Lucid, fake: FakeOllama) -> None:
+    def test_a_replayed_older_statement_does_not_end_a_newer_one(
+        self, lucid: Lucid, fake: FakeOllama
+    ) -> None:
         self._said(lucid, at(-8), "我住在余杭区，离公司有点远", "m1")
         lucid.ok("remember", "我住在西湖区", now=at(-2))
         fake.script("[所在地] 我住在余杭区")

@@ -3,7 +3,7 @@ ids and dates while still applying the upsert rules."""
 
 from __future__ import annotations
 
-from tests.trust._history_helpers import Lucid, at, fact, lucid  # noqa: F401
+from tests.trust._history_helpers import Lucid, at, fact, lucid_fixture  # noqa: F401
 
 
 class TestImportHonoursSupersedes:

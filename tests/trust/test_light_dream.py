@@ -3,7 +3,7 @@ current in the recall tier, a promotion is not the user's pin, and it lapses whe
 
 from __future__ import annotations
 
-from tests.trust._history_helpers import Lucid, at, fact, lucid  # noqa: F401
+from tests.trust._history_helpers import Lucid, at, fact, lucid_fixture  # noqa: F401
 
 
 def tier(lucid: Lucid, text: str) -> str:

@@ -4,7 +4,7 @@ only by a `person:` tag, and a profile line that gives the user a third party's 
 from __future__ import annotations
 
 from tests.fakes.ollama import FakeOllama
-from tests.trust._history_helpers import Lucid, at, fact, fake, lucid  # noqa: F401
+from tests.trust._history_helpers import Lucid, at, fact, fake_fixture, lucid_fixture  # noqa: F401
 
 
 def profile_run(lucid: Lucid, fake: FakeOllama, facts: list[tuple[str, str]], reply: str) -> str:
@@ -18,9 +18,14 @@ def prompt(fake: FakeOllama) -> str:
 
 
 class TestProfileExcludesOthers:
-    def test_an_untagged_colleagues_title_never_becomes_the_users(self, lucid: Lucid, fake: FakeOllama) -> None:
+    def test_an_untagged_colleagues_title_never_becomes_the_users(
+        self, lucid: Lucid, fake: FakeOllama
+    ) -> None:
         out = profile_run(
-            lucid, fake, [("a", "李雷是我们的技术总监"), ("b", "我住在杭州")], "- 用户是技术总监\n- 用户住在杭州"
+            lucid,
+            fake,
+            [("a", "李雷是我们的技术总监"), ("b", "我住在杭州")],
+            "- 用户是技术总监\n- 用户住在杭州",
         )
         assert "李雷" not in prompt(fake)  # the model never saw the colleague's statement
         assert "third_party" in out and lucid.read("PROFILE.md") == ""
@@ -28,9 +33,7 @@ class TestProfileExcludesOthers:
     def test_the_users_own_title_is_kept_even_when_a_colleague_has_one(
         self, lucid: Lucid, fake: FakeOllama
     ) -> None:
-        profile_run(
-            lucid, fake, [("a", "李雷是我们的产品总监"), ("b", "我是技术总监")], "- 用户是技术总监"
-        )
+        profile_run(lucid, fake, [("a", "李雷是我们的产品总监"), ("b", "我是技术总监")], "- 用户是技术总监")
         assert "用户是技术总监" in lucid.read("PROFILE.md")
 
     def test_english_colleague_role_is_not_the_users(self, lucid: Lucid, fake: FakeOllama) -> None:
