@@ -131,6 +131,8 @@ def plan_revert(before: Files, after: Files, current: Files) -> RevertPlan:
         )
     if not changes and old_profile == new_profile:
         raise UndoRefused("that commit changed no memory (only messages or hit counts): nothing to undo")
+    if not plan.entries and plan.profile is None:
+        raise UndoRefused("already undone: what that commit changed is as it was before it")
     plan.journal = merge_journal(before.get(DREAMS), after.get(DREAMS), current.get(DREAMS))
     plan.order = [i for i, (where, _) in states(before).items() if where == "memory"]
     return plan

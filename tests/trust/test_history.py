@@ -139,6 +139,14 @@ class TestBareUndo:
         ran = lucid("undo")
         assert ran.code == 2 and "nothing to undo" in ran.err
 
+    def test_undoing_the_same_commit_twice_is_a_clear_refusal(self, lucid: Lucid) -> None:
+        lucid.ok("remember", "I like hiking")
+        rev = lucid.history()[0]["rev"]
+        lucid.ok("undo", rev[:10])
+        again = lucid("undo", rev[:10])
+        assert again.code == 2 and "already undone" in again.err
+        assert lucid.current_texts() == []
+
     def test_undo_of_a_supersede_makes_the_old_value_current_again(self, lucid: Lucid) -> None:
         lucid.ok("remember", "我住在余杭区", now=at(-3))
         lucid.ok("remember", "我住在西湖区", now=at(-2))
