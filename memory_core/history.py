@@ -9,7 +9,9 @@ commit's journal runs leave, runs it removed come back), so the journal never bl
 commit changed one of the same entries, the undo is refused and names them; nothing is written.
 
 "Meaningful" (what a bare `lucid undo` picks): a commit that changed an entry other than its usage
-counters, or PROFILE.md — not one that only recorded messages or counted hits.
+counters, or PROFILE.md — not one that only recorded messages or counted hits. A bare undo skips undo
+commits and what they undid, so repeating it steps further back; `undo REV` of an undo commit redoes
+(and a bare undo right after takes that redo back).
 """
 
 from __future__ import annotations
@@ -208,13 +210,26 @@ class Undone:
         return f"undo {self.rev[:10]}: {self.subject}"
 
 
+_UNDO_SUBJECT = re.compile(r"undo ([0-9a-f]{7,40}):")
+
+
 def last_meaningful(writer: Writer, ns: Namespace, scan: int = 200) -> str:
-    """The newest commit that changed memory (not messages or hit counts). Raises UndoRefused if none."""
+    """The newest commit that changed memory (not messages or hit counts) and is not undone yet; undo
+    commits are skipped, so `lucid undo` again steps further back. Raises UndoRefused if none."""
     store = writer.store
-    for rev in store.revisions_touching(ns, (MEMORY, ARCHIVE, PROFILE), scan):
+    rows = store.revisions_touching(ns, (MEMORY, ARCHIVE, PROFILE), scan)
+    undone: list[str] = []
+    for rev, subject in rows:
+        m = _UNDO_SUBJECT.match(subject)
+        target = next((s for r, s in rows if m is not None and r.startswith(m.group(1))), "")
+        if m is not None and not _UNDO_SUBJECT.match(target):  # an undo of an undo is a redo: a change
+            undone.append(m.group(1))
+            continue
+        if any(rev.startswith(u) for u in undone):
+            continue
         if meaningful(store.files_at(ns, f"{rev}^"), store.files_at(ns, rev)):
             return rev
-    raise UndoRefused("no change to memory in the history: nothing to undo")
+    raise UndoRefused("no change to memory left to undo in the history")
 
 
 def undo(writer: Writer, ns: Namespace, rev: str | None = None) -> Undone:

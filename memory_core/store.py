@@ -492,12 +492,14 @@ class Store:
                 pos += size + 1
         return out
 
-    def revisions_touching(self, ns: Namespace, names: tuple[str, ...], limit: int = 200) -> list[str]:
-        """Full ids of the newest commits (at most `limit`) that changed any of `names`, newest first."""
+    def revisions_touching(
+        self, ns: Namespace, names: tuple[str, ...], limit: int = 200
+    ) -> list[tuple[str, str]]:
+        """(full id, subject) of the newest commits (at most `limit`) that changed any of `names`."""
         if not (self.path(ns) / ".git").exists():
             return []
-        out = self._git(ns, "log", f"-n{limit}", "--format=%H", "--", *names, check=False).stdout
-        return out.split()
+        out = self._git(ns, "log", f"-n{limit}", "--format=%H%x1f%s", "--", *names, check=False).stdout
+        return [(rev, subject) for rev, _, subject in (line.partition("\x1f") for line in out.splitlines())]
 
 
 class ConcurrentChange(StoreError):

@@ -137,7 +137,21 @@ class TestBareUndo:
         message = {"id": "m1", "ts": at(0), "speaker": "alice", "text": "hello", "chat": "c1"}
         writer.submit(ns, [Record(message=message)])
         ran = lucid("undo")
-        assert ran.code == 2 and "nothing to undo" in ran.err
+        assert ran.code == 2 and "no change to memory left to undo" in ran.err
+
+    def test_repeating_it_steps_further_back_and_an_undo_can_be_redone(self, lucid: Lucid) -> None:
+        lucid.ok("remember", "我喜欢爬山")
+        lucid.ok("remember", "我对花生过敏")
+        lucid.ok("remember", "我住在杭州")
+        lucid.ok("undo")
+        second = lucid.ok("undo")
+        assert "memory: 1 added" in second.out
+        assert lucid.current_texts() == ["我喜欢爬山"]
+        redo = lucid.history()[0]["rev"]  # the newest undo commit, undone by revision: a redo
+        lucid.ok("undo", redo[:10])
+        assert sorted(lucid.current_texts()) == ["我喜欢爬山", "我对花生过敏"]
+        lucid.ok("undo")  # takes the redo back
+        assert lucid.current_texts() == ["我喜欢爬山"]
 
     def test_undoing_the_same_commit_twice_is_a_clear_refusal(self, lucid: Lucid) -> None:
         lucid.ok("remember", "I like hiking")
