@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -53,7 +54,9 @@ def _banner(settings: Settings, host: str) -> str:
     lines.append(f"  health: {base}/healthz   metrics: {base}/metrics")
     if not (settings.chat_model or any(p.chat_model for p in settings.personas.values())):
         lines.append("  no chat model configured (LUCID_CHAT_MODEL): the bot runs in memory-only mode")
-    lines.append(f"  try it without Feishu:  lucid chat --data {settings.data_dir}")
+    lines.append(
+        f"  try it without Feishu:  {shlex.join(['lucid', 'chat', '--data', str(settings.data_dir)])}"
+    )
     lines.append("Ctrl-C to stop.")
     return "\n".join(lines)
 

@@ -6,6 +6,7 @@ and lines added by hand get their recording time."""
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 from memory_core.lineformat import parse_time
@@ -195,6 +196,16 @@ class TestHintsRunAsPrinted:
         [hint] = re.findall(r"undo with `([^`]+)`", out)
         assert "--user" not in hint and "--persona" not in hint and "--tenant" not in hint
         assert person.run_printed(hint).code == 0
+
+    def test_the_serve_banner_names_a_data_dir_with_spaces_so_it_runs(self, tmp_path: Path) -> None:
+        from bot.serve import _banner
+
+        data = tmp_path / "team memory"
+        [line] = [
+            ln for ln in _banner(Settings(data_dir=data), "127.0.0.1").splitlines() if "lucid chat" in ln
+        ]
+        words = shlex.split(line.split(":", 1)[1])
+        assert words == ["lucid", "chat", "--data", str(data)]
 
 
 class TestReplayDatesFactsAtTheMessage:
