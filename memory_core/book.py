@@ -501,7 +501,10 @@ class Book:
         return Outcome(op.op_id, "added", id=entry.id)
 
     def _end_superseded(self, entry: Entry, now: datetime) -> None:
-        """An entry written as given that names what it supersedes ends those that are still open."""
+        """An entry written as given that names what it supersedes ends those that are still open.
+
+        Import is the operator's explicit act, so no protection check here (TODO: if import becomes an
+        automatic path, ask the one protection rule in memory_core/policy.py, not a second rule)."""
         for ident in entry.supersedes:
             old = self.memory.entries.get(ident)
             if old is not None and old.valid_to is None and ident != entry.id:
