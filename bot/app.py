@@ -305,7 +305,9 @@ class Webhook:
                 return
             for persona in missing:
                 try:
-                    sender = FeishuSender(persona, domain, None, retry=Retry(attempts=2, backoff=0.2))
+                    sender = FeishuSender(
+                        persona, persona.api_domain(domain), None, retry=Retry(attempts=2, backoff=0.2)
+                    )
                     self.bot_ids[persona.name] = await loop.run_in_executor(self.pool, sender.bot_open_id)
                     log.info("persona %s: bot open_id learned", persona.name)
                 except LucidError as exc:

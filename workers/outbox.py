@@ -331,7 +331,10 @@ class Outbox:
                 if conf is None:
                     raise FeishuError(f"persona {persona} is no longer configured")
                 sender = sender_for(
-                    conf, runtime.settings.feishu_domain, self.client, runtime.settings.send_rate
+                    conf,
+                    conf.api_domain(runtime.settings.feishu_domain),
+                    self.client,
+                    runtime.settings.send_rate,
                 )
             except FeishuError as exc:
                 self._drop(p, "refused", exc)

@@ -401,7 +401,10 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
         return None
     try:
         sender = sender_for(
-            persona, runtime.settings.feishu_domain, runtime.redis, runtime.settings.send_rate
+            persona,
+            persona.api_domain(runtime.settings.feishu_domain),
+            runtime.redis,
+            runtime.settings.send_rate,
         )
     except FeishuError as exc:
         log.error("message=%s: %s", inbound.message_id, exc)
