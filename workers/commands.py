@@ -70,6 +70,13 @@ _T = {
         "抱歉，我这边出了点问题，请稍后再试。",
         "Sorry, something went wrong on my side. Please try again.",
     ),
+    # the placeholder text of an image carries no language: say it both ways
+    "unreadable": (
+        "我还读不了{what}，只记下了收到过它。请用文字告诉我要点。"
+        " (I can't read {what_en} yet; I noted that it came. Please tell me in words.)",
+        "我还读不了{what}，只记下了收到过它。请用文字告诉我要点。"
+        " (I can't read {what_en} yet; I noted that it came. Please tell me in words.)",
+    ),
     "admin_only": ("这个命令只有管理员可以使用。", "Only an admin can use this command."),
     "profile_private": ("画像只在私聊里显示。", "Your profile is shown in a private chat only."),
     "no_profile": (

@@ -46,6 +46,7 @@ class Inbound:
     create_time: int = 0  # milliseconds since the epoch, as Feishu sends it
     event_id: str = ""
     mentions: tuple[Mention, ...] = ()
+    kind: str = "text"  # "text" (text and rich text); else a type the bot cannot read: image, file, audio…
 
     @property
     def ns(self) -> Namespace:

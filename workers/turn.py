@@ -80,8 +80,11 @@ def run_turn(
     scratch = Scratch(runtime.redis)
     after: Callable[[], None] | None = None
     try:
-        command = parse_command(inbound.text)
-        if command is not None:
+        command = parse_command(inbound.text) if inbound.kind == "text" else None
+        if inbound.kind != "text":
+            result.mode = "unreadable"
+            after = _unreadable(runtime, mem, scratch, persona, inbound, result)
+        elif command is not None:
             result.mode = "command"
             result.reply = run_command(runtime, mem, persona, inbound, *command)
         else:
@@ -178,6 +181,52 @@ def _converse(
         if result.mode == "model" and model:
             scratch.add_history(history_key, inbound.text, result.reply, limits.history_turns)
             _enqueue_extraction(runtime, inbound, result.reply)
+
+    return after
+
+
+UNREADABLE = {
+    "image": ("图片", "images"),
+    "file": ("文件", "files"),
+    "folder": ("文件夹", "folders"),
+    "audio": ("语音", "voice messages"),
+    "media": ("视频", "videos"),
+    "sticker": ("表情包", "stickers"),
+    "share_chat": ("群名片", "shared chats"),
+    "share_user": ("个人名片", "shared contacts"),
+    "location": ("位置", "locations"),
+    "merge_forward": ("合并转发的聊天记录", "forwarded chat histories"),
+}
+
+
+def _unreadable(
+    runtime: Runtime,
+    mem: MemoryService,
+    scratch: Scratch,
+    persona: Persona,
+    inbound: Inbound,
+    result: TurnResult,
+) -> Callable[[], None]:
+    """A message the bot cannot read: its placeholder goes to the raw archive, the reply says so plainly."""
+    ns, now = inbound.ns, runtime.clock()
+    session = scratch.session(f"{ns.key}:{inbound.chat_id}", inbound.message_id)
+    mem.record(
+        ns, _raw(inbound.message_id, inbound.created(now), "user", inbound.text, inbound, "user", session)
+    )
+    what, what_en = UNREADABLE.get(inbound.kind, ("这类消息", "this kind of message"))
+    result.reply = say(inbound, "unreadable", what=what, what_en=what_en)
+
+    def after() -> None:
+        said = _raw(
+            f"{inbound.message_id}:reply",
+            runtime.clock(),
+            persona.name,
+            result.reply,
+            inbound,
+            "assistant",
+            session,
+        )
+        mem.record(ns, said, wait=False)
 
     return after
 
