@@ -106,6 +106,7 @@ def route(
         event_id=_id(header.get("event_id")),
         mentions=mentions,
         kind=kind,
+        thread_id=_id(message.get("thread_id")),
     )
 
 

@@ -47,10 +47,16 @@ class Inbound:
     event_id: str = ""
     mentions: tuple[Mention, ...] = ()
     kind: str = "text"  # "text" (text and rich text); else a type the bot cannot read: image, file, audio…
+    thread_id: str = ""  # the topic thread the message is in: the reply goes there, one session per thread
 
     @property
     def ns(self) -> Namespace:
         return Namespace.of(self.tenant, self.user, self.persona)
+
+    @property
+    def conversation(self) -> str:
+        """The chat, or the thread in it: what a session and its recent turns belong to."""
+        return f"{self.chat_id}:{self.thread_id}" if self.thread_id else self.chat_id
 
     @property
     def group(self) -> bool:

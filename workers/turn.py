@@ -34,6 +34,7 @@ from memory_core.intents import is_memorable
 from memory_core.lineformat import RawMessage
 from memory_core.secretscan import redact
 
+from .cards import CardStream
 from .commands import (
     confirm,
     deterministic_intent,
@@ -70,8 +71,11 @@ def run_turn(
     inbound: Inbound,
     reply_fn: Callable[[str], Any],
     limits: TurnLimits | None = None,
+    stream: Callable[[str], None] | None = None,
 ) -> TurnResult:
-    """Answer one message. Never raises for a person's input or a backend failure: the reply says so."""
+    """Answer one message. Never raises for a person's input or a backend failure: the reply says so.
+
+    `stream`: shown the model's text as it grows (a streaming card); `reply_fn` still gets the final text."""
     limits = limits or TurnLimits()
     started = time.monotonic()
     result = TurnResult()
@@ -88,7 +92,7 @@ def run_turn(
             result.mode = "command"
             result.reply = run_command(runtime, mem, persona, inbound, *command)
         else:
-            after = _converse(runtime, mem, scratch, persona, inbound, limits, result)
+            after = _converse(runtime, mem, scratch, persona, inbound, limits, result, stream)
     except Exception:  # a bug must cost one polite answer, not the person's trust; the log has the ids
         log.exception("turn failed: ns=%s message=%s", inbound.ns.key, inbound.message_id)
         result.mode = "error"
@@ -131,10 +135,11 @@ def _converse(
     inbound: Inbound,
     limits: TurnLimits,
     result: TurnResult,
+    stream: Callable[[str], None] | None = None,
 ) -> Callable[[], None]:
     """Record, recall, answer; returns the steps that run once the answer is delivered."""
     ns, now = inbound.ns, runtime.clock()
-    session = scratch.session(f"{ns.key}:{inbound.chat_id}", inbound.message_id)
+    session = scratch.session(f"{ns.key}:{inbound.conversation}", inbound.message_id)
     mem.record(
         ns, _raw(inbound.message_id, inbound.created(now), "user", inbound.text, inbound, "user", session)
     )
@@ -143,7 +148,7 @@ def _converse(
     )
     result.recalled = [s.entry.id for s in assembly.recalled]
     model = persona.chat_model or runtime.settings.chat_model
-    history_key = f"{ns.key}:{inbound.chat_id}"
+    history_key = f"{ns.key}:{inbound.conversation}"
     note = "no_model"
     if model and runtime.llm is not None:
         note = "model_down"
@@ -151,7 +156,7 @@ def _converse(
             try:
                 history = scratch.history(history_key)
                 result.reply = _model_reply(
-                    runtime, mem, persona, inbound, assembly, model, history, limits, result
+                    runtime, mem, persona, inbound, assembly, model, history, limits, result, stream
                 )
                 result.mode = "model"
             except LLMError as exc:
@@ -209,7 +214,7 @@ def _unreadable(
 ) -> Callable[[], None]:
     """A message the bot cannot read: its placeholder goes to the raw archive, the reply says so plainly."""
     ns, now = inbound.ns, runtime.clock()
-    session = scratch.session(f"{ns.key}:{inbound.chat_id}", inbound.message_id)
+    session = scratch.session(f"{ns.key}:{inbound.conversation}", inbound.message_id)
     mem.record(
         ns, _raw(inbound.message_id, inbound.created(now), "user", inbound.text, inbound, "user", session)
     )
@@ -294,6 +299,7 @@ def _model_reply(
     history: list[dict[str, str]],
     limits: TurnLimits,
     result: TurnResult,
+    stream: Callable[[str], None] | None = None,
 ) -> str:
     """Chat with the model, looping its `manage_memory` calls back at most `tool_rounds` times."""
     llm = runtime.llm
@@ -310,7 +316,11 @@ def _model_reply(
         if left <= 0.05:
             raise LLMUnavailable("the turn's model budget is spent")
         tools = [MANAGE_MEMORY] if round_no < limits.tool_rounds else None
-        answer = llm.chat(model, messages, tools=tools, timeout=min(llm.timeout, left))
+        timeout = min(llm.timeout, left)
+        if stream is not None:
+            answer = llm.chat_stream(model, messages, stream, tools=tools, timeout=timeout)
+        else:
+            answer = llm.chat(model, messages, tools=tools, timeout=timeout)
         if not answer.tool_calls or tools is None:
             return answer.content.strip() or confirm(inbound, result.outcomes)
         calls = answer.tool_calls[:5]
@@ -461,8 +471,14 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
     reaction = _show_thinking(runtime, sender, inbound)
     started = time.perf_counter()
     outcome = "error"
+    card = _card_stream(runtime, persona, sender, inbound)
+
+    def deliver(text: str) -> None:
+        if card is None or not card.finish(text):
+            send_reply(runtime, sender, inbound, text)
+
     try:
-        result = run_turn(runtime, inbound, lambda text: send_reply(runtime, sender, inbound, text))
+        result = run_turn(runtime, inbound, deliver, stream=card.partial if card is not None else None)
         outcome = "ok"
         return result
     finally:
@@ -471,6 +487,15 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
         metrics = Metrics(runtime.redis)
         metrics.observe("lucid_turn_seconds", time.perf_counter() - started)
         metrics.inc("lucid_turns_total", {"outcome": outcome, "chat_type": inbound.chat_type})
+
+
+def _card_stream(
+    runtime: Runtime, persona: Persona, sender: FeishuSender, inbound: Inbound
+) -> CardStream | None:
+    """A streaming card when a chat model will answer and the app may use CardKit (else a plain reply)."""
+    if runtime.llm is None or not (persona.chat_model or runtime.settings.chat_model):
+        return None
+    return CardStream(sender, inbound, runtime.redis)
 
 
 def _thinking_key(inbound: Inbound) -> str:
