@@ -157,7 +157,8 @@ def streaming(
     rate: float,
     streams: int,
 ) -> dict[str, Any]:
-    answer = "".join(f"第{i}句话。" if i % 3 == 0 else "好" for i in range(tokens))[:tokens]
+    sentence = "春天的西湖很美，苏堤上的桃花开了，湖面上有小船慢慢划过。"
+    answer = (sentence * (tokens // len(sentence) + 1))[:tokens]  # one token per character (the fake's count)
     first_visible, card_whole, plain_whole, updates = [], [], [], []
     for i in range(-2, streams * 2):  # the first pair warms up and is not counted
         card_mode = i % 2 == 0

@@ -142,6 +142,7 @@ def check_feishu(settings: Settings) -> list[Check]:
         out.append(token)
         if token.ok:
             out.append(_bot_check(name, persona, domain))
+            out.append(_card_check(name, persona, domain))
         if not persona.verification_token:
             out.append(
                 Check(
@@ -212,6 +213,29 @@ def _bot_check(name: str, persona: Persona, domain: str) -> Check:
             "enable the Bot capability of the app, publish a version, and grant im:message scopes",
         )
     return Check(f"persona {name} bot", True, f"bot {open_id[:6]}… on {domain}")
+
+
+def _card_check(name: str, persona: Persona, domain: str) -> Check:
+    """CardKit (streaming replies): creates one small card entity, which Feishu expires after 14 days."""
+    from lark_oapi.api.cardkit.v1 import CreateCardRequest, CreateCardRequestBody
+
+    from workers.cards import card_json
+    from workers.feishu_send import FeishuError, FeishuSender, Retry
+
+    sender = FeishuSender(persona, domain, retry=Retry(attempts=1, backoff=0.1))
+    body = CreateCardRequestBody.builder().type("card_json").data(card_json("lucid doctor", False)).build()
+    try:
+        sender.call(sender.client.cardkit.v1.card.create, CreateCardRequest.builder().request_body(body).build(),
+                    "card create", attempts=1)  # fmt: skip
+    except FeishuError as exc:
+        return Check(
+            f"persona {name} cards",
+            False,
+            f"CardKit refused ({exc}): replies come as plain messages, not streamed",
+            "grant the scope cardkit:card:write to the app and publish a new version",
+            warn=True,
+        )
+    return Check(f"persona {name} cards", True, "CardKit available: replies stream into cards")
 
 
 def check_admin(settings: Settings) -> Check:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from bot import doctor
 from tests.fakes.feishu import FakeFeishu
+from tests.fakes.feishu_cards import FakeFeishuCards
 from tests.fakes.ollama import FakeOllama
 from workers.settings import Persona, Settings
 
@@ -79,3 +80,15 @@ def test_a_persona_on_its_own_domain_is_checked_there(data_dir: Path) -> None:
     text = "\n".join(lines)
     assert "[ok  ] persona intl feishu: tenant token fetched" in text
     assert "[ok  ] persona intl bot: bot ou_" in text and feishu.url in text
+
+
+def test_cardkit_is_checked_and_a_missing_scope_is_a_warning(data_dir: Path) -> None:
+    with FakeFeishuCards(app_secret="right") as feishu:
+        persona = Persona("p", app_id="cli_ok", app_secret="right", verification_token="v", domain=feishu.url)
+        settings = Settings(data_dir=data_dir, personas={"p": persona})
+        _, ok = _run(settings)
+        feishu.refuse_cards()
+        _, refused = _run(settings)
+    assert "[ok  ] persona p cards: CardKit available" in "\n".join(ok)
+    line = next(x for x in refused if "persona p cards" in x)
+    assert line.startswith("[warn]") and "cardkit:card:write" in line
