@@ -51,6 +51,7 @@ from memory_core.secretscan import redact
 from workers.feishu_send import FeishuSender, Retry
 from workers.inbound import Inbound
 from workers.mailbox import Intake
+from workers.memory_card import enqueue_action, parse_action
 from workers.metrics import Buffered, label_text, queue_depths
 from workers.runtime import QUEUES, Runtime
 from workers.settings import Persona
@@ -58,6 +59,7 @@ from workers.settings import Persona
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1024 * 1024
+CARD_ACTION = "card.action.trigger"
 MAX_DEPTH = 32
 MAX_NODES = 20_000
 
@@ -255,6 +257,8 @@ class Webhook:
         The status says what Feishu should do: 200 done (queued, duplicate or ignored), 503 push it again.
         """
         event_id = str((event.get("header") or {}).get("event_id") or event.get("uuid") or "")[:128]
+        if (event.get("header") or {}).get("event_type") == CARD_ACTION:
+            return await self.accept_card_action(name, event, started, event_id)
         now_ms = int(time.time() * 1000)
         stale_ms = int(self.config.stale_after * 1000)
         inbound = route(event, name, self.bot_ids.get(name, ""), now_ms=now_ms, stale_ms=stale_ms)
@@ -276,6 +280,25 @@ class Webhook:
             return self._done(503, reason, name, started, event_id, inbound.message_id)
         outcome = "queued" if fresh else "duplicate"
         return self._done(200, outcome, name, started, event_id, inbound.message_id, inbound.chat_type)
+
+    async def accept_card_action(
+        self, name: str, event: dict[str, Any], started: float, event_id: str
+    ) -> web.Response:
+        """A button on a /memory card: queued for a worker (the bot never writes memory); Feishu shows the
+        toast at once and the worker updates the card in place."""
+        action = parse_action(event, name)
+        if action is None:
+            return self._done(200, "ignored: not a lucid card action", name, started, event_id)
+        loop = asyncio.get_running_loop()
+        try:
+            fresh = await loop.run_in_executor(self.pool, enqueue_action, self.runtime, action)
+        except redis.RedisError as exc:
+            return self._done(503, f"redis unavailable ({type(exc).__name__})", name, started, event_id)
+        self._log(
+            200, "card action queued" if fresh else "duplicate", name, started, event_id, action.message_id
+        )
+        self._count(200, "queued" if fresh else "duplicate", name)
+        return web.json_response({"toast": {"type": "info", "content": "收到，正在更新… / Updating…"}})
 
     def _done(self, status: int, outcome: str, persona: str, started: float, *ids: str) -> web.Response:
         self._log(status, outcome, persona, started, *ids)

@@ -39,6 +39,8 @@ from lark_oapi.api.im.v1 import (
     CreateMessageReactionRequestBody,
     DeleteMessageReactionRequest,
     Emoji,
+    PatchMessageRequest,
+    PatchMessageRequestBody,
     ReplyMessageRequest,
     ReplyMessageRequestBody,
 )
@@ -390,6 +392,12 @@ class FeishuSender:
     ) -> str:
         """Reply once with ready-made content (a card), uuid = the message id, like a plain reply's first part."""
         return self._reply_once(message_id, msg_type, content, message_id, chat_id, in_thread=in_thread)
+
+    def patch_card(self, message_id: str, card: str) -> None:
+        """Replace the card of a message the bot sent (the card needs `update_multi`)."""
+        body = PatchMessageRequestBody.builder().content(card).build()
+        req = PatchMessageRequest.builder().message_id(message_id).request_body(body).build()
+        self._call(self.client.im.v1.message.patch, req, "card patch", None)
 
     def call(self, fn: Callable[[Any], Any], req: Any, what: str, attempts: int = 0) -> Any:
         """Any other SDK call (CardKit) under the same retry policy, unpaced (not a message send)."""

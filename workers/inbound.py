@@ -101,6 +101,7 @@ class TurnResult:
     recalled: list[str] = field(default_factory=list)
     tool_calls: int = 0
     ms: float = 0.0
+    card: dict[str, Any] | None = None  # an interactive card sent instead of `reply` where cards exist
 
 
 @dataclass(frozen=True)

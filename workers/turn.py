@@ -38,6 +38,7 @@ from .cards import CardStream
 from .commands import (
     confirm,
     deterministic_intent,
+    language,
     memory_reply,
     parse_command,
     remember_op,
@@ -50,6 +51,8 @@ from .feishu_send import FeishuError, FeishuSender, sender_for
 from .inbound import Inbound, TurnLimits, TurnResult
 from .llm import LLMError, LLMUnavailable
 from .mailbox import Mailbox
+from .memory_card import build as memory_card
+from .memory_card import register, visible_entries
 from .memory_service import Assembly, MemoryService, service_for
 from .metrics import Metrics
 from .outbox import ReplyParked, send_reply
@@ -72,10 +75,12 @@ def run_turn(
     reply_fn: Callable[[str], Any],
     limits: TurnLimits | None = None,
     stream: Callable[[str], None] | None = None,
+    card_fn: Callable[[dict[str, Any]], Any] | None = None,
 ) -> TurnResult:
     """Answer one message. Never raises for a person's input or a backend failure: the reply says so.
 
-    `stream`: shown the model's text as it grows (a streaming card); `reply_fn` still gets the final text."""
+    `stream`: shown the model's text as it grows (a streaming card); `reply_fn` still gets the final text.
+    `card_fn`: sends an interactive card (the /memory card) instead of the text, where the chat has cards."""
     limits = limits or TurnLimits()
     started = time.monotonic()
     result = TurnResult()
@@ -91,6 +96,9 @@ def run_turn(
         elif command is not None:
             result.mode = "command"
             result.reply = run_command(runtime, mem, persona, inbound, *command)
+            if command[0] == "memory" and card_fn is not None:
+                entries = visible_entries(runtime, inbound.ns, inbound.chat_type, inbound.chat_id)
+                result.card = memory_card(entries, language(inbound), inbound.group)
         else:
             after = _converse(runtime, mem, scratch, persona, inbound, limits, result, stream)
     except Exception:  # a bug must cost one polite answer, not the person's trust; the log has the ids
@@ -99,8 +107,11 @@ def run_turn(
         result.reply = say(inbound, "error")
     parked = False
     try:
-        reply_fn(result.reply)
-        result.delivered = True
+        if result.card is not None and card_fn is not None and _card_sent(card_fn, result.card, inbound):
+            result.delivered = True
+        else:
+            reply_fn(result.reply)
+            result.delivered = True
     except ReplyParked:  # Feishu did not take it now; the outbox delivers it later (its log says so)
         parked = True
     except LucidError as exc:
@@ -125,6 +136,16 @@ def run_turn(
         result.ms,
     )
     return result
+
+
+def _card_sent(card_fn: Callable[[dict[str, Any]], Any], card: dict[str, Any], inbound: Inbound) -> bool:
+    """Send the card; False (reply with text instead) when Feishu will not take it."""
+    try:
+        card_fn(card)
+    except FeishuError as exc:
+        log.warning("card for message=%s refused (%s); replying with text", inbound.message_id, exc)
+        return False
+    return True
 
 
 def _converse(
@@ -477,8 +498,25 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
         if card is None or not card.finish(text):
             send_reply(runtime, sender, inbound, text)
 
+    def send_card(memory: dict[str, Any]) -> None:
+        content = json.dumps(memory, ensure_ascii=False)
+        sent = sender.reply_content(
+            inbound.message_id,
+            "interactive",
+            content,
+            chat_id=inbound.chat_id,
+            in_thread=bool(inbound.thread_id),
+        )
+        register(runtime.redis, sent, inbound, language(inbound))
+
     try:
-        result = run_turn(runtime, inbound, deliver, stream=card.partial if card is not None else None)
+        result = run_turn(
+            runtime,
+            inbound,
+            deliver,
+            stream=card.partial if card is not None else None,
+            card_fn=send_card,
+        )
         outcome = "ok"
         return result
     finally:

@@ -61,6 +61,7 @@ class FakeFeishuCards(FakeFeishu):
         super().__init__(**kwargs)
         self.cards: dict[str, Card] = {}
         self.card_errors: list[str] = []
+        self.patches: dict[str, list[dict[str, Any]]] = {}
         self._refuse_cards = False
         self._card_ids = itertools.count(7_400_000_000_000_000_000)
 
@@ -78,7 +79,33 @@ class FakeFeishuCards(FakeFeishu):
         app.router.add_post(base, self._card_call(self._create_card))
         app.router.add_put(base + "/{card_id}/elements/{element_id}/content", self._card_call(self._content))
         app.router.add_patch(base + "/{card_id}/settings", self._card_call(self._settings))
+        app.router.add_patch("/open-apis/im/v1/messages/{message_id}", self._card_call(self._patch))
         return app
+
+    def _patch(self, request: web.Request, body: dict[str, Any]) -> web.Response:
+        """im.v1.message.patch: a card message the bot sent, whose card is shared (`update_multi`)."""
+        message_id = request.match_info["message_id"]
+        message = next((m for m in self.sent if m.message_id == message_id), None)
+        if message is None:
+            return _fail(230001, "message not found")
+        if message.msg_type != "interactive":
+            return _fail(230001, "only card messages can be updated")
+        try:
+            card = json.loads(body.get("content") or "")
+        except ValueError:
+            return _fail(230099, "invalid card content")
+        if not isinstance(card, dict) or not (card.get("config") or {}).get("update_multi"):
+            return _fail(230099, "the card is not shared (update_multi): it cannot be updated")
+        self.patches.setdefault(message_id, []).append(card)
+        return _ok({})
+
+    def card_shown(self, message_id: str) -> dict[str, Any]:
+        """The card a message shows now: its last patch, else what was sent."""
+        with self.lock:
+            if self.patches.get(message_id):
+                return self.patches[message_id][-1]
+            message = next(m for m in self.sent if m.message_id == message_id)
+            return dict(json.loads(message.content))
 
     def _card_call(self, handler: Any) -> Any:
         async def wrapped(request: web.Request) -> web.Response:
@@ -202,3 +229,35 @@ def _ok(data: dict[str, Any]) -> web.Response:
 
 def _fail(code: int, msg: str, status: int = 400) -> web.Response:
     return web.json_response({"code": code, "msg": msg}, status=status)
+
+
+def card_action_event(
+    value: dict[str, Any],
+    *,
+    operator: Any,
+    message_id: str,
+    chat_id: str,
+    tenant_key: str = "736588c9260f175e",
+    token: str = "fake-verification-token",
+) -> dict[str, Any]:
+    """A v2.0 `card.action.trigger` event, as Feishu sends a button press (webhook or long connection)."""
+    import uuid as uuidlib
+
+    return {
+        "schema": "2.0",
+        "header": {
+            "event_id": uuidlib.uuid4().hex,
+            "token": token,
+            "create_time": str(int(time.time() * 1000)),
+            "event_type": "card.action.trigger",
+            "tenant_key": tenant_key,
+            "app_id": "cli_fakeapp00000001",
+        },
+        "event": {
+            "operator": {"tenant_key": tenant_key, **operator.id_dict()},
+            "token": "c-" + uuidlib.uuid4().hex,
+            "action": {"value": value, "tag": "button"},
+            "host": "im_message",
+            "context": {"open_message_id": message_id, "open_chat_id": chat_id},
+        },
+    }
