@@ -44,19 +44,22 @@ from aiohttp import web
 from lark_oapi.core.utils import AESCipher
 
 from bot import admin, viewer
+from bot.longconn import LongConnections
 from bot.routing import Ignored, route
 from memory_core.errors import LucidError
 from memory_core.secretscan import redact
 from workers.feishu_send import FeishuSender, Retry
 from workers.inbound import Inbound
 from workers.mailbox import Intake
-from workers.metrics import Buffered, queue_depths
+from workers.memory_card import enqueue_action, parse_action
+from workers.metrics import Buffered, label_text, queue_depths
 from workers.runtime import QUEUES, Runtime
 from workers.settings import Persona
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1024 * 1024
+CARD_ACTION = "card.action.trigger"
 MAX_DEPTH = 32
 MAX_NODES = 20_000
 
@@ -221,6 +224,11 @@ class Webhook:
     pool: ThreadPoolExecutor | None = None
     learning: asyncio.Task[None] | None = None
     metrics: Buffered = field(default_factory=lambda: Buffered(None))
+    links: LongConnections | None = None
+
+    async def from_long_connection(self, name: str, event: dict[str, Any]) -> int:
+        """An event the long connection received (plaintext, authenticated by the handshake)."""
+        return (await self.accept_event(name, event, time.perf_counter())).status
 
     async def handle(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
@@ -241,7 +249,16 @@ class Webhook:
         if event.get("type") == "url_verification":
             self._log(200, "challenge answered", name, started)
             return web.json_response({"challenge": event.get("challenge")})
+        return await self.accept_event(name, event, started)
+
+    async def accept_event(self, name: str, event: dict[str, Any], started: float) -> web.Response:
+        """Route, redact and enqueue one verified event, from the webhook or the long connection.
+
+        The status says what Feishu should do: 200 done (queued, duplicate or ignored), 503 push it again.
+        """
         event_id = str((event.get("header") or {}).get("event_id") or event.get("uuid") or "")[:128]
+        if (event.get("header") or {}).get("event_type") == CARD_ACTION:
+            return await self.accept_card_action(name, event, started, event_id)
         now_ms = int(time.time() * 1000)
         stale_ms = int(self.config.stale_after * 1000)
         inbound = route(event, name, self.bot_ids.get(name, ""), now_ms=now_ms, stale_ms=stale_ms)
@@ -263,6 +280,25 @@ class Webhook:
             return self._done(503, reason, name, started, event_id, inbound.message_id)
         outcome = "queued" if fresh else "duplicate"
         return self._done(200, outcome, name, started, event_id, inbound.message_id, inbound.chat_type)
+
+    async def accept_card_action(
+        self, name: str, event: dict[str, Any], started: float, event_id: str
+    ) -> web.Response:
+        """A button on a /memory card: queued for a worker (the bot never writes memory); Feishu shows the
+        toast at once and the worker updates the card in place."""
+        action = parse_action(event, name)
+        if action is None:
+            return self._done(200, "ignored: not a lucid card action", name, started, event_id)
+        loop = asyncio.get_running_loop()
+        try:
+            fresh = await loop.run_in_executor(self.pool, enqueue_action, self.runtime, action)
+        except redis.RedisError as exc:
+            return self._done(503, f"redis unavailable ({type(exc).__name__})", name, started, event_id)
+        self._log(
+            200, "card action queued" if fresh else "duplicate", name, started, event_id, action.message_id
+        )
+        self._count(200, "queued" if fresh else "duplicate", name)
+        return web.json_response({"toast": {"type": "info", "content": "收到，正在更新… / Updating…"}})
 
     def _done(self, status: int, outcome: str, persona: str, started: float, *ids: str) -> web.Response:
         self._log(status, outcome, persona, started, *ids)
@@ -305,7 +341,9 @@ class Webhook:
                 return
             for persona in missing:
                 try:
-                    sender = FeishuSender(persona, domain, None, retry=Retry(attempts=2, backoff=0.2))
+                    sender = FeishuSender(
+                        persona, persona.api_domain(domain), None, retry=Retry(attempts=2, backoff=0.2)
+                    )
                     self.bot_ids[persona.name] = await loop.run_in_executor(self.pool, sender.bot_open_id)
                     log.info("persona %s: bot open_id learned", persona.name)
                 except LucidError as exc:
@@ -344,7 +382,9 @@ async def readyz(request: web.Request) -> web.Response:
     hook = request.app[WEBHOOK]
     state = await asyncio.get_running_loop().run_in_executor(hook.pool, _readiness, hook)
     state["bot_identity"] = {name: bool(hook.bot_ids.get(name)) for name in hook.runtime.settings.personas}
-    ready = state["redis"] and state["workers"] > 0
+    links = hook.links.state() if hook.links is not None else {}
+    state["long_connection"] = links
+    ready = state["redis"] and state["workers"] > 0 and all(links.values())
     return web.json_response(
         {"status": "ready" if ready else "not ready", **state}, status=200 if ready else 503
     )
@@ -356,7 +396,10 @@ async def metrics(request: web.Request) -> web.Response:
 
     def scrape() -> str:
         hook.metrics.flush()
-        return hook.metrics.render(queue_depths(hook.intake.client, QUEUES))
+        gauges = queue_depths(hook.intake.client, QUEUES)
+        for persona, up in (hook.links.state() if hook.links is not None else {}).items():
+            gauges["lucid_ws_connected" + label_text({"persona": persona})] = float(up)
+        return hook.metrics.render(gauges)
 
     text = await asyncio.get_running_loop().run_in_executor(hook.pool, scrape)
     return web.Response(text=text, content_type="text/plain", charset="utf-8")
@@ -379,7 +422,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     )
     hook.learn_soon()
     flusher = asyncio.get_running_loop().create_task(_flush_metrics(hook))
+    if hook.links is not None:
+        hook.links.start(asyncio.get_running_loop())
     yield
+    if hook.links is not None:
+        await asyncio.get_running_loop().run_in_executor(None, hook.links.stop)
     flusher.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await flusher
@@ -402,8 +449,16 @@ def create_app(runtime: Runtime, config: WebhookConfig | None = None) -> web.App
         hook.ciphers[name] = AESCipher(persona.encrypt_key) if persona.encrypt_key else None
         if persona.bot_open_id:
             hook.bot_ids[name] = persona.bot_open_id
-        if not persona.verification_token:
+        if persona.mode != "ws" and not persona.verification_token:
             log.error("persona %s has no verification_token: its webhook refuses every request", name)
+    ws = [p for p in runtime.settings.personas.values() if p.mode == "ws"]
+    if ws:
+        hook.links = LongConnections(
+            ws,
+            runtime.settings.feishu_domain,
+            hook.from_long_connection,
+            on_reconnect=lambda persona: hook.metrics.inc("lucid_ws_reconnects_total", {"persona": persona}),
+        )
     app = web.Application(client_max_size=config.max_body)
     app[RUNTIME] = runtime
     app[WEBHOOK] = hook

@@ -335,11 +335,21 @@ def _common(p: argparse.ArgumentParser, memory: bool = True) -> None:
         p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lucid")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lucid", description="Lucid: a chat bot whose memory is plain Markdown."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    parser.add_argument("--version", action="version", version=f"lucid {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("remember", help="write one memory through the single writer")

@@ -137,7 +137,12 @@ def check_feishu(settings: Settings) -> list[Check]:
                 )
             )
             continue
-        out.append(_token_check(name, persona, settings.feishu_domain))
+        domain = persona.api_domain(settings.feishu_domain)
+        token = _token_check(name, persona, domain)
+        out.append(token)
+        if token.ok:
+            out.append(_bot_check(name, persona, domain))
+            out.append(_card_check(name, persona, domain))
         if not persona.verification_token:
             out.append(
                 Check(
@@ -194,6 +199,45 @@ def _token_check(name: str, persona: Persona, domain: str) -> Check:
     return Check(f"persona {name} feishu", True, f"tenant token fetched for {persona.app_id}")
 
 
+def _bot_check(name: str, persona: Persona, domain: str) -> Check:
+    """The bot capability: without it the app gets no messages (and groups cannot tell an @mention)."""
+    from workers.feishu_send import FeishuError, FeishuSender, Retry
+
+    try:
+        open_id = FeishuSender(persona, domain, retry=Retry(attempts=1, backoff=0.1)).bot_open_id()
+    except FeishuError as exc:
+        return Check(
+            f"persona {name} bot",
+            False,
+            f"bot info refused ({exc})",
+            "enable the Bot capability of the app, publish a version, and grant im:message scopes",
+        )
+    return Check(f"persona {name} bot", True, f"bot {open_id[:6]}… on {domain}")
+
+
+def _card_check(name: str, persona: Persona, domain: str) -> Check:
+    """CardKit (streaming replies): creates one small card entity, which Feishu expires after 14 days."""
+    from lark_oapi.api.cardkit.v1 import CreateCardRequest, CreateCardRequestBody
+
+    from workers.cards import card_json
+    from workers.feishu_send import FeishuError, FeishuSender, Retry
+
+    sender = FeishuSender(persona, domain, retry=Retry(attempts=1, backoff=0.1))
+    body = CreateCardRequestBody.builder().type("card_json").data(card_json("lucid doctor", False)).build()
+    try:
+        sender.call(sender.client.cardkit.v1.card.create, CreateCardRequest.builder().request_body(body).build(),
+                    "card create", attempts=1)  # fmt: skip
+    except FeishuError as exc:
+        return Check(
+            f"persona {name} cards",
+            False,
+            f"CardKit refused ({exc}): replies come as plain messages, not streamed",
+            "grant the scope cardkit:card:write to the app and publish a new version",
+            warn=True,
+        )
+    return Check(f"persona {name} cards", True, "CardKit available: replies stream into cards")
+
+
 def check_admin(settings: Settings) -> Check:
     if not settings.admin_token:
         return Check(
@@ -230,9 +274,16 @@ def run(settings: Settings, emit: Callable[[str], None] = print) -> int:
     checks += [check_admin(settings), check_clock(settings)]
     for c in checks:
         emit(c.line())
-    failed = [c for c in checks if not c.ok and not c.warn]
-    emit(
-        f"{len(checks) - len(failed)}/{len(checks)} checks passed"
-        + ("" if not failed else "; fix the FAIL lines")
-    )
-    return 1 if failed else 0
+    emit(summary(checks))
+    return 1 if any(not c.ok and not c.warn for c in checks) else 0
+
+
+def summary(checks: list[Check]) -> str:
+    """One honest last line: passed, warnings and failures counted apart."""
+    failed = sum(not c.ok and not c.warn for c in checks)
+    warned = sum(not c.ok and c.warn for c in checks)
+    passed = len(checks) - failed - warned
+    text = f"{passed}/{len(checks)} checks passed, {warned} warning(s), {failed} failed"
+    if failed:
+        return text + "; fix the FAIL lines"
+    return text + ("; see the warn lines" if warned else "")

@@ -4,7 +4,9 @@ Pure: no I/O, no clock of its own. Who is speaking (tenant, union_id else open_i
 in a group only messages that @mention the bot (matched by the bot's open_id, never by its display name,
 research/feishu.md §6) get through, one-to-one chats always. `@_user_N` placeholders become `@Name`, the
 bot's own mention is removed, `@_all` becomes `@所有人`. Text and rich-text (`post`) messages are read; every
-other message type is ignored. Ids that reach Redis keys and paths are checked here.
+other type (image, file, audio, media, sticker, shared chat or user, location, merged forward, …) becomes a
+typed placeholder with its keys, e.g. `[image image_key=img_v3_…]`, so the raw archive keeps a trace and the
+bot can say plainly what it cannot read. Ids that reach Redis keys and paths are checked here.
 """
 
 from __future__ import annotations
@@ -78,15 +80,17 @@ def route(
     if created and now_ms - created > stale_ms:
         return Ignored("stale", message_id)
     chat_type = "p2p" if message.get("chat_type") == "p2p" else "group"
-    raw_text = _text(message)
-    if raw_text is None:
-        return Ignored(f"unsupported message type {str(message.get('message_type'))[:32]}", message_id)
+    kind = "text"
+    raw_text = _text(message)  # a post's images are skipped: its text is what is read
+    if raw_text is None or (message.get("message_type") == "post" and not raw_text.strip()):
+        kind = _kind(message)
+        raw_text = placeholder(message)
     if chat_type == "group" and not bot_open_id:
         return Ignored("bot identity not known yet", message_id, retry=True)
     text, mentioned_bot, mentions = resolve_mentions(raw_text, message.get("mentions"), bot_open_id)
     if chat_type == "group" and not mentioned_bot:
         return Ignored("group message without an @mention of the bot", message_id)
-    if not text:
+    if not text and kind == "text":
         return Ignored("empty text", message_id)
     return Inbound(
         tenant=tenant,
@@ -101,6 +105,8 @@ def route(
         create_time=created,
         event_id=_id(header.get("event_id")),
         mentions=mentions,
+        kind=kind,
+        thread_id=_id(message.get("thread_id")),
     )
 
 
@@ -119,6 +125,45 @@ def _text(message: dict[str, Any]) -> str | None:
     return _post_text(content)
 
 
+# What each message type carries worth keeping in the raw archive (research/feishu.md §1.4).
+ATTACHMENT_KEYS = {
+    "image": ("image_key",),
+    "file": ("file_key", "file_name"),
+    "folder": ("file_key", "file_name"),
+    "audio": ("file_key", "duration"),
+    "media": ("file_key", "image_key", "file_name", "duration"),
+    "sticker": ("file_key",),
+    "share_chat": ("chat_id",),
+    "share_user": ("user_id",),
+    "location": ("name", "latitude", "longitude"),
+    "merge_forward": (),
+}
+_KIND = re.compile(r"[a-z_]{1,32}\Z")
+_UNSAFE_VALUE = re.compile(r"[\[\]\s<>]+")
+
+
+def _kind(message: dict[str, Any]) -> str:
+    kind = str(message.get("message_type") or "")
+    if kind == "post":
+        return "image"  # a rich text of images only
+    return kind if _KIND.match(kind) else "unknown"
+
+
+def placeholder(message: dict[str, Any]) -> str:
+    """`[image image_key=img_…]`: the type and its keys, values squeezed to safe one-word tokens."""
+    kind = _kind(message)
+    try:
+        content = json.loads(message.get("content") or "{}")
+    except (ValueError, TypeError, RecursionError):
+        content = {}
+    parts = [kind]
+    for key in ATTACHMENT_KEYS.get(kind, ()):
+        value = content.get(key) if isinstance(content, dict) else None
+        if isinstance(value, str | int | float) and str(value).strip():
+            parts.append(f"{key}={_UNSAFE_VALUE.sub('_', str(value).strip())[:80]}")
+    return "[" + " ".join(parts) + "]"
+
+
 def _post_text(content: Any) -> str | None:
     """Rich text, in any of the shapes seen: direct, locale-wrapped, or under `post`."""
     if isinstance(content, dict) and isinstance(content.get("post"), dict):
@@ -135,6 +180,7 @@ def _post_text(content: Any) -> str | None:
                 continue
             if node.get("tag") == "at":
                 parts.append(str(node.get("user_id") or ""))
+
             elif isinstance(node.get("text"), str):
                 parts.append(node["text"])
         lines.append("".join(parts))

@@ -14,8 +14,10 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -44,41 +46,88 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--data", help="data directory")
     p = sub.add_parser("cron", help="the dream scheduler (run exactly one)")
     p.add_argument("--data", help="data directory")
+    p = sub.add_parser("healthcheck", help="exit 0 if this host's bot, worker or cron is alive (docker)")
+    p.add_argument("role", choices=("bot", "worker", "cron"))
+    p.add_argument("--data", help="data directory")
 
 
 def _banner(settings: Settings, host: str) -> str:
     base = f"http://{host}:{settings.port}"
     lines = [f"Lucid is listening on {base}  (data: {settings.data_dir.resolve()})"]
-    for name in settings.personas:
-        lines.append(f"  Feishu event URL for persona {name!r}: {base}/feishu/{name}/events")
+    for name, persona in settings.personas.items():
+        if persona.mode == "ws":
+            lines.append(f"  persona {name!r}: Feishu long connection (no public URL needed)")
+        elif not persona.app_id:
+            lines.append(f"  persona {name!r}: no Feishu app configured (see lucid.toml.example)")
+        elif host in ("127.0.0.1", "localhost", "::1"):
+            lines.append(
+                f"  persona {name!r}: webhook at {base}/feishu/{name}/events is reachable from this machine"
+                " only; Feishu needs a public HTTPS URL: run with --host 0.0.0.0 behind an HTTPS proxy,"
+                ' or set mode = "ws" for the long connection'
+            )
+        else:
+            lines.append(
+                f"  persona {name!r}: point Feishu at https://<your public host>/feishu/{name}/events"
+                f" (proxied to {base})"
+            )
     lines.append(f"  health: {base}/healthz   metrics: {base}/metrics")
     if not (settings.chat_model or any(p.chat_model for p in settings.personas.values())):
         lines.append("  no chat model configured (LUCID_CHAT_MODEL): the bot runs in memory-only mode")
     lines.append(
-        f"  try it without Feishu:  {shlex.join(['lucid', 'chat', '--data', str(settings.data_dir)])}"
+        f"  try it without Feishu:  {shlex.join([*_lucid(), 'chat', '--data', str(settings.data_dir)])}"
     )
     lines.append("Ctrl-C to stop.")
     return "\n".join(lines)
 
 
-async def _run_app(runtime: Runtime, host: str, stop: asyncio.Event) -> None:
-    from .app import create_app
+def _lucid() -> list[str]:
+    """How this very `lucid` was started, so the hint runs as printed (often .venv/bin/lucid)."""
+    exe = Path(sys.argv[0])
+    if exe.name == "lucid":
+        try:
+            return [str(exe.resolve().relative_to(Path.cwd()))]
+        except ValueError:
+            return [str(exe) if exe.parent != Path() else "lucid"]
+    return [sys.executable, "-m", "bot.cli"]
 
-    app = create_app(runtime)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, runtime.settings.port)
-    await site.start()
+
+def listen(host: str, port: int) -> socket.socket:
+    """Take the webhook port first, so a busy port is one clear error before anything else starts."""
     try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, addr = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise LucidError(f"cannot listen on {host}:{port}: {exc}") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise LucidError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}): another process holds the port; "
+            "stop it or set LUCID_PORT"
+        ) from exc
+    sock.setblocking(False)
+    return sock
 
 
-def _serve_webhook(runtime: Runtime, host: str, children: list[subprocess.Popen[bytes]]) -> None:
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal was closed
+
+
+def _serve_webhook(
+    runtime: Runtime,
+    sock: socket.socket,
+    started: Callable[[], list[subprocess.Popen[bytes]]],
+    banner: str,
+) -> list[subprocess.Popen[bytes]]:
+    """Serve on the bound `sock`: start the children, print the banner once requests are answered, and
+    run until a stop signal or a child dies."""
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    children: list[subprocess.Popen[bytes]] = []
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
 
     async def watch() -> None:
@@ -90,13 +139,24 @@ def _serve_webhook(runtime: Runtime, host: str, children: list[subprocess.Popen[
                     stop.set()
             await asyncio.sleep(0.5)
 
-    async def both() -> None:
-        await asyncio.gather(_run_app(runtime, host, stop), watch())
+    async def run() -> None:
+        from .app import create_app
+
+        runner = web.AppRunner(create_app(runtime), access_log=None)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        try:
+            children.extend(started())
+            print(banner, flush=True)
+            await watch()
+        finally:
+            await runner.cleanup()
 
     try:
-        loop.run_until_complete(both())
+        loop.run_until_complete(run())
     finally:
         loop.close()
+    return children
 
 
 def _child(role: str, settings: Settings, url: str) -> subprocess.Popen[bytes]:
@@ -121,30 +181,46 @@ def _stop_children(children: list[subprocess.Popen[bytes]], grace: float = 20.0)
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     server = None
     url = settings.redis_url
-    if url is None:
-        server = embedded_redis.start(settings.data_dir)
-        url = server.url
+    # Closing the terminal must not leave the embedded Redis behind: SIGHUP stops like Ctrl-C, also
+    # while Redis is still starting (before the event loop's handlers exist).
+    signal.signal(signal.SIGHUP, _raise_interrupt)
     children: list[subprocess.Popen[bytes]] = []
+    sock = listen(args.host, settings.port)
     try:
+        if url is None:
+            server = embedded_redis.start(settings.data_dir)
+            url = server.url
         runtime = build(settings, redis_url=url)
-        children = [_child("worker", settings, url) for _ in range(max(1, args.workers))]
-        if not args.no_cron:
-            children.append(_child("cron", settings, url))
-        print(_banner(settings, args.host), flush=True)
-        _serve_webhook(runtime, args.host, children)
+        redis_url = url
+
+        def start_children() -> list[subprocess.Popen[bytes]]:
+            started = [_child("worker", settings, redis_url) for _ in range(max(1, args.workers))]
+            if not args.no_cron:
+                started.append(_child("cron", settings, redis_url))
+            children.extend(started)
+            return started
+
+        _serve_webhook(runtime, sock, start_children, _banner(settings, args.host))
     finally:
+        sock.close()
         _stop_children(children)
         if server is not None:
             server.stop()
     return 0
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def bot_only(args: argparse.Namespace, settings: Settings) -> int:
     if settings.redis_url is None:
         raise LucidError("`lucid bot` needs REDIS_URL (use `lucid serve` for the all-in-one default)")
-    runtime = build(settings)
-    print(_banner(settings, args.host), flush=True)
-    _serve_webhook(runtime, args.host, [])
+    sock = listen(args.host, settings.port)
+    try:
+        _serve_webhook(build(settings), sock, list, _banner(settings, args.host))
+    finally:
+        sock.close()
     return 0
 
 
@@ -168,8 +244,28 @@ def cron(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-ROLES = {"serve": serve, "bot": bot_only, "worker": worker, "cron": cron}
+def healthcheck(args: argparse.Namespace, settings: Settings) -> int:
+    """`lucid healthcheck ROLE`: one line and exit 0 when alive, 1 when not."""
+    if args.role == "bot":
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{settings.port}/healthz", timeout=3) as resp:
+                problem = None if resp.status == 200 else f"/healthz answered {resp.status}"
+        except OSError as exc:
+            problem = f"/healthz unreachable ({exc})"
+    else:
+        import redis
+
+        from workers.health import check
+
+        url = settings.redis_url or embedded_redis.running_url(settings.data_dir)
+        if url is None:
+            raise LucidError("no Redis to ask: set REDIS_URL")
+        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+        problem = check(client, args.role)
+    print(f"{args.role}: {problem or 'alive'}")
+    return 1 if problem else 0
 
 
-def data_override(args: argparse.Namespace) -> dict[str, Path]:
-    return {"data_dir": Path(args.data)} if getattr(args, "data", None) else {}
+ROLES = {"serve": serve, "bot": bot_only, "worker": worker, "cron": cron, "healthcheck": healthcheck}

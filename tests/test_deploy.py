@@ -4,6 +4,7 @@ plain processes — `lucid serve` (embedded Redis, worker, cron, webhook; no orp
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,6 +33,12 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _personas(tmp_path: Path, body: str = "[personas.default]\n") -> Path:
+    path = tmp_path / "lucid.toml"
+    path.write_text(body, "utf-8")
+    return path
+
+
 def _wait_http(url: str, timeout: float = 30.0) -> bytes:
     deadline = time.monotonic() + timeout
     while True:
@@ -43,22 +51,39 @@ def _wait_http(url: str, timeout: float = 30.0) -> bytes:
             time.sleep(0.2)
 
 
+def _compose(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    compose = shutil.which("docker-compose", path=str(Path(sys.executable).parent)) or "docker-compose"
+    return subprocess.run([compose, *args], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+
 def test_compose_file_is_valid(tmp_path: Path) -> None:
     for name in ("docker-compose.yml", "Dockerfile"):
         shutil.copy(ROOT / name, tmp_path / name)
-    shutil.copy(ROOT / ".env.example", tmp_path / ".env")
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
     shutil.copy(ROOT / "lucid.toml.example", tmp_path / "lucid.toml")
-    compose = shutil.which("docker-compose", path=str(Path(sys.executable).parent)) or "docker-compose"
-    out = subprocess.run([compose, "config", "-q"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    # a fresh clone has no .env: that is fine (every variable has a default)
+    out = _compose(tmp_path, "config", "-q")
     assert out.returncode == 0, out.stderr
-    services = subprocess.run(
-        [compose, "config", "--services"], cwd=tmp_path, capture_output=True, text=True
-    ).stdout
-    assert set(services.split()) == {"redis", "bot", "worker", "cron"}
-    with_ollama = subprocess.run(
-        [compose, "--profile", "ollama", "config", "--services"], cwd=tmp_path, capture_output=True, text=True
-    ).stdout
-    assert "ollama" in with_ollama.split()
+    shutil.copy(ROOT / ".env.example", tmp_path / ".env")
+    assert _compose(tmp_path, "config", "-q").returncode == 0
+    services = _compose(tmp_path, "config", "--services").stdout
+    assert set(services.split()) == {"redis", "bot", "lb", "worker", "cron"}
+    assert "ollama" in _compose(tmp_path, "--profile", "ollama", "config", "--services").stdout.split()
+    config = json.loads(_compose(tmp_path, "config", "--format", "json").stdout)["services"]
+    assert all(svc.get("healthcheck", {}).get("test") for svc in config.values()), (
+        "every service checks health"
+    )
+    # only the load balancer publishes a host port, so `--scale bot=N` never binds one port twice
+    assert [name for name, svc in config.items() if svc.get("ports")] == ["lb"]
+    for name in ("bot", "worker", "cron"):
+        (toml,) = [v for v in config[name]["volumes"] if v["target"] == "/config/lucid.toml"]
+        # never created as a directory when missing (that became a crash loop)
+        assert toml["type"] == "bind" and not toml.get("bind", {}).get("create_host_path")
+
+
+def test_the_docker_build_context_leaves_out_venvs_memories_and_secrets() -> None:
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".venv", "lucid-data", ".env", "lucid.toml", ".git"} <= ignored
 
 
 def test_serve_runs_everything_and_leaves_no_orphans(tmp_path: Path) -> None:
@@ -67,7 +92,7 @@ def test_serve_runs_everything_and_leaves_no_orphans(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "bot.cli", "serve", "--data", str(data)],
         cwd=ROOT,
-        env=_env(LUCID_PORT=str(port), LUCID_CONFIG=str(tmp_path / "none.toml")),
+        env=_env(LUCID_PORT=str(port), LUCID_CONFIG=str(_personas(tmp_path))),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -83,7 +108,7 @@ def test_serve_runs_everything_and_leaves_no_orphans(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
-    assert f"http://127.0.0.1:{port}/feishu/default/events" in out and "lucid chat" in out
+    assert "Lucid is listening" in out and "chat --data" in out
     time.sleep(0.5)
     assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
@@ -94,7 +119,7 @@ def test_compose_roles_run_as_plain_processes(tmp_path: Path, redis_url: str) ->
         REDIS_URL=redis_url,
         LUCID_DATA=str(tmp_path / "data"),
         LUCID_PORT=str(port),
-        LUCID_CONFIG=str(tmp_path / "none.toml"),
+        LUCID_CONFIG=str(_personas(tmp_path)),
     )
     bot = subprocess.Popen(
         [sys.executable, "-m", "bot.cli", "bot"],
@@ -131,3 +156,149 @@ def test_compose_roles_run_as_plain_processes(tmp_path: Path, redis_url: str) ->
         for p in (bot, cron):
             p.communicate(timeout=60)
     assert bot.returncode == 0 and cron.returncode in (0, -signal.SIGTERM)
+
+
+APP = '[personas.default]\napp_id = "cli_test"\napp_secret = "s"\nverification_token = "v"\n'
+NOWHERE = "http://127.0.0.1:9"  # a closed local port: the bot's Feishu calls fail fast, never leave the host
+
+
+def _start_serve(tmp_path: Path, port: int, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "serve", "--data", str(tmp_path / "data"), *extra],
+        cwd=ROOT,
+        env=_env(
+            LUCID_PORT=str(port), LUCID_CONFIG=str(_personas(tmp_path, APP)), LUCID_FEISHU_DOMAIN=NOWHERE
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _family(proc: subprocess.Popen[str]) -> list[psutil.Process]:
+    return psutil.Process(proc.pid).children(recursive=True)
+
+
+def _gone(family: list[psutil.Process]) -> bool:
+    return not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_serve_prints_its_banner_only_once_the_port_answers(tmp_path: Path) -> None:
+    port = _free_port()
+    proc = _start_serve(tmp_path, port)
+    family: list[psutil.Process] = []
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("Lucid is listening"):
+                break
+        family = _family(proc)
+        # no retry: the very first request after the banner is answered
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+            assert resp.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stdout.read() if proc.stdout else ""  # what the line iteration buffered, then the rest
+        proc.wait(timeout=60)
+    banner = "".join(seen) + rest
+    # it tells a person how Feishu can reach it, not to point Feishu at a loopback address
+    assert "public HTTPS URL" in banner and 'mode = "ws"' in banner
+    assert _gone(family)
+
+
+def test_a_busy_port_is_one_clear_line_at_once_and_nothing_is_left_running(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        proc = _start_serve(tmp_path, port)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{port}" in lines[0], out
+    assert "Traceback" not in out and "Lucid is listening" not in out
+    assert not (tmp_path / "data" / ".redis" / "redis.sock").exists()  # Redis never started
+
+
+def test_closing_the_terminal_sighup_stops_serve_and_its_redis(tmp_path: Path) -> None:
+    port = _free_port()
+    proc = _start_serve(tmp_path, port)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/healthz")
+        family = _family(proc)
+        assert any("redis-server" in " ".join(p.cmdline()) for p in family)
+    finally:
+        proc.send_signal(signal.SIGHUP)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    psutil.wait_procs(family, timeout=10)
+    assert _gone(family)
+
+
+def test_a_lucid_config_that_names_a_missing_file_is_an_error(tmp_path: Path) -> None:
+    env = _env(LUCID_CONFIG=str(tmp_path / "missing.toml"), LUCID_DATA=str(tmp_path / "data"))
+    out = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "show"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    assert "missing.toml" in out.stderr and "not a file" in out.stderr and "Traceback" not in out.stderr
+    (tmp_path / "dir.toml").mkdir()  # what docker makes of a missing bind-mounted file
+    env["LUCID_CONFIG"] = str(tmp_path / "dir.toml")
+    out = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "show"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "not a file" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_lucid_version() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "--version"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0 and out.stdout.startswith("lucid 0.")
+
+
+def _health(role: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bot.cli", "healthcheck", role],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _until_healthy(role: str, env: dict[str, str], tries: int = 60) -> subprocess.CompletedProcess[str]:
+    for _ in range(tries):
+        out = _health(role, env)
+        if out.returncode == 0:
+            return out
+        time.sleep(0.5)
+    return out
+
+
+def test_healthchecks_tell_a_live_worker_and_cron_from_a_dead_one(tmp_path: Path, redis_url: str) -> None:
+    redis.Redis.from_url(redis_url).flushdb()
+    env = _env(REDIS_URL=redis_url, LUCID_DATA=str(tmp_path / "data"), LUCID_CONFIG=str(_personas(tmp_path)))
+    assert _health("worker", env).returncode == 1 and _health("cron", env).returncode == 1
+    procs = {
+        role: subprocess.Popen(
+            [sys.executable, "-m", "bot.cli", role], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for role in ("worker", "cron")
+    }  # fmt: skip
+    try:
+        for role in procs:
+            out = _until_healthy(role, env)
+            assert out.returncode == 0 and out.stdout.strip() == f"{role}: alive", out.stdout
+    finally:
+        for p in procs.values():
+            p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            p.wait(timeout=60)
+    dead = _health("worker", env)
+    assert dead.returncode == 1 and "no live RQ worker" in dead.stdout
+    assert _health("cron", env).returncode == 1

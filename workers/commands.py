@@ -8,7 +8,6 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
 
 from memory_core.entry import TYPES, Entry
@@ -23,6 +22,7 @@ from memory_core.subjects import canonical_subject, recognise
 
 from . import dreaming
 from .inbound import Inbound
+from .memory_card import visible_entries
 from .memory_service import Assembly, MemoryService, service_for
 from .runtime import Runtime
 from .settings import Persona
@@ -69,6 +69,13 @@ _T = {
     "error": (
         "抱歉，我这边出了点问题，请稍后再试。",
         "Sorry, something went wrong on my side. Please try again.",
+    ),
+    # the placeholder text of an image carries no language: say it both ways
+    "unreadable": (
+        "我还读不了{what}，只记下了收到过它。请用文字告诉我要点。"
+        " (I can't read {what_en} yet; I noted that it came. Please tell me in words.)",
+        "我还读不了{what}，只记下了收到过它。请用文字告诉我要点。"
+        " (I can't read {what_en} yet; I noted that it came. Please tell me in words.)",
     ),
     "admin_only": ("这个命令只有管理员可以使用。", "Only an admin can use this command."),
     "profile_private": ("画像只在私聊里显示。", "Your profile is shown in a private chat only."),
@@ -144,11 +151,16 @@ _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 _LATIN = re.compile(r"[A-Za-z]*[G-Zg-z][A-Za-z]*")  # a word, not a hex id such as 4ca67195
 
 
-def say(inbound: Inbound, key: str, **values: Any) -> str:
-    """A catalogue sentence in the message's language: English only for Latin text without Chinese."""
+def language(inbound: Inbound) -> str:
+    """ "en" for Latin text without Chinese (a command word aside), else "zh"."""
     body = re.sub(r"^[/／]\S*", "", inbound.text.strip())
+    return "en" if _LATIN.search(body) and not _CJK.search(body) else "zh"
+
+
+def say(inbound: Inbound, key: str, **values: Any) -> str:
+    """A catalogue sentence in the message's language."""
     zh, en = _T[key]
-    return (en if _LATIN.search(body) and not _CJK.search(body) else zh).format(**values)
+    return (en if language(inbound) == "en" else zh).format(**values)
 
 
 # --------------------------------------------------------------------------------------------- commands
@@ -246,14 +258,12 @@ def _visible(inbound: Inbound, entries: Sequence[Entry]) -> list[Entry]:
 
 
 def _list_memory(runtime: Runtime, mem: MemoryService, inbound: Inbound) -> str:
-    entries = _visible(inbound, mem.book(inbound.ns).current(runtime.clock()))
-    if not entries:
+    ordered = visible_entries(runtime, inbound.ns, inbound.chat_type, inbound.chat_id)
+    if not ordered:
         return say(inbound, "empty")
-    lines = [say(inbound, "listing", n=len(entries))]
+    lines = [say(inbound, "listing", n=len(ordered))]
     if inbound.group:
         lines.append(say(inbound, "group_listing"))
-    epoch = datetime.min.replace(tzinfo=UTC)
-    ordered = sorted(entries, key=lambda e: (not e.pinned, not e.resident, e.at or epoch))
     lines += [f"- [{e.id[:8]}] {e.text}{' 📌' if e.pinned else ''}" for e in ordered[:LIST_LIMIT]]
     if len(ordered) > LIST_LIMIT:
         lines.append(say(inbound, "more", n=len(ordered) - LIST_LIMIT))

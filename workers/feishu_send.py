@@ -39,6 +39,8 @@ from lark_oapi.api.im.v1 import (
     CreateMessageReactionRequestBody,
     DeleteMessageReactionRequest,
     Emoji,
+    PatchMessageRequest,
+    PatchMessageRequestBody,
     ReplyMessageRequest,
     ReplyMessageRequestBody,
 )
@@ -274,6 +276,7 @@ class FeishuSender:
         chat_id: str | None = None,
         attempts: int = 0,
         start: int = 0,
+        in_thread: bool = False,
     ) -> list[str]:
         """Reply to `message_id` with `text` (split as needed); returns the ids of the messages posted.
 
@@ -286,23 +289,31 @@ class FeishuSender:
                 continue
             uuid = message_id if i == 0 else f"{message_id}:{i}"
             try:
-                sent.append(self._reply_chunk(message_id, chunk, uuid, chat_id, attempts))
+                sent.append(self._reply_chunk(message_id, chunk, uuid, chat_id, attempts, in_thread))
             except FeishuError as exc:
                 exc.chunks_sent = i
                 raise
         return sent
 
-    def _reply_chunk(self, message_id: str, chunk: str, uuid: str, chat_id: str | None, attempts: int) -> str:
+    def _reply_chunk(
+        self,
+        message_id: str,
+        chunk: str,
+        uuid: str,
+        chat_id: str | None,
+        attempts: int,
+        in_thread: bool = False,
+    ) -> str:
         msg_type, content = render(chunk)
         try:
-            return self._reply_once(message_id, msg_type, content, uuid, chat_id, attempts)
+            return self._reply_once(message_id, msg_type, content, uuid, chat_id, attempts, in_thread)
         except FeishuError as exc:
             if msg_type == "text" or exc.code not in CONTENT_REFUSED:
                 raise
             log.warning(
                 "post refused (code %s, log %s) for %s; resending as text", exc.code, exc.log_id, message_id
             )
-            return self._reply_once(message_id, "text", plain(chunk), uuid, chat_id, attempts)
+            return self._reply_once(message_id, "text", plain(chunk), uuid, chat_id, attempts, in_thread)
 
     def react(self, message_id: str, emoji: str = THINKING) -> str | None:
         """Add a reaction; best effort (a missing "thinking" sign must never cost the answer)."""
@@ -349,12 +360,48 @@ class FeishuSender:
     # -------------------------------------------------------------------------------------- internals
 
     def _reply_once(
-        self, message_id: str, msg_type: str, content: str, uuid: str, chat_id: str | None, attempts: int = 0
+        self,
+        message_id: str,
+        msg_type: str,
+        content: str,
+        uuid: str,
+        chat_id: str | None,
+        attempts: int = 0,
+        in_thread: bool = False,
     ) -> str:
-        body = ReplyMessageRequestBody.builder().msg_type(msg_type).content(content).uuid(uuid).build()
+        body = (
+            ReplyMessageRequestBody.builder()
+            .msg_type(msg_type)
+            .content(content)
+            .uuid(uuid)
+            .reply_in_thread(in_thread)
+            .build()
+        )
         req = ReplyMessageRequest.builder().message_id(message_id).request_body(body).build()
         resp = self._call(self.client.im.v1.message.reply, req, "reply", chat_id or message_id, attempts)
         return str(resp.data.message_id) if resp.data is not None else ""
+
+    def reply_content(
+        self,
+        message_id: str,
+        msg_type: str,
+        content: str,
+        *,
+        chat_id: str | None = None,
+        in_thread: bool = False,
+    ) -> str:
+        """Reply once with ready-made content (a card), uuid = the message id, like a plain reply's first part."""
+        return self._reply_once(message_id, msg_type, content, message_id, chat_id, in_thread=in_thread)
+
+    def patch_card(self, message_id: str, card: str) -> None:
+        """Replace the card of a message the bot sent (the card needs `update_multi`)."""
+        body = PatchMessageRequestBody.builder().content(card).build()
+        req = PatchMessageRequest.builder().message_id(message_id).request_body(body).build()
+        self._call(self.client.im.v1.message.patch, req, "card patch", None)
+
+    def call(self, fn: Callable[[Any], Any], req: Any, what: str, attempts: int = 0) -> Any:
+        """Any other SDK call (CardKit) under the same retry policy, unpaced (not a message send)."""
+        return self._call(fn, req, what, None, attempts)
 
     def _call(
         self, fn: Callable[[Any], Any], req: Any, what: str, pace: str | None, attempts: int = 0

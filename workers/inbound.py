@@ -46,10 +46,17 @@ class Inbound:
     create_time: int = 0  # milliseconds since the epoch, as Feishu sends it
     event_id: str = ""
     mentions: tuple[Mention, ...] = ()
+    kind: str = "text"  # "text" (text and rich text); else a type the bot cannot read: image, file, audio…
+    thread_id: str = ""  # the topic thread the message is in: the reply goes there, one session per thread
 
     @property
     def ns(self) -> Namespace:
         return Namespace.of(self.tenant, self.user, self.persona)
+
+    @property
+    def conversation(self) -> str:
+        """The chat, or the thread in it: what a session and its recent turns belong to."""
+        return f"{self.chat_id}:{self.thread_id}" if self.thread_id else self.chat_id
 
     @property
     def group(self) -> bool:
@@ -94,6 +101,7 @@ class TurnResult:
     recalled: list[str] = field(default_factory=list)
     tool_calls: int = 0
     ms: float = 0.0
+    card: dict[str, Any] | None = None  # an interactive card sent instead of `reply` where cards exist
 
 
 @dataclass(frozen=True)

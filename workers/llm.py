@@ -130,6 +130,14 @@ class LLM:
             f"{what}: model server unavailable ({type(last).__name__}: {str(last)[:120]})"
         ) from last
 
+    def _account(self, result: ChatResult) -> ChatResult:
+        self.usage.calls += 1
+        self.usage.prompt_tokens += result.prompt_tokens
+        self.usage.completion_tokens += result.completion_tokens
+        self.usage.by_model[result.model] = self.usage.by_model.get(result.model, 0) + 1
+        self._report("chat", result.model, True, result.prompt_tokens, result.completion_tokens)
+        return result
+
     def chat(
         self,
         model: str,
@@ -169,12 +177,52 @@ class LLM:
             completion_tokens=int(resp.eval_count or 0),
             model=model,
         )
-        self.usage.calls += 1
-        self.usage.prompt_tokens += result.prompt_tokens
-        self.usage.completion_tokens += result.completion_tokens
-        self.usage.by_model[model] = self.usage.by_model.get(model, 0) + 1
-        self._report("chat", model, True, result.prompt_tokens, result.completion_tokens)
-        return result
+        return self._account(result)
+
+    def chat_stream(
+        self,
+        model: str,
+        messages: Sequence[dict[str, Any]],
+        on_text: Callable[[str], None],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        timeout: float | None = None,
+    ) -> ChatResult:
+        """`chat`, streamed: `on_text` gets the whole text so far after each chunk (a card shows it as it
+        grows). A failure before the first chunk is retried like `chat`; one mid-stream is not (the person
+        already saw part of it), and the stream must end within `timeout`."""
+        budget = timeout or self.timeout
+        deadline = time.monotonic() + budget
+
+        def run(client: ollama.Client) -> ChatResult:
+            parts: list[str] = []
+            calls: list[ToolCall] = []
+            prompt = completion = 0
+            for chunk in client.chat(
+                model=model, messages=list(messages), tools=list(tools) if tools else None, stream=True
+            ):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the model's stream outran the turn's budget")
+                msg = chunk.message
+                if msg.content:
+                    parts.append(msg.content)
+                    try:
+                        on_text("".join(parts))
+                    except Exception:  # showing progress must never cost the answer
+                        log.warning("streaming hook failed", exc_info=True)
+                for tc in msg.tool_calls or ():
+                    args = tc.function.arguments
+                    calls.append(ToolCall(tc.function.name, dict(args) if isinstance(args, dict) else {}))
+                if chunk.done:
+                    prompt, completion = int(chunk.prompt_eval_count or 0), int(chunk.eval_count or 0)
+            return ChatResult("".join(parts), tuple(calls), prompt, completion, model)
+
+        try:
+            result: ChatResult = self._call(f"chat with {model}", budget, run)
+        except LLMError:
+            self._report("chat", model, False)
+            raise
+        return self._account(result)
 
     def embed(self, model: str, texts: Sequence[str], timeout: float | None = None) -> list[list[float]]:
         try:

@@ -54,10 +54,13 @@ HELP = {
     "lucid_llm_tokens_total": ("counter", "Tokens spent, by purpose and direction."),
     "lucid_memory_writes_total": ("counter", "Memory operations applied by the writer, by outcome."),
     "lucid_queue_depth": ("gauge", "Jobs waiting in each RQ queue."),
+    "lucid_ws_connected": ("gauge", "1 while this bot process holds the persona's Feishu long connection."),
+    "lucid_ws_reconnects_total": ("counter", "Long connections made again after a drop or a dead socket."),
 }
 
 
-def _labels(labels: Mapping[str, str] | None) -> str:
+def label_text(labels: Mapping[str, str] | None) -> str:
+    """`{a="x",b="y"}`, sorted and escaped (empty for no labels)."""
     if not labels:
         return ""
     parts = []
@@ -89,7 +92,7 @@ class Metrics:
             return
         assert self.client is not None
         try:
-            self.client.hincrbyfloat(_KEY, name + _labels(labels), value)
+            self.client.hincrbyfloat(_KEY, name + label_text(labels), value)
         except redis.RedisError:
             self._failed()
 
@@ -108,10 +111,10 @@ class Metrics:
             pipe = self.client.pipeline(transaction=False)
             for b in buckets:
                 if seconds <= b:
-                    pipe.hincrbyfloat(_KEY, f"{name}_bucket" + _labels({**base, "le": f"{b:g}"}), 1)
-            pipe.hincrbyfloat(_KEY, f"{name}_bucket" + _labels({**base, "le": "+Inf"}), 1)
-            pipe.hincrbyfloat(_KEY, f"{name}_sum" + _labels(base), seconds)
-            pipe.hincrbyfloat(_KEY, f"{name}_count" + _labels(base), 1)
+                    pipe.hincrbyfloat(_KEY, f"{name}_bucket" + label_text({**base, "le": f"{b:g}"}), 1)
+            pipe.hincrbyfloat(_KEY, f"{name}_bucket" + label_text({**base, "le": "+Inf"}), 1)
+            pipe.hincrbyfloat(_KEY, f"{name}_sum" + label_text(base), seconds)
+            pipe.hincrbyfloat(_KEY, f"{name}_count" + label_text(base), 1)
             pipe.execute()
         except redis.RedisError:
             self._failed()
@@ -146,7 +149,7 @@ class Buffered(Metrics):
         self._pending: dict[str, float] = {}
 
     def inc(self, name: str, labels: Mapping[str, str] | None = None, value: float = 1.0) -> None:
-        key = name + _labels(labels)
+        key = name + label_text(labels)
         self._pending[key] = self._pending.get(key, 0.0) + value
 
     def flush(self) -> None:
@@ -184,7 +187,9 @@ def queue_depths(client: redis.Redis | None, names: Iterable[str]) -> dict[str, 
     out: dict[str, float] = {}
     for name in names:
         try:
-            out["lucid_queue_depth" + _labels({"queue": name})] = float(Queue(name, connection=client).count)
+            out["lucid_queue_depth" + label_text({"queue": name})] = float(
+                Queue(name, connection=client).count
+            )
         except redis.RedisError:
             continue
     return out

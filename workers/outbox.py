@@ -96,6 +96,7 @@ class Parked:
     attempts: int = 1  # the turn's tries count as one
     chunks_sent: int = 0
     last_error: str = ""
+    in_thread: bool = False  # the message was in a thread: the reply goes there too
 
     def to_redis(self) -> dict[FieldT, EncodableT]:
         return {f.name: str(getattr(self, f.name)) for f in fields(self)}
@@ -114,6 +115,7 @@ class Parked:
             attempts=int(data.get("attempts") or 1),
             chunks_sent=int(data.get("chunks_sent") or 0),
             last_error=data.get("last_error") or "",
+            in_thread=data.get("in_thread") == "True",
         )
 
 
@@ -258,7 +260,14 @@ class Outbox:
             self._drop(p, "deadline", p.last_error)
             return "dropped"
         try:
-            sender.reply(p.message_id, p.text, chat_id=p.chat_id, attempts=1, start=p.chunks_sent)
+            sender.reply(
+                p.message_id,
+                p.text,
+                chat_id=p.chat_id,
+                attempts=1,
+                start=p.chunks_sent,
+                in_thread=p.in_thread,
+            )
         except FeishuError as exc:
             p.attempts += 1
             p.chunks_sent = max(p.chunks_sent, exc.chunks_sent)
@@ -331,7 +340,10 @@ class Outbox:
                 if conf is None:
                     raise FeishuError(f"persona {persona} is no longer configured")
                 sender = sender_for(
-                    conf, runtime.settings.feishu_domain, self.client, runtime.settings.send_rate
+                    conf,
+                    conf.api_domain(runtime.settings.feishu_domain),
+                    self.client,
+                    runtime.settings.send_rate,
                 )
             except FeishuError as exc:
                 self._drop(p, "refused", exc)
@@ -409,7 +421,7 @@ def send_reply(runtime: Runtime, sender: FeishuSender, inbound: Inbound, text: s
         if own == "dropped":
             raise LucidError(f"the parked reply to {inbound.message_id} was given up")
     try:
-        sender.reply(inbound.message_id, text, chat_id=inbound.chat_id)
+        sender.reply(inbound.message_id, text, chat_id=inbound.chat_id, in_thread=bool(inbound.thread_id))
     except FeishuError as exc:
         if not exc.retryable or outbox is None:
             Metrics(runtime.redis).inc("lucid_replies_undelivered_total", {"reason": "refused"})
@@ -423,6 +435,7 @@ def send_reply(runtime: Runtime, sender: FeishuSender, inbound: Inbound, text: s
             first_try=started,
             give_up_at=started + runtime.settings.reply_deadline,
             chunks_sent=exc.chunks_sent,
+            in_thread=bool(inbound.thread_id),
         )
         try:
             outbox.park(parked, exc)

@@ -32,6 +32,16 @@ class Persona:
     )
     chat_model: str | None = None
     bot_open_id: str = ""
+    domain: str = ""  # "feishu", "lark" or a URL; empty: LUCID_FEISHU_DOMAIN
+    mode: str = "webhook"  # "ws": Feishu's long connection (no public URL needed); "webhook": HTTP events
+
+    def api_domain(self, default: str) -> str:
+        """The open API base URL this persona's app lives on."""
+        return DOMAINS.get(self.domain.lower(), self.domain.rstrip("/")) if self.domain else default
+
+
+DOMAINS = {"feishu": "https://open.feishu.cn", "lark": "https://open.larksuite.com"}
+MODES = ("webhook", "ws")
 
 
 REPLY_DEADLINE = 50 * 60.0
@@ -130,6 +140,12 @@ class Settings:
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
+        explicit = bool(get("LUCID_CONFIG")) or "config_path" in overrides
+        if explicit and not settings.config_path.is_file():
+            raise InvalidInput(
+                f"LUCID_CONFIG names {settings.config_path}, which is not a file "
+                "(copy lucid.toml.example there, or unset LUCID_CONFIG for the default ./lucid.toml)"
+            )
         return settings.with_personas(load_personas(settings.config_path))
 
     def with_personas(self, personas: Mapping[str, Persona]) -> Settings:
@@ -142,6 +158,11 @@ def load_personas(path: Path) -> dict[str, Persona]:
     """Read the personas file; a missing file means one `default` persona with no Feishu app."""
     if not path.exists():
         return {"default": Persona("default")}
+    if not path.is_file():
+        raise InvalidInput(
+            f"{path} is not a file (a missing lucid.toml mounted by docker becomes a directory: "
+            "copy lucid.toml.example to lucid.toml first)"
+        )
     try:
         data = tomllib.loads(path.read_text("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -160,7 +181,14 @@ def load_personas(path: Path) -> dict[str, Persona]:
         unknown = set(conf) - known - {"admins"}
         if unknown:
             raise InvalidInput(f"{path}: personas.{name}: unknown keys {', '.join(sorted(unknown))}")
-        personas[name] = Persona(
+        persona = Persona(
             name=name, admins=tuple(admins), **{k: str(v) for k, v in conf.items() if k in known}
         )
+        if persona.mode not in MODES:
+            raise InvalidInput(f"{path}: personas.{name}.mode must be one of {', '.join(MODES)}")
+        if persona.domain and persona.domain.lower() not in DOMAINS and not persona.domain.startswith("http"):
+            raise InvalidInput(
+                f"{path}: personas.{name}.domain must be feishu, lark or an https:// URL, got {persona.domain!r}"
+            )
+        personas[name] = persona
     return personas

@@ -34,9 +34,11 @@ from memory_core.intents import is_memorable
 from memory_core.lineformat import RawMessage
 from memory_core.secretscan import redact
 
+from .cards import CardStream
 from .commands import (
     confirm,
     deterministic_intent,
+    language,
     memory_reply,
     parse_command,
     remember_op,
@@ -49,6 +51,8 @@ from .feishu_send import FeishuError, FeishuSender, sender_for
 from .inbound import Inbound, TurnLimits, TurnResult
 from .llm import LLMError, LLMUnavailable
 from .mailbox import Mailbox
+from .memory_card import build as memory_card
+from .memory_card import register, visible_entries
 from .memory_service import Assembly, MemoryService, service_for
 from .metrics import Metrics
 from .outbox import ReplyParked, send_reply
@@ -70,8 +74,13 @@ def run_turn(
     inbound: Inbound,
     reply_fn: Callable[[str], Any],
     limits: TurnLimits | None = None,
+    stream: Callable[[str], None] | None = None,
+    card_fn: Callable[[dict[str, Any]], Any] | None = None,
 ) -> TurnResult:
-    """Answer one message. Never raises for a person's input or a backend failure: the reply says so."""
+    """Answer one message. Never raises for a person's input or a backend failure: the reply says so.
+
+    `stream`: shown the model's text as it grows (a streaming card); `reply_fn` still gets the final text.
+    `card_fn`: sends an interactive card (the /memory card) instead of the text, where the chat has cards."""
     limits = limits or TurnLimits()
     started = time.monotonic()
     result = TurnResult()
@@ -80,20 +89,29 @@ def run_turn(
     scratch = Scratch(runtime.redis)
     after: Callable[[], None] | None = None
     try:
-        command = parse_command(inbound.text)
-        if command is not None:
+        command = parse_command(inbound.text) if inbound.kind == "text" else None
+        if inbound.kind != "text":
+            result.mode = "unreadable"
+            after = _unreadable(runtime, mem, scratch, persona, inbound, result)
+        elif command is not None:
             result.mode = "command"
             result.reply = run_command(runtime, mem, persona, inbound, *command)
+            if command[0] == "memory" and card_fn is not None:
+                entries = visible_entries(runtime, inbound.ns, inbound.chat_type, inbound.chat_id)
+                result.card = memory_card(entries, language(inbound), inbound.group)
         else:
-            after = _converse(runtime, mem, scratch, persona, inbound, limits, result)
+            after = _converse(runtime, mem, scratch, persona, inbound, limits, result, stream)
     except Exception:  # a bug must cost one polite answer, not the person's trust; the log has the ids
         log.exception("turn failed: ns=%s message=%s", inbound.ns.key, inbound.message_id)
         result.mode = "error"
         result.reply = say(inbound, "error")
     parked = False
     try:
-        reply_fn(result.reply)
-        result.delivered = True
+        if result.card is not None and card_fn is not None and _card_sent(card_fn, result.card, inbound):
+            result.delivered = True
+        else:
+            reply_fn(result.reply)
+            result.delivered = True
     except ReplyParked:  # Feishu did not take it now; the outbox delivers it later (its log says so)
         parked = True
     except LucidError as exc:
@@ -120,6 +138,16 @@ def run_turn(
     return result
 
 
+def _card_sent(card_fn: Callable[[dict[str, Any]], Any], card: dict[str, Any], inbound: Inbound) -> bool:
+    """Send the card; False (reply with text instead) when Feishu will not take it."""
+    try:
+        card_fn(card)
+    except FeishuError as exc:
+        log.warning("card for message=%s refused (%s); replying with text", inbound.message_id, exc)
+        return False
+    return True
+
+
 def _converse(
     runtime: Runtime,
     mem: MemoryService,
@@ -128,10 +156,11 @@ def _converse(
     inbound: Inbound,
     limits: TurnLimits,
     result: TurnResult,
+    stream: Callable[[str], None] | None = None,
 ) -> Callable[[], None]:
     """Record, recall, answer; returns the steps that run once the answer is delivered."""
     ns, now = inbound.ns, runtime.clock()
-    session = scratch.session(f"{ns.key}:{inbound.chat_id}", inbound.message_id)
+    session = scratch.session(f"{ns.key}:{inbound.conversation}", inbound.message_id)
     mem.record(
         ns, _raw(inbound.message_id, inbound.created(now), "user", inbound.text, inbound, "user", session)
     )
@@ -140,7 +169,7 @@ def _converse(
     )
     result.recalled = [s.entry.id for s in assembly.recalled]
     model = persona.chat_model or runtime.settings.chat_model
-    history_key = f"{ns.key}:{inbound.chat_id}"
+    history_key = f"{ns.key}:{inbound.conversation}"
     note = "no_model"
     if model and runtime.llm is not None:
         note = "model_down"
@@ -148,7 +177,7 @@ def _converse(
             try:
                 history = scratch.history(history_key)
                 result.reply = _model_reply(
-                    runtime, mem, persona, inbound, assembly, model, history, limits, result
+                    runtime, mem, persona, inbound, assembly, model, history, limits, result, stream
                 )
                 result.mode = "model"
             except LLMError as exc:
@@ -178,6 +207,52 @@ def _converse(
         if result.mode == "model" and model:
             scratch.add_history(history_key, inbound.text, result.reply, limits.history_turns)
             _enqueue_extraction(runtime, inbound, result.reply)
+
+    return after
+
+
+UNREADABLE = {
+    "image": ("图片", "images"),
+    "file": ("文件", "files"),
+    "folder": ("文件夹", "folders"),
+    "audio": ("语音", "voice messages"),
+    "media": ("视频", "videos"),
+    "sticker": ("表情包", "stickers"),
+    "share_chat": ("群名片", "shared chats"),
+    "share_user": ("个人名片", "shared contacts"),
+    "location": ("位置", "locations"),
+    "merge_forward": ("合并转发的聊天记录", "forwarded chat histories"),
+}
+
+
+def _unreadable(
+    runtime: Runtime,
+    mem: MemoryService,
+    scratch: Scratch,
+    persona: Persona,
+    inbound: Inbound,
+    result: TurnResult,
+) -> Callable[[], None]:
+    """A message the bot cannot read: its placeholder goes to the raw archive, the reply says so plainly."""
+    ns, now = inbound.ns, runtime.clock()
+    session = scratch.session(f"{ns.key}:{inbound.conversation}", inbound.message_id)
+    mem.record(
+        ns, _raw(inbound.message_id, inbound.created(now), "user", inbound.text, inbound, "user", session)
+    )
+    what, what_en = UNREADABLE.get(inbound.kind, ("这类消息", "this kind of message"))
+    result.reply = say(inbound, "unreadable", what=what, what_en=what_en)
+
+    def after() -> None:
+        said = _raw(
+            f"{inbound.message_id}:reply",
+            runtime.clock(),
+            persona.name,
+            result.reply,
+            inbound,
+            "assistant",
+            session,
+        )
+        mem.record(ns, said, wait=False)
 
     return after
 
@@ -245,6 +320,7 @@ def _model_reply(
     history: list[dict[str, str]],
     limits: TurnLimits,
     result: TurnResult,
+    stream: Callable[[str], None] | None = None,
 ) -> str:
     """Chat with the model, looping its `manage_memory` calls back at most `tool_rounds` times."""
     llm = runtime.llm
@@ -261,7 +337,11 @@ def _model_reply(
         if left <= 0.05:
             raise LLMUnavailable("the turn's model budget is spent")
         tools = [MANAGE_MEMORY] if round_no < limits.tool_rounds else None
-        answer = llm.chat(model, messages, tools=tools, timeout=min(llm.timeout, left))
+        timeout = min(llm.timeout, left)
+        if stream is not None:
+            answer = llm.chat_stream(model, messages, stream, tools=tools, timeout=timeout)
+        else:
+            answer = llm.chat(model, messages, tools=tools, timeout=timeout)
         if not answer.tool_calls or tools is None:
             return answer.content.strip() or confirm(inbound, result.outcomes)
         calls = answer.tool_calls[:5]
@@ -401,7 +481,10 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
         return None
     try:
         sender = sender_for(
-            persona, runtime.settings.feishu_domain, runtime.redis, runtime.settings.send_rate
+            persona,
+            persona.api_domain(runtime.settings.feishu_domain),
+            runtime.redis,
+            runtime.settings.send_rate,
         )
     except FeishuError as exc:
         log.error("message=%s: %s", inbound.message_id, exc)
@@ -409,8 +492,31 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
     reaction = _show_thinking(runtime, sender, inbound)
     started = time.perf_counter()
     outcome = "error"
+    card = _card_stream(runtime, persona, sender, inbound)
+
+    def deliver(text: str) -> None:
+        if card is None or not card.finish(text):
+            send_reply(runtime, sender, inbound, text)
+
+    def send_card(memory: dict[str, Any]) -> None:
+        content = json.dumps(memory, ensure_ascii=False)
+        sent = sender.reply_content(
+            inbound.message_id,
+            "interactive",
+            content,
+            chat_id=inbound.chat_id,
+            in_thread=bool(inbound.thread_id),
+        )
+        register(runtime.redis, sent, inbound, language(inbound))
+
     try:
-        result = run_turn(runtime, inbound, lambda text: send_reply(runtime, sender, inbound, text))
+        result = run_turn(
+            runtime,
+            inbound,
+            deliver,
+            stream=card.partial if card is not None else None,
+            card_fn=send_card,
+        )
         outcome = "ok"
         return result
     finally:
@@ -419,6 +525,15 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
         metrics = Metrics(runtime.redis)
         metrics.observe("lucid_turn_seconds", time.perf_counter() - started)
         metrics.inc("lucid_turns_total", {"outcome": outcome, "chat_type": inbound.chat_type})
+
+
+def _card_stream(
+    runtime: Runtime, persona: Persona, sender: FeishuSender, inbound: Inbound
+) -> CardStream | None:
+    """A streaming card when a chat model will answer and the app may use CardKit (else a plain reply)."""
+    if runtime.llm is None or not (persona.chat_model or runtime.settings.chat_model):
+        return None
+    return CardStream(sender, inbound, runtime.redis)
 
 
 def _thinking_key(inbound: Inbound) -> str:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from bot import doctor
 from tests.fakes.feishu import FakeFeishu
+from tests.fakes.feishu_cards import FakeFeishuCards
 from tests.fakes.ollama import FakeOllama
 from workers.settings import Persona, Settings
 
@@ -57,3 +58,37 @@ def test_each_problem_is_one_line_with_its_fix(data_dir: Path) -> None:
     assert "[FAIL] persona sales feishu: token fetch refused" in text
     assert "[FAIL] persona sales webhook: no verification_token" in text
     assert "[warn] admin" in text
+
+
+def test_the_summary_counts_warnings_apart_from_passes(data_dir: Path, redis_url: str) -> None:
+    data_dir.chmod(0o700)
+    settings = Settings(data_dir=data_dir, redis_url=redis_url, personas={"default": Persona("default")})
+    code, lines = _run(settings)
+    warned = sum(line.startswith("[warn]") for line in lines)
+    passed = sum(line.startswith("[ok  ]") for line in lines)
+    assert code == 0 and warned >= 2  # no Feishu app, no admin token
+    assert lines[-1].startswith(f"{passed}/{len(lines) - 1} checks passed, {warned} warning(s), 0 failed")
+
+
+def test_a_persona_on_its_own_domain_is_checked_there(data_dir: Path) -> None:
+    with FakeFeishu(app_secret="right") as feishu:
+        persona = Persona(
+            "intl", app_id="cli_ok", app_secret="right", verification_token="v", domain=feishu.url
+        )
+        settings = Settings(data_dir=data_dir, feishu_domain="http://127.0.0.1:9", personas={"intl": persona})
+        _, lines = _run(settings)
+    text = "\n".join(lines)
+    assert "[ok  ] persona intl feishu: tenant token fetched" in text
+    assert "[ok  ] persona intl bot: bot ou_" in text and feishu.url in text
+
+
+def test_cardkit_is_checked_and_a_missing_scope_is_a_warning(data_dir: Path) -> None:
+    with FakeFeishuCards(app_secret="right") as feishu:
+        persona = Persona("p", app_id="cli_ok", app_secret="right", verification_token="v", domain=feishu.url)
+        settings = Settings(data_dir=data_dir, personas={"p": persona})
+        _, ok = _run(settings)
+        feishu.refuse_cards()
+        _, refused = _run(settings)
+    assert "[ok  ] persona p cards: CardKit available" in "\n".join(ok)
+    line = next(x for x in refused if "persona p cards" in x)
+    assert line.startswith("[warn]") and "cardkit:card:write" in line

@@ -200,16 +200,15 @@ async def test_hostile_deliveries_never_produce_a_reply(harness: Harness) -> Non
     good = harness.event("你好")
     forged = deliver(harness.event("伪造的消息"), encrypt_key="not-our-key")
     stale = message_event("很久以前", create_time_ms=int(time.time() * 1000) - 3 * 3600 * 1000)
-    image = message_event("", message_type="image", content={"image_key": "img_1"})
     replica = harness.replicas[0]
     statuses = [
         (await replica.post("/feishu/x/events", data=d.body, headers=d.headers)).status
-        for d in (forged, deliver(stale, encrypt_key=KEY), deliver(image, encrypt_key=KEY))
+        for d in (forged, deliver(stale, encrypt_key=KEY))
     ]
     await harness.send([good])
     harness.work()
 
-    assert statuses == [401, 200, 200]
+    assert statuses == [401, 200]
     assert [m.parent_id for m in harness.feishu.sent] == [good["event"]["message"]["message_id"]]
 
 
@@ -242,3 +241,79 @@ async def test_ollama_down_still_gets_an_answer_from_memory(
     assert "余杭区" in harness.memory(
         ALICE
     )  # saved by the safety net / statement rule, not by trust in the model
+
+
+def _typed(harness: Harness, kind: str, content: dict[str, Any]) -> dict[str, Any]:
+    harness.clock += 1000
+    event = message_event("", message_type=kind, content=content, create_time_ms=harness.clock)
+    message = event["event"]["message"]
+    harness.feishu.note_message(message["message_id"], message["chat_id"])
+    return event
+
+
+async def test_every_message_type_is_kept_in_the_raw_archive_and_answered_plainly(harness: Harness) -> None:
+    typed = {
+        "image": {"image_key": "img_v3_abc"},
+        "file": {"file_key": "file_v3_1", "file_name": "季度 报告.pdf"},
+        "audio": {"file_key": "file_v3_2", "duration": 4200},
+        "media": {"file_key": "file_v3_3", "image_key": "img_v3_4", "file_name": "a.mp4", "duration": 9},
+        "sticker": {"file_key": "file_v3_5"},
+        "share_chat": {"chat_id": "oc_shared"},
+        "share_user": {"user_id": "ou_shared"},
+        "location": {"name": "西湖", "latitude": "30.25", "longitude": "120.15"},
+        "merge_forward": {"content": "Merged and Forwarded Message"},
+    }
+    events = [_typed(harness, kind, content) for kind, content in typed.items()]
+    images_only = _typed(
+        harness, "post", {"zh_cn": {"title": "", "content": [[{"tag": "img", "image_key": "k"}]]}}
+    )
+    with_text = _typed(
+        harness,
+        "post",
+        {
+            "zh_cn": {
+                "content": [
+                    [{"tag": "text", "text": "记住我下周去东京出差"}, {"tag": "img", "image_key": "k2"}]
+                ]
+            }
+        },
+    )
+    await harness.send([*events, images_only, with_text])
+    harness.work()
+
+    replies = harness.replies_to([*events, images_only])
+    assert len(replies) == len(typed) + 1
+    for reply, what in zip(
+        replies,
+        ["图片", "文件", "语音", "视频", "表情包", "群名片", "个人名片", "位置", "合并转发"],
+        strict=False,
+    ):
+        assert "读不了" in reply and what in reply and "can't read" in reply
+    raw = "".join(
+        p.read_text()
+        for p in (harness.worker.store.path(Namespace.of(TENANT_KEY, ALICE.union_id, "x")) / "raw").glob(
+            "*.md"
+        )
+    )
+    for kind in typed:
+        assert f"[{kind}" in raw
+    assert "image_key=img_v3_abc" in raw and "file_name=季度_报告.pdf" in raw and "duration=4200" in raw
+    # a rich text with an image keeps its text: it is read and remembered like any message
+    (answer,) = harness.replies_to([with_text])
+    assert "东京" in answer and "读不了" not in answer
+    assert "记住" not in harness.memory(ALICE) and "我下周去东京出差" in harness.memory(ALICE)
+    assert "[image" not in harness.memory(ALICE)  # placeholders are never taken for facts
+
+
+async def test_an_image_in_a_group_without_a_mention_is_not_for_the_bot(harness: Harness) -> None:
+    harness.clock += 1000
+    event = message_event(
+        "",
+        message_type="image",
+        content={"image_key": "img_g"},
+        chat_type="group",
+        create_time_ms=harness.clock,
+    )
+    await harness.send([event])
+    harness.work()
+    assert harness.replies_to([event]) == []

@@ -37,6 +37,7 @@ import math
 import re
 import socket
 import threading
+import time
 import unicodedata
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -195,11 +196,20 @@ class Delay:
     then: Reply = ""
 
 
-Reply = str | dict[str, Any] | HttpError | ModelNotFound | Garbage | BrokenBody | Delay
+@dataclass(frozen=True)
+class Paced:
+    """Stream `then` at `tokens_per_second` (one chunk per token; a model writing in real time)."""
+
+    then: str | dict[str, Any]
+    tokens_per_second: float = 20.0
+
+
+Reply = str | dict[str, Any] | HttpError | ModelNotFound | Garbage | BrokenBody | Delay | Paced
 Responder = Callable[[dict[str, Any]], Reply]
 
 _TOKEN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]|[^\W_]+|[^\w\s]", re.UNICODE)
 _STREAM_CHUNK_CHARS = 6
+_TOKEN_OR_SPACE = re.compile(r"\s*(?:[\u3400-\u9fff\uf900-\ufaff]|[^\W_]+|[^\w\s])", re.UNICODE)
 
 
 def count_tokens(text: str) -> int:
@@ -252,6 +262,7 @@ class FakeOllama(BackgroundServer):
         self.embed_dim = embed_dim
         self.version = version
         self.chat_requests: list[dict[str, Any]] = []
+        self.streamed_at: list[float] = []  # when each streamed answer finished (epoch seconds)
         self.embed_requests: list[dict[str, Any]] = []
         self.errors: list[str] = []  # why the fake answered 5xx on its own (e.g. nothing scripted)
         self._script: collections.deque[Reply] = collections.deque()
@@ -330,6 +341,9 @@ class FakeOllama(BackgroundServer):
             return web.Response(status=200, text=reply.body, content_type="application/json")
         if isinstance(reply, Garbage):
             reply = reply.text
+        pace = 0.0
+        if isinstance(reply, Paced):
+            pace, reply = 1.0 / reply.tokens_per_second, reply.then
         message: dict[str, Any] = (
             {"role": "assistant", "content": reply} if isinstance(reply, str) else dict(reply)
         )
@@ -337,11 +351,16 @@ class FakeOllama(BackgroundServer):
         message.setdefault("content", "")
         stats = self._stats(body, message)
         if body.get("stream", True):
-            return await self._stream(request, model, message, stats)
+            return await self._stream(request, model, message, stats, pace)
         return web.json_response({"model": model, "created_at": _now(), "message": message, **stats})
 
     async def _stream(
-        self, request: web.Request, model: str, message: dict[str, Any], stats: dict[str, Any]
+        self,
+        request: web.Request,
+        model: str,
+        message: dict[str, Any],
+        stats: dict[str, Any],
+        pace: float = 0.0,
     ) -> web.StreamResponse:
         """NDJSON: content in small chunks, then any other message fields, then a done chunk."""
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
@@ -352,9 +371,16 @@ class FakeOllama(BackgroundServer):
             await resp.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
 
         content: str = message["content"]
-        for i in range(0, len(content), _STREAM_CHUNK_CHARS):
-            chunk = content[i : i + _STREAM_CHUNK_CHARS]
+        chunks = (
+            _TOKEN_OR_SPACE.findall(content)
+            if pace
+            else [content[i : i + _STREAM_CHUNK_CHARS] for i in range(0, len(content), _STREAM_CHUNK_CHARS)]
+        )
+        for chunk in chunks:
+            if pace:
+                await asyncio.sleep(pace)
             await send({"message": {"role": message["role"], "content": chunk}, "done": False})
+        self.streamed_at.append(time.time())
         extra = {k: v for k, v in message.items() if k not in ("role", "content")}
         if extra:
             await send({"message": {"role": message["role"], "content": "", **extra}, "done": False})

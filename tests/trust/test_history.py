@@ -202,10 +202,11 @@ class TestHintsRunAsPrinted:
 
         data = tmp_path / "team memory"
         [line] = [
-            ln for ln in _banner(Settings(data_dir=data), "127.0.0.1").splitlines() if "lucid chat" in ln
+            ln for ln in _banner(Settings(data_dir=data), "127.0.0.1").splitlines() if "chat --data" in ln
         ]
         words = shlex.split(line.split(":", 1)[1])
-        assert words == ["lucid", "chat", "--data", str(data)]
+        # the program as this process was started (here: python -m bot.cli), then the subcommand
+        assert words[-3:] == ["chat", "--data", str(data)]
 
 
 class TestReplayDatesFactsAtTheMessage:

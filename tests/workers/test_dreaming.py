@@ -326,6 +326,12 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def _personas_file(tmp_path: Path) -> Path:
+    path = tmp_path / "lucid.toml"
+    path.write_text("[personas.default]\n", "utf-8")
+    return path
+
+
 _KILLED_WORKER_ENV = (
     "LUCID_DATA",
     "REDIS_URL",
@@ -348,7 +354,7 @@ def test_a_worker_killed_mid_job_loses_nothing_and_the_job_runs_again(env: Env, 
         env.fake.url,
         MODEL,
         format_time(T0),
-        str(tmp_path / "none.toml"),
+        str(_personas_file(tmp_path)),
     )
     child_env = {**os.environ, "PYTHONPATH": str(ROOT), **dict(zip(_KILLED_WORKER_ENV, values, strict=True))}
     worker = subprocess.Popen(

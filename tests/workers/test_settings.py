@@ -1,0 +1,44 @@
+"""Settings from lucid.toml: per-persona Feishu/Lark domain and connection mode, refused when wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memory_core.errors import InvalidInput
+from workers.settings import Settings, load_personas
+
+
+def _toml(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "lucid.toml"
+    path.write_text(body, "utf-8")
+    return path
+
+
+def test_each_persona_can_live_on_feishu_or_lark(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path,
+        '[personas.cn]\napp_id = "cli_a"\n[personas.intl]\napp_id = "cli_b"\ndomain = "lark"\n'
+        '[personas.own]\ndomain = "https://open.example.test/"\nmode = "ws"\n',
+    )
+    settings = Settings.from_env({"LUCID_CONFIG": str(path), "LUCID_FEISHU_DOMAIN": "https://open.feishu.cn"})
+    domains = {n: p.api_domain(settings.feishu_domain) for n, p in settings.personas.items()}
+    assert domains == {
+        "cn": "https://open.feishu.cn",
+        "intl": "https://open.larksuite.com",
+        "own": "https://open.example.test",
+    }
+    assert settings.personas["own"].mode == "ws" and settings.personas["cn"].mode == "webhook"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ('[personas.a]\nmode = "websocket"\n', "mode must be one of webhook, ws"),
+        ('[personas.a]\ndomain = "larksuite"\n', "domain must be feishu, lark or an https:// URL"),
+    ],
+)
+def test_a_wrong_mode_or_domain_is_refused_with_its_name(tmp_path: Path, body: str, says: str) -> None:
+    with pytest.raises(InvalidInput, match=says):
+        load_personas(_toml(tmp_path, body))

@@ -1,0 +1,274 @@
+"""`/memory` as an interactive card: the entries with 忘记 / 置顶 / 取消置顶 / 历史 buttons, updated in place.
+
+    /memory → card(entries) replied to the message; the card's owner and chat are kept in Redis (14 days)
+    button  → `card.action.trigger` (webhook or long connection) → `enqueue_action` → `handle_action` job:
+              the owner check, the op through the single writer, the card rebuilt and PATCHed in place
+
+A button's value names only the action and the entry id; who may act and what the card may show come from
+the registration written when the card was sent (never from the callback): the operator must be the person
+the card was made for, and in a group the card shows, and acts on, only what that group may see.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+
+from memory_core.entry import Entry
+from memory_core.namespace import Namespace
+from memory_core.ops import Forget, Pin
+from memory_core.recall import visible_in
+from memory_core.subjects import canonical_subject
+from memory_core.timeline import subject_timelines
+
+from .feishu_send import FeishuError, sender_for
+from .inbound import Inbound
+from .memory_service import service_for
+from .runtime import Runtime, current
+
+log = logging.getLogger(__name__)
+
+CARD_TTL = 14 * 24 * 3600  # Feishu keeps a card updatable for 14 days
+SEEN_TTL = 12 * 3600
+SHOWN = 10  # entries on one card (a card holds 30 KB)
+OPS = ("forget", "pin", "unpin", "history")
+_ENTRY_ID = re.compile(r"[0-9a-f]{4,32}\Z")
+_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")
+
+
+@dataclass(frozen=True)
+class CardAction:
+    """A button press, as routing made it from `card.action.trigger` (JSON-safe: it rides an RQ job)."""
+
+    persona: str
+    tenant: str
+    open_id: str  # the operator
+    user: str  # union_id when present, else open_id
+    message_id: str  # the card's message
+    op: str
+    entry_id: str
+    event_id: str = ""
+
+
+def parse_action(event: dict[str, Any], persona: str) -> CardAction | None:
+    """The action of a v2.0 `card.action.trigger` event, or None when it is not one of ours."""
+    header, body = event.get("header") or {}, event.get("event") or {}
+    if not isinstance(header, dict) or not isinstance(body, dict):
+        return None
+    operator, action, context = (
+        body.get("operator") or {},
+        body.get("action") or {},
+        body.get("context") or {},
+    )
+    if not all(isinstance(x, dict) for x in (operator, action, context)):
+        return None
+    value = action.get("value") or {}
+    if not isinstance(value, dict) or value.get("lucid") != "memory" or value.get("op") not in OPS:
+        return None
+    entry_id, open_id = str(value.get("id") or ""), str(operator.get("open_id") or "")
+    message_id = str(context.get("open_message_id") or "")
+    if not (_ENTRY_ID.match(entry_id) and _ID.match(open_id) and _ID.match(message_id)):
+        return None
+    union_id = str(operator.get("union_id") or "")
+    tenant = str(header.get("tenant_key") or operator.get("tenant_key") or "default")
+    return CardAction(
+        persona=persona,
+        tenant=tenant if _ID.match(tenant) else "default",
+        open_id=open_id,
+        user=union_id if _ID.match(union_id) else open_id,
+        message_id=message_id,
+        op=str(value["op"]),
+        entry_id=entry_id,
+        event_id=str(header.get("event_id") or "")[:128],
+    )
+
+
+# ------------------------------------------------------------------------------------------ the card
+
+_WORDS = {
+    "title": ("我记得关于你的 {n} 件事", "What I remember about you ({n})"),
+    "empty": ("我还没有记住关于你的事。", "I don't remember anything about you yet."),
+    "group": ("（群聊里只显示在本群学到的）", "(in a group, only what was learned in this group)"),
+    "more": ("还有 {n} 条，私聊发 /memory 查看全部。", "{n} more: send /memory in a private chat."),
+    "forget": ("忘记", "Forget"),
+    "pin": ("置顶", "Pin"),
+    "unpin": ("取消置顶", "Unpin"),
+    "history": ("历史", "History"),
+    "was": ("以前", "before"),
+}
+
+
+def _t(lang: str, key: str, **values: Any) -> str:
+    zh, en = _WORDS[key]
+    return (en if lang == "en" else zh).format(**values)
+
+
+def _button(lang: str, op: str, entry: Entry, kind: str = "default") -> dict[str, Any]:
+    return {
+        "tag": "button",
+        "text": {"tag": "plain_text", "content": _t(lang, op)},
+        "type": kind,
+        "size": "small",
+        "behaviors": [{"type": "callback", "value": {"lucid": "memory", "op": op, "id": entry.id}}],
+    }
+
+
+def build(entries: Sequence[Entry], lang: str, group: bool, history: Sequence[Entry] = ()) -> dict[str, Any]:
+    """Card JSON 2.0 (`update_multi`, so it can be updated in place) listing `entries`."""
+    elements: list[dict[str, Any]] = []
+    if group:
+        elements.append({"tag": "markdown", "content": _t(lang, "group"), "text_size": "notation"})
+    if not entries:
+        elements.append({"tag": "markdown", "content": _t(lang, "empty")})
+    for e in entries[:SHOWN]:
+        buttons = [_button(lang, "forget", e, "danger"), _button(lang, "unpin" if e.pinned else "pin", e)]
+        if e.subject:
+            buttons.append(_button(lang, "history", e))
+        text = _plain(e.text) + (" 📌" if e.pinned else "")
+        elements.append(
+            {
+                "tag": "column_set",
+                "columns": [
+                    {
+                        "tag": "column",
+                        "width": "weighted",
+                        "weight": 3,
+                        "elements": [{"tag": "markdown", "content": text}],
+                    },
+                    {"tag": "column", "width": "auto", "elements": buttons},
+                ],
+            }
+        )
+        if history and history[0].subject == e.subject and e.id == history[-1].id:
+            was = "  →  ".join(_plain(h.text) for h in history[:-1])
+            elements.append(
+                {"tag": "markdown", "content": f"{_t(lang, 'was')}: {was}", "text_size": "notation"}
+            )
+    if len(entries) > SHOWN:
+        elements.append({"tag": "markdown", "content": _t(lang, "more", n=len(entries) - SHOWN)})
+    return {
+        "schema": "2.0",
+        "config": {"update_multi": True},
+        "header": {"title": {"tag": "plain_text", "content": _t(lang, "title", n=len(entries))}},
+        "body": {"elements": elements},
+    }
+
+
+def _plain(text: str) -> str:
+    """Memory text shown in a markdown element: no link, mention or markup of its own."""
+    return re.sub(r"([\\`*_\[\]()<>#~|])", r"\\\1", text)
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+
+@dataclass(frozen=True)
+class Registration:
+    owner: str  # open_id the card was made for
+    tenant: str
+    user: str
+    persona: str
+    chat_id: str
+    chat_type: str
+    lang: str
+
+    @property
+    def ns(self) -> Namespace:
+        return Namespace.of(self.tenant, self.user, self.persona)
+
+
+def _key(persona: str, message_id: str) -> str:
+    return f"lucid:memcard:{persona}:{message_id}"
+
+
+def register(client: redis.Redis | None, card_message_id: str, inbound: Inbound, lang: str) -> None:
+    if client is None or not card_message_id:
+        return
+    reg = Registration(inbound.open_id, inbound.tenant, inbound.user, inbound.persona, inbound.chat_id,
+                       inbound.chat_type, lang)  # fmt: skip
+    client.set(_key(inbound.persona, card_message_id), json.dumps(asdict(reg)), ex=CARD_TTL)
+
+
+def _registration(client: redis.Redis, persona: str, message_id: str) -> Registration | None:
+    raw = client.get(_key(persona, message_id))
+    if not raw:
+        return None
+    return Registration(**json.loads(raw))
+
+
+def visible_entries(runtime: Runtime, ns: Namespace, chat_type: str, chat_id: str) -> list[Entry]:
+    """What a memory listing shows in this chat, in the order it shows it (pinned, resident, oldest)."""
+    epoch = datetime.min.replace(tzinfo=UTC)
+    entries = service_for(runtime).book(ns).current(runtime.clock())
+    shown = [e for e in entries if visible_in(e, chat_type, chat_id)]
+    return sorted(shown, key=lambda e: (not e.pinned, not e.resident, e.at or epoch))
+
+
+# ------------------------------------------------------------------------------------------ actions
+
+
+def enqueue_action(runtime: Runtime, action: CardAction) -> bool:
+    """From the bot: claim the event (replicas and re-pushes act once) and queue the job; False = repeat."""
+    assert runtime.redis is not None
+    if action.event_id and not runtime.redis.set(
+        f"lucid:seen:card:{action.persona}:{action.event_id}", "1", nx=True, ex=SEEN_TTL
+    ):
+        return False
+    runtime.queue("chat").enqueue(handle_action, asdict(action), result_ttl=600, failure_ttl=86400)
+    return True
+
+
+def handle_action(data: dict[str, Any]) -> str:
+    """RQ job: one button press, through the single writer, then the card updated in place."""
+    return run_action(current(), CardAction(**data))
+
+
+def run_action(runtime: Runtime, action: CardAction) -> str:
+    assert runtime.redis is not None
+    reg = _registration(runtime.redis, action.persona, action.message_id)
+    if reg is None:
+        log.info("card action on message=%s: unknown or expired card", action.message_id)
+        return "unknown card"
+    if action.open_id != reg.owner or action.tenant != reg.tenant:
+        log.warning("card action on message=%s refused: operator is not the card's owner", action.message_id)
+        return "not the owner"
+    entries = visible_entries(runtime, reg.ns, reg.chat_type, reg.chat_id)
+    target = next((e for e in entries if e.id == action.entry_id), None)
+    history: list[Entry] = []
+    if target is None:
+        outcome = "no such entry"
+    elif action.op == "history":
+        book = service_for(runtime).book(reg.ns)
+        steps = subject_timelines(book.entries(), book.archived()).get(_subject_key(target), [])
+        history = [s.entry for s in steps if visible_in(s.entry, reg.chat_type, reg.chat_id)]
+        outcome = "history"
+    else:
+        op = Forget(id=target.id) if action.op == "forget" else Pin(id=target.id, pinned=action.op == "pin")
+        outcome = service_for(runtime).apply(reg.ns, [op])[0].status
+        entries = visible_entries(runtime, reg.ns, reg.chat_type, reg.chat_id)
+    persona = runtime.settings.personas.get(reg.persona)
+    if persona is None:
+        return outcome
+    card = build(entries, reg.lang, reg.chat_type != "p2p", history)
+    try:
+        sender = sender_for(
+            persona,
+            persona.api_domain(runtime.settings.feishu_domain),
+            runtime.redis,
+            runtime.settings.send_rate,
+        )
+        sender.patch_card(action.message_id, json.dumps(card, ensure_ascii=False))
+    except FeishuError as exc:
+        log.error("card on message=%s not updated: %s", action.message_id, exc)
+    return outcome
+
+
+def _subject_key(entry: Entry) -> str:
+    return canonical_subject(entry.subject or "")
