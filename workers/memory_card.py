@@ -22,6 +22,8 @@ from typing import Any
 import redis
 
 from memory_core.entry import Entry
+from memory_core.errors import LucidError
+from memory_core.history import undo
 from memory_core.namespace import Namespace
 from memory_core.ops import Forget, Pin
 from memory_core.recall import visible_in
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 CARD_TTL = 14 * 24 * 3600  # Feishu keeps a card updatable for 14 days
 SEEN_TTL = 12 * 3600
 SHOWN = 10  # entries on one card (a card holds 30 KB)
-OPS = ("forget", "pin", "unpin", "history")
+OPS = ("forget", "pin", "unpin", "history", "undo")
 _ENTRY_ID = re.compile(r"[0-9a-f]{4,32}\Z")
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")
 
@@ -102,6 +104,8 @@ _WORDS = {
     "unpin": ("取消置顶", "Unpin"),
     "history": ("历史", "History"),
     "was": ("以前", "before"),
+    "dream": ("上次做梦：{what}", "Last dream: {what}"),
+    "undo": ("撤销", "Undo"),
 }
 
 
@@ -120,8 +124,30 @@ def _button(lang: str, op: str, entry: Entry, kind: str = "default") -> dict[str
     }
 
 
-def build(entries: Sequence[Entry], lang: str, group: bool, history: Sequence[Entry] = ()) -> dict[str, Any]:
-    """Card JSON 2.0 (`update_multi`, so it can be updated in place) listing `entries`."""
+@dataclass(frozen=True)
+class Dream:
+    """The namespace's last dream commit, offered to admins with an undo button."""
+
+    rev: str
+    message: str
+
+
+def last_dream(runtime: Runtime, ns: Namespace) -> Dream | None:
+    for row in runtime.store.history(ns, limit=50):
+        if row["message"].startswith("dream "):
+            return Dream(row["rev"], row["message"])
+    return None
+
+
+def build(
+    entries: Sequence[Entry],
+    lang: str,
+    group: bool,
+    history: Sequence[Entry] = (),
+    dream: Dream | None = None,
+) -> dict[str, Any]:
+    """Card JSON 2.0 (`update_multi`, so it can be updated in place) listing `entries`; with `dream` (for
+    admins), the last dream run and an undo button."""
     elements: list[dict[str, Any]] = []
     if group:
         elements.append({"tag": "markdown", "content": _t(lang, "group"), "text_size": "notation"})
@@ -153,6 +179,33 @@ def build(entries: Sequence[Entry], lang: str, group: bool, history: Sequence[En
             )
     if len(entries) > SHOWN:
         elements.append({"tag": "markdown", "content": _t(lang, "more", n=len(entries) - SHOWN)})
+    if dream is not None:
+        undo = {
+            "tag": "button",
+            "text": {"tag": "plain_text", "content": _t(lang, "undo")},
+            "type": "default",
+            "size": "small",
+            "behaviors": [
+                {"type": "callback", "value": {"lucid": "memory", "op": "undo", "id": dream.rev[:16]}}
+            ],
+        }
+        elements.append({"tag": "hr"})
+        elements.append(
+            {
+                "tag": "column_set",
+                "columns": [
+                    {
+                        "tag": "column",
+                        "width": "weighted",
+                        "weight": 3,
+                        "elements": [
+                            {"tag": "markdown", "content": _t(lang, "dream", what=_plain(dream.message))}
+                        ],
+                    },
+                    {"tag": "column", "width": "auto", "elements": [undo]},
+                ],
+            }
+        )
     return {
         "schema": "2.0",
         "config": {"update_multi": True},
@@ -239,10 +292,15 @@ def run_action(runtime: Runtime, action: CardAction) -> str:
     if action.open_id != reg.owner or action.tenant != reg.tenant:
         log.warning("card action on message=%s refused: operator is not the card's owner", action.message_id)
         return "not the owner"
+    persona = runtime.settings.personas.get(reg.persona)
+    admin = persona is not None and action.open_id in persona.admins
     entries = visible_entries(runtime, reg.ns, reg.chat_type, reg.chat_id)
     target = next((e for e in entries if e.id == action.entry_id), None)
     history: list[Entry] = []
-    if target is None:
+    if action.op == "undo":
+        outcome = _undo(runtime, reg, action, admin)
+        entries = visible_entries(runtime, reg.ns, reg.chat_type, reg.chat_id)
+    elif target is None:
         outcome = "no such entry"
     elif action.op == "history":
         book = service_for(runtime).book(reg.ns)
@@ -253,10 +311,10 @@ def run_action(runtime: Runtime, action: CardAction) -> str:
         op = Forget(id=target.id) if action.op == "forget" else Pin(id=target.id, pinned=action.op == "pin")
         outcome = service_for(runtime).apply(reg.ns, [op])[0].status
         entries = visible_entries(runtime, reg.ns, reg.chat_type, reg.chat_id)
-    persona = runtime.settings.personas.get(reg.persona)
     if persona is None:
         return outcome
-    card = build(entries, reg.lang, reg.chat_type != "p2p", history)
+    dream = last_dream(runtime, reg.ns) if admin and reg.chat_type == "p2p" else None
+    card = build(entries, reg.lang, reg.chat_type != "p2p", history, dream)
     try:
         sender = sender_for(
             persona,
@@ -268,6 +326,20 @@ def run_action(runtime: Runtime, action: CardAction) -> str:
     except FeishuError as exc:
         log.error("card on message=%s not updated: %s", action.message_id, exc)
     return outcome
+
+
+def _undo(runtime: Runtime, reg: Registration, action: CardAction, admin: bool) -> str:
+    """Admins only, in a private chat, and only the dream the card offered (still the last one)."""
+    dream = last_dream(runtime, reg.ns)
+    if not admin or reg.chat_type != "p2p" or dream is None or not dream.rev.startswith(action.entry_id):
+        log.warning("card undo on message=%s refused (admin=%s)", action.message_id, admin)
+        return "undo refused"
+    try:
+        done = undo(runtime.writer, reg.ns, dream.rev)
+    except LucidError as exc:  # a later change touched the same entries
+        log.info("card undo of %s refused: %s", dream.rev[:10], exc)
+        return "undo refused"
+    return f"undone {done.entries}"
 
 
 def _subject_key(entry: Entry) -> str:

@@ -38,6 +38,7 @@ from .cards import CardStream
 from .commands import (
     confirm,
     deterministic_intent,
+    is_admin,
     language,
     memory_reply,
     parse_command,
@@ -52,7 +53,7 @@ from .inbound import Inbound, TurnLimits, TurnResult
 from .llm import LLMError, LLMUnavailable
 from .mailbox import Mailbox
 from .memory_card import build as memory_card
-from .memory_card import register, visible_entries
+from .memory_card import last_dream, register, visible_entries
 from .memory_service import Assembly, MemoryService, service_for
 from .metrics import Metrics
 from .outbox import ReplyParked, send_reply
@@ -98,7 +99,9 @@ def run_turn(
             result.reply = run_command(runtime, mem, persona, inbound, *command)
             if command[0] == "memory" and card_fn is not None:
                 entries = visible_entries(runtime, inbound.ns, inbound.chat_type, inbound.chat_id)
-                result.card = memory_card(entries, language(inbound), inbound.group)
+                admin = is_admin(persona, inbound) and not inbound.group
+                dream = last_dream(runtime, inbound.ns) if admin else None
+                result.card = memory_card(entries, language(inbound), inbound.group, dream=dream)
         else:
             after = _converse(runtime, mem, scratch, persona, inbound, limits, result, stream)
     except Exception:  # a bug must cost one polite answer, not the person's trust; the log has the ids

@@ -129,9 +129,9 @@ async def chat(
 ) -> Chat:
     persona = Persona(
         "p", app_id=APP, app_secret="s", verification_token=VERIFICATION_TOKEN, encrypt_key=KEY,
-        bot_open_id=BOT, domain=ws.url, mode="ws",
+        bot_open_id=BOT, domain=ws.url, mode="ws", admins=(ALICE.open_id,),
     )  # fmt: skip
-    runtime = build(Settings(data_dir=data_dir, personas={"p": persona}), redis_url, git=False)
+    runtime = build(Settings(data_dir=data_dir, personas={"p": persona}), redis_url)
     client = await aiohttp_client(create_app(runtime))
     return Chat(client, runtime, feishu, redis_client)
 
@@ -231,3 +231,40 @@ async def test_an_unknown_card_or_foreign_value_is_acknowledged_and_ignored(chat
         )
     )
     assert "toast" not in answer
+
+
+async def test_an_admin_card_offers_the_last_dream_and_its_undo_button_takes_it_back(chat: Chat) -> None:
+    from workers.dreaming import run_phase
+
+    await chat.say("我住在余杭区")
+    await chat.say("我现在在西湖区")
+    ns = Namespace.of(TENANT_KEY, ALICE.union_id, "p")
+    run_phase(chat.runtime, ns, "light")  # archives the superseded 余杭区
+    assert "余杭区" not in chat.memory()
+    card_msg = chat.card_reply(await chat.say("/memory"))
+    card = chat.feishu.card_shown(card_msg)
+    assert "上次做梦" in _texts(card) and "dream light" in _texts(card)
+    undo = next(
+        b["behaviors"][0]["value"]
+        for row in card["body"]["elements"]
+        if row.get("tag") == "column_set"
+        for b in row["columns"][1]["elements"]
+        if b["behaviors"][0]["value"]["op"] == "undo"
+    )
+    await chat.post(card_action_event(undo, operator=ALICE, message_id=card_msg, chat_id="oc_x"))
+    chat.work()
+    assert "余杭区" in chat.memory()  # the archived line is back where it was
+
+    # someone who is not an admin gets no dream on their card, and a forged undo does nothing
+    await chat.say("我住在拱墅区", who=BOB)
+    await chat.say("我现在在滨江区", who=BOB)
+    bob_ns = Namespace.of(TENANT_KEY, BOB.union_id, "p")
+    run_phase(chat.runtime, bob_ns, "light")
+    bob_card = chat.card_reply(await chat.say("/memory", who=BOB))
+    assert "上次做梦" not in _texts(chat.feishu.card_shown(bob_card))
+    bob_dream = next(r["rev"] for r in chat.runtime.store.history(bob_ns) if r["message"].startswith("dream"))
+    forged = {"lucid": "memory", "op": "undo", "id": bob_dream[:16]}
+    before = chat.memory(BOB)
+    await chat.post(card_action_event(forged, operator=BOB, message_id=bob_card, chat_id="oc_y"))
+    chat.work()
+    assert chat.memory(BOB) == before
