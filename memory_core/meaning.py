@@ -57,7 +57,7 @@ _ZH_FILLER = re.compile(
     r"(?:还|仍然?|依然|一直)在(?=["
     + _CJK
     + r"])|现在|目前|如今|最近|已经|一直|平时|通常|总是|经常|真的|其实|"
-    r"特别|非常|比较|依然|仍然|还是|的话|[很挺都也还又就了啦呢吧啊哦嘛]"
+    r"特别|非常|比较|依然|仍然|还是|的话|一(?=[个辆只位台家条件本套部])|[很挺都也还又就了啦呢吧啊哦嘛]"
 )
 _EN_FILLER = re.compile(
     r"\b(?:really|very|currently|now|still|also|just|actually|do|does|did|a|an|the|anymore|any more|"
