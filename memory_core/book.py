@@ -72,8 +72,11 @@ def _subject_verdict(text: str, holder: Entry, subject: str) -> meaning.Verdict:
         return meaning.Verdict("other")  # the model's label disagrees with what the holder plainly says
     if verdict.kind == "conflict":
         return verdict
-    related = similarity.jaccard(meaning.read(text).core, meaning.read(holder.text).core)
-    if subject in CANONICAL or related >= similarity.RELATED:
+    said, kept = meaning.read(text), meaning.read(holder.text)
+    if said.accumulative and _recognised_subject(text) != subject:
+        return meaning.Verdict("other")  # 我喜欢北京的秋天 labelled 所在地 says nothing about where one lives
+    related = similarity.jaccard(said.core, kept.core) >= similarity.RELATED
+    if subject in CANONICAL or related or said.negations != kept.negations:
         return meaning.Verdict("conflict", f"subject:{subject}")
     return meaning.Verdict("other")
 

@@ -78,3 +78,30 @@ def test_a_superseded_value_survives_light_dreaming_in_the_archive(lucid: Lucid)
     lucid.run("dream", "--phase", "light")
     assert lucid.current() == ["我不再健身了"]
     assert "我还在健身" in lucid.archive_md() and "我还在健身" not in lucid.memory_md()
+
+
+# A chat model's subject (here given with --subject, as the model's tool or extraction would) is used,
+# and the deterministic rules still guard it.
+def test_a_model_subject_supersedes_a_changed_value(lucid: Lucid) -> None:
+    lucid.remember("我是素食者", "--subject", "饮食")
+    out = lucid.remember("我不再吃素了", "--subject", "饮食")
+    assert out["status"] == "superseded:subject:饮食"
+    assert lucid.current() == ["我不再吃素了"] and lucid.history() == ["我是素食者"]
+
+
+def test_a_model_subject_does_not_end_an_unrelated_fact(lucid: Lucid) -> None:
+    lucid.remember("我喜欢吃辣", "--subject", "饮食")
+    assert lucid.remember("我对花生过敏", "--subject", "饮食")["status"] == "added"
+    assert sorted(lucid.current()) == sorted(["我喜欢吃辣", "我对花生过敏"])
+
+
+def test_a_wrong_model_subject_cannot_end_where_i_live(lucid: Lucid) -> None:
+    lucid.remember("我住在杭州")
+    assert lucid.remember("我喜欢北京的秋天", "--subject", "所在地")["status"] == "added"
+    assert sorted(lucid.current()) == sorted(["我住在杭州", "我喜欢北京的秋天"])
+
+
+def test_a_model_subject_over_a_rewording_updates_in_place(lucid: Lucid) -> None:
+    first = lucid.remember("我每天早上都跑步", "--subject", "运动")
+    out = lucid.remember("用户每天早上跑步", "--subject", "运动")
+    assert out["status"] == "updated" and out["id"] == first["id"]
