@@ -5,8 +5,11 @@ clock of its own — `now` is passed in) and renders them back. Lines it cannot 
 verbatim. The rules (DESIGN §4), with the reference system's holes closed:
 
 - duplicates are decided over all current entries, not the first match in file order;
-- a same-subject statement supersedes: the old entry gets `vt`, the new one `sup`; nothing is deleted;
-- pinned entries, rules and identities are never changed by an automatic source;
+- a statement that changes the meaning of a current one (`meaning.compare`: negation, number, place or name,
+  possessive slot; or the same subject with another value, person subjects per attribute) supersedes: the
+  old entry gets `vt`, the new one `sup`, the outcome says why; nothing is deleted, and what else the old
+  line said stays current; only a same-meaning rewording updates in place;
+- what `policy.protected` names is never changed by an automatic source;
 - every text that will be stored passes the secret check here, at the lowest layer.
 """
 

@@ -24,6 +24,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from . import similarity
 from .subjects import EN_PLACES, ZH_PLACES, recognise
@@ -96,6 +97,12 @@ _ZH_ENTITY = re.compile(
     + r"](?:总|经理|老师|先生|女士|医生|教授|博士|主任|工|姐|哥))"
 )
 _EN_PLACE_SET = frozenset(EN_PLACES)
+# Characters without which a pattern cannot match (a cheap test before running it).
+_NEG_CHARS = frozenset("再从不已没别未并戒")
+_NUM_CHARS = frozenset("0123456789零〇一二两三四五六七八九十百千万亿")
+_ENTITY_CHARS = frozenset(
+    {w[0] for w in ZH_PLACES} | {w[0] for w in _ZH_ORGS} | set("老小总经师生士授任工姐哥区市省县镇团行学院")
+)
 _LATIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9+#&.'-]*(?: [A-Z][A-Za-z0-9+#&.'-]*)*")
 _EN_NOT_NAME = frozenset(
     re.findall(
@@ -149,9 +156,9 @@ _SLOT_LEAD = re.compile(r"^(?:新|现在的|目前的|现任|当前的?|new |cur
 _ZH_SLOT_DROP = re.compile(r"^的")
 
 
-@dataclass(frozen=True)
-class Reading:
-    """What one text says, ready to compare (see the module docstring)."""
+class Reading(NamedTuple):
+    """What one text says, ready to compare (see the module docstring). A tuple: one is built per stored
+    line when a process first indexes a namespace."""
 
     norm: str
     core: str
@@ -167,6 +174,7 @@ class Reading:
 
 
 _HAS_LATIN = re.compile("[A-Za-z]")
+_END = re.compile(r"[。.!！~]+$")
 
 
 def _english(text: str) -> str:
@@ -261,11 +269,20 @@ def _slot_value(slot: str, value: str) -> tuple[str, str] | None:
 def read(text: str) -> Reading:
     nfkc = " ".join(unicodedata.normalize("NFKC", text).split())
     low = _english(nfkc.lower())
-    slot = _slot(re.sub(r"[。.!！~]+$", "", low).strip())
-    negations = len(_ZH_NEG.findall(low)) + len(_EN_NEG.findall(low))
-    core = similarity.normalise(_strip(_positive(low)))
-    masked, entities = _entities(_english(nfkc))
-    masked_positive = _strip(_positive(_english(masked.lower()).replace("@", "\x00")))
+    chars = frozenset(low)
+    latin = _HAS_LATIN.search(low) is not None
+    slot = _slot(_END.sub("", low).strip())
+    # Each pattern runs only when a character it needs is there: most stored lines carry no negation,
+    # number or entity, and the whole namespace is read once per process to build the index.
+    negatable = latin or not chars.isdisjoint(_NEG_CHARS)
+    negations = len(_ZH_NEG.findall(low)) + len(_EN_NEG.findall(low)) if negatable else 0
+    positive = _strip(_positive(low) if negatable else _ZH_SPEAKER.sub("我", low))
+    core = similarity.normalise(positive)
+    if latin or not chars.isdisjoint(_ENTITY_CHARS):
+        masked, entities = _entities(_english(nfkc))
+        masked_positive = _strip(_positive(_english(masked.lower()).replace("@", "\x00")))
+    else:
+        masked_positive, entities = positive, []
     numbers: list[str] = []
     ordinals: list[str] = []
 
@@ -273,7 +290,9 @@ def read(text: str) -> Reading:
         (ordinals if m["ord"] else numbers).append(m["n"])
         return "#"
 
-    frame = similarity.normalise(_NUMBER.sub(num, masked_positive)).replace("\x00", "@")
+    counted = not chars.isdisjoint(_NUM_CHARS)
+    frame = similarity.normalise(_NUMBER.sub(num, masked_positive) if counted else masked_positive)
+    frame = frame.replace("\x00", "@")
     return Reading(
         norm=similarity.normalise(nfkc),
         core=core,
