@@ -4,9 +4,19 @@ recallable."""
 
 from __future__ import annotations
 
-import pytest
+import time
+from pathlib import Path
 
-from .conftest import Lucid
+import pytest
+import redis
+
+from memory_core.namespace import Namespace
+from memory_core.ops import Remember
+from tests.fakes.ollama import FakeOllama
+from workers.inbound import Inbound
+from workers.turn import run_turn
+
+from .conftest import Lucid, turn_runtime
 
 ID_LINE = "我叫王小明，在字节跳动做后端开发"
 
@@ -82,3 +92,24 @@ def test_a_title_as_address_adds(lucid: Lucid) -> None:
     lucid.remember("我叫王小明，是产品经理", "--type", "identity", "--pin")
     assert lucid.remember("以后叫我王经理")["status"] == "added"
     assert "我叫王小明，是产品经理" in lucid.current()
+
+
+def test_after_a_nickname_the_model_still_sees_the_employer(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama
+) -> None:
+    """The issue's story through a chat turn: the pinned identity stays in what the model is shown."""
+    rt = turn_runtime(data_dir, redis_url, ollama)
+    ns = Namespace.of("t1", "alice", "default")
+    rt.writer.submit(ns, [Remember(text=ID_LINE, type="identity", pinned=True)])
+    rt.writer.submit(ns, [Remember(text="以后叫我小明", type="identity")])
+    ollama.script("小明，你在字节跳动做后端开发。")
+    replies: list[str] = []
+    inbound = Inbound(
+        tenant="t1", user="alice", open_id="ou_alice", persona="default", chat_id="oc_p2p_alice",
+        chat_type="p2p", message_id="om_q1", text="我在哪家公司工作？", mentioned_bot=False,
+        create_time=int(time.time() * 1000),
+    )  # fmt: skip
+    run_turn(rt, inbound, replies.append)
+    system = ollama.chat_requests[-1]["messages"][0]["content"]
+    assert ID_LINE in system and "以后叫我小明" in system
+    assert replies == ["小明，你在字节跳动做后端开发。"]
