@@ -25,7 +25,8 @@ def score(junit: Path) -> dict[str, dict[str, int]]:
     """{class: {"passed": n, "total": n}} from a JUnit XML report."""
     counts: dict[str, dict[str, int]] = defaultdict(lambda: {"passed": 0, "total": 0})
     for case in ET.parse(junit).getroot().iter("testcase"):
-        module = (case.get("classname") or "").split(".")[-1]
+        parts = (case.get("classname") or "").split(".")  # tests.trust.test_history[.TestUndo]
+        module = next((p for p in parts if p.startswith("test_")), parts[-1])
         name = module.removeprefix("test_") or "other"
         counts[name]["total"] += 1
         if not any(child.tag in ("failure", "error", "skipped") for child in case):
