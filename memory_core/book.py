@@ -5,19 +5,23 @@ clock of its own — `now` is passed in) and renders them back. Lines it cannot 
 verbatim. The rules (DESIGN §4), with the reference system's holes closed:
 
 - duplicates are decided over all current entries, not the first match in file order;
-- a same-subject statement supersedes: the old entry gets `vt`, the new one `sup`; nothing is deleted;
-- pinned entries, rules and identities are never changed by an automatic source;
+- a statement that changes the meaning of a current one (`meaning.compare`: negation, number, place or name,
+  possessive slot; or the same subject with another value, person subjects per attribute) supersedes: the
+  old entry gets `vt`, the new one `sup`, the outcome says why; nothing is deleted, and what else the old
+  line said stays current; only a same-meaning rewording updates in place;
+- what `policy.protected` names is never changed by an automatic source;
 - every text that will be stored passes the secret check here, at the lowest layer.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from . import similarity
+from . import meaning, policy, similarity
 from .entry import MAX_TEXT_CHARS, PROMOTED, RESIDENT_TYPES, TYPES, Entry, new_id
 from .injection import carries_instruction
 from .lineformat import (
@@ -31,10 +35,8 @@ from .lineformat import (
 )
 from .ops import Edit, Forget, Op, Outcome, Pin, Put, Remember, Touch, entry_from_json
 from .secretscan import contains_secret
-from .subjects import canonical_subject, recognise
+from .subjects import CANONICAL, canonical_subject, recognise
 
-#: Sources that a person speaks through; every other source is automatic and may not touch protected entries.
-USER_SOURCES = frozenset({"user", "manual"})
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -42,6 +44,44 @@ def _subject_key(subject: str | None) -> str | None:
     if not subject:
         return None
     return canonical_subject(subject) or None
+
+
+def _recognised_subject(text: str) -> str | None:
+    found = recognise(text)
+    return _subject_key(found.subject) if found is not None else None
+
+
+def _subject_verdict(text: str, holder: Entry, subject: str) -> meaning.Verdict:
+    """How a statement with `subject` relates to a current holder of the same subject.
+
+    The deterministic rules guard the subject (a model's or the recogniser's): a same-meaning rewording is
+    a rewording, not a change; a form of address (叫我小明) adds to a full name; a named person's facts end
+    each other only when the same attribute changes; a free-form model subject (饮食, hobby) ends a holder
+    only when the texts contradict or are about the same thing."""
+    verdict = meaning.compare(text, holder.text)
+    if verdict.kind in ("same", "contains", "contained", "similar"):
+        return verdict
+    if subject.startswith("person:"):
+        mine, theirs = recognise(text), recognise(holder.text)
+        a = meaning.person_attribute(mine.value) if mine and mine.subject == subject else None
+        b = meaning.person_attribute(theirs.value) if theirs and theirs.subject == subject else None
+        if a is not None and a == b:
+            return meaning.Verdict("conflict", f"{subject}:{a}")
+        return verdict if verdict.kind == "conflict" else meaning.Verdict("other")
+    if meaning.calls_me(text) and not meaning.calls_me(holder.text):
+        return meaning.Verdict("other")  # a nickname adds to the name
+    theirs_subject = _recognised_subject(holder.text)
+    if theirs_subject is not None and theirs_subject != subject:
+        return meaning.Verdict("other")  # the model's label disagrees with what the holder plainly says
+    if verdict.kind == "conflict":
+        return verdict
+    said, kept = meaning.read(text), meaning.read(holder.text)
+    if said.accumulative and _recognised_subject(text) != subject:
+        return meaning.Verdict("other")  # 我喜欢北京的秋天 labelled 所在地 says nothing about where one lives
+    related = similarity.jaccard(said.core, kept.core) >= similarity.RELATED
+    if subject in CANONICAL or related or said.negations != kept.negations:
+        return meaning.Verdict("conflict", f"subject:{subject}")
+    return meaning.Verdict("other")
 
 
 @dataclass
@@ -111,26 +151,34 @@ class _Side:
 
 
 class _DedupIndex:
-    """Normalised text → ids, and char bigram → ids, over MEMORY.md's entries.
+    """Normalised text → ids, core bigram → ids, frame → ids and slot → ids, over MEMORY.md's entries.
 
-    Finds the same-text and near-duplicate candidates of a new text without scanning every entry:
-    Jaccard is computed from shared-bigram counts, exactly."""
+    Finds the same-text, reworded and contradicting candidates of a new text without scanning every entry
+    (`meaning.read` gives the core, frame and slot; Jaccard is computed from shared-bigram counts, exactly)."""
 
     def __init__(self, entries: dict[str, Entry]) -> None:
         self._entries = entries
         self._texts: dict[str, str] = {}  # id → the text indexed for it
         self._norm: dict[str, set[str]] = {}
         self._postings: dict[str, set[str]] = {}
+        self._keys: dict[str, set[str]] = {}  # "f:<frame>" / "s:<slot>" → ids
         for e in entries.values():
             self.add(e)
+
+    @staticmethod
+    def _key_of(text: str) -> list[str]:
+        r = meaning.read(text)
+        return ["f:" + r.frame] + (["s:" + r.slot[0]] if r.slot else [])
 
     def add(self, e: Entry) -> None:
         if e.id in self._texts:
             self._drop(e.id)
         self._texts[e.id] = e.text
         self._norm.setdefault(similarity.normalise(e.text), set()).add(e.id)
-        for g in similarity.bigrams(e.text):
+        for g in meaning.core_grams(e.text):
             self._postings.setdefault(g, set()).add(e.id)
+        for k in self._key_of(e.text):
+            self._keys.setdefault(k, set()).add(e.id)
 
     def remove(self, e: Entry) -> None:
         self._drop(e.id)
@@ -140,8 +188,10 @@ class _DedupIndex:
         if text is None:
             return
         self._norm.get(similarity.normalise(text), set()).discard(ident)
-        for g in similarity.bigrams(text):
+        for g in meaning.core_grams(text):
             self._postings.get(g, set()).discard(ident)
+        for k in self._key_of(text):
+            self._keys.get(k, set()).discard(ident)
 
     def rebase(self, entries: dict[str, Entry]) -> None:
         """Serve `entries` (the same namespace read again) by re-indexing only the entries whose text
@@ -158,20 +208,20 @@ class _DedupIndex:
         return [e for i in sorted(ids) if (e := self._entries.get(i)) is not None and e.current(now)]
 
     def candidates(self, text: str, now: datetime) -> list[Entry]:
-        """Current entries that may be a duplicate of `text`: Jaccard ≥ 0.65, or one contains the other."""
-        mine = similarity.bigrams(text)
+        """Current entries worth judging against `text`: core Jaccard ≥ `meaning.CANDIDATE`, one core
+        containing the other, the same frame or the same possessive slot."""
+        mine = meaning.core_grams(text)
         shared: Counter[str] = Counter()
         for g in mine:
             shared.update(self._postings.get(g, ()))
-        out = []
+        wanted = set()
         for ident, n in shared.items():
-            e = self._entries.get(ident)
-            if e is None or not e.current(now):
-                continue
-            other = len(similarity.bigrams(e.text))
-            if n / (len(mine) + other - n) >= similarity.DUPLICATE or n == min(len(mine), other):
-                out.append(e)
-        return out
+            other = len(meaning.core_grams(self._texts[ident]))
+            if n / (len(mine) + other - n) >= meaning.CANDIDATE or n == min(len(mine), other):
+                wanted.add(ident)
+        for k in self._key_of(text):
+            wanted.update(self._keys.get(k, ()))
+        return [e for i in sorted(wanted) if (e := self._entries.get(i)) is not None and e.current(now)]
 
 
 class Book:
@@ -316,7 +366,7 @@ class Book:
             found = recognise(text)
             if found is not None:
                 subject = _subject_key(found.subject)
-        automatic = op.source not in USER_SOURCES
+        automatic = policy.automatic(op.source)
         if automatic and (op.type in RESIDENT_TYPES or op.pinned) and carries_instruction(text):
             # a model's tool call or an extraction may not put "ignore previous instructions…" in every prompt
             op = replace(op, type="fact", pinned=False)
@@ -326,41 +376,46 @@ class Book:
             return Outcome(op.op_id, "unchanged", id=e.id)
 
         stated = _stated(op.valid_from, now)
-        # 2. Same subject, different value: supersede every current holder of the subject.
-        if subject is not None:
-            holders = [
-                e
-                for e in self.memory.entries.values()
-                if e.current(now) and _subject_key(e.subject) == subject
-            ]
-            if holders:
-                if automatic and any(e.protected for e in holders):
-                    return Outcome(op.op_id, "rejected:protected", detail="a pinned entry holds this subject")
-                newer = [e.valid_from or e.at for e in holders if (e.valid_from or e.at or _EPOCH) > stated]
-                # Said before the current value was (replay, import): history, not a change.
-                if op.valid_from and newer:
-                    ended = min(t for t in newer if t is not None)
-                    entry = self._new_entry(op, text, subject, now).with_changes(valid_to=ended)
-                    self.add_entry(entry)
-                    return Outcome(
-                        op.op_id, "added", id=entry.id, detail="history: older than the current value"
-                    )
-                for old in holders:
-                    self._set(old.with_changes(valid_to=stated))
-                entry = self._new_entry(op, text, subject, now, supersedes=tuple(e.id for e in holders))
-                self.add_entry(entry)
-                return Outcome(op.op_id, "superseded", id=entry.id, superseded=tuple(e.id for e in holders))
+        # 2. Judge every candidate: same-subject holders and entries alike in core, frame or slot.
+        ended: dict[str, str] = {}  # id → why it is superseded
+        alike: list[tuple[float, Entry, str]] = []
+        seen: set[str] = set()
+        for e, verdict in self._judged(text, subject, now):
+            if e.id in seen:
+                continue
+            seen.add(e.id)
+            if verdict.kind == "conflict":
+                ended[e.id] = verdict.why
+            elif verdict.kind in ("same", "contains", "contained", "similar"):
+                alike.append((verdict.score, e, verdict.kind))
 
-        # 3. Near duplicate (best match over all current entries): update in place, keeping metadata.
-        best = self._best_match(text, self._dedup.candidates(text, now))
-        if best is not None:
-            old, relation = best
+        if ended:
+            holders = [self.memory.entries[i] for i in ended]
+            if automatic and any(policy.protected(e) for e in holders):
+                return Outcome(op.op_id, "rejected:protected", detail=policy.REFUSAL)
+            newer = [e.valid_from or e.at for e in holders if (e.valid_from or e.at or _EPOCH) > stated]
+            # Said before the current value was (replay, import): history, not a change.
+            if op.valid_from and newer:
+                until = min(t for t in newer if t is not None)
+                entry = self._new_entry(op, text, subject, now).with_changes(valid_to=until)
+                self.add_entry(entry)
+                return Outcome(op.op_id, "added", id=entry.id, detail="history: older than the current value")
+            for old in holders:
+                self._set(old.with_changes(valid_to=stated))
+            entry = self._new_entry(op, text, subject, now, supersedes=tuple(ended))
+            self.add_entry(entry)
+            for old in holders:  # what else the old line said stays current (我叫王小明，在字节跳动…)
+                self._keep_remainder(old, text, subject, now)
+            why = ",".join(dict.fromkeys(ended.values()))
+            return Outcome(op.op_id, f"superseded:{why}", id=entry.id, superseded=tuple(ended))
+
+        # 3. A same-meaning rewording (best match): update in place, keeping metadata.
+        if alike:
+            _score, old, relation = max(alike, key=lambda t: (t[0], t[1].at or _EPOCH))
             if relation == "contained":  # the new text says less than what is stored
                 return Outcome(op.op_id, "unchanged", id=old.id)
-            if automatic and old.protected:
-                return Outcome(
-                    op.op_id, "rejected:protected", id=old.id, detail="pinned entries change by hand"
-                )
+            if automatic and policy.protected(old):
+                return Outcome(op.op_id, "rejected:protected", id=old.id, detail=policy.REFUSAL)
             updated = old.with_changes(
                 text=text,
                 subject=subject or old.subject,
@@ -373,6 +428,46 @@ class Book:
         entry = self._new_entry(op, text, subject, now)
         self.add_entry(entry)
         return Outcome(op.op_id, "added", id=entry.id)
+
+    def _judged(
+        self, text: str, subject: str | None, now: datetime
+    ) -> Iterable[tuple[Entry, meaning.Verdict]]:
+        """(entry, verdict) for the current holders of `subject`, then for the text's other candidates."""
+        if subject is not None:
+            for e in self.memory.entries.values():
+                if e.current(now) and _subject_key(e.subject) == subject:
+                    yield e, _subject_verdict(text, e, subject)
+        for e in self._dedup.candidates(text, now):
+            yield e, meaning.compare(text, e.text)
+
+    def _keep_remainder(self, old: Entry, text: str, subject: str | None, now: datetime) -> None:
+        """When `text` ends only part of `old`, the rest of `old` stays current as its own entry (same type,
+        pin and provenance): superseding a name must not drop the employer said in the same line."""
+        parts = meaning.clauses(old.text)
+        if len(parts) < 2:
+            return
+        kept = [
+            c
+            for c in parts
+            if not (
+                (subject is not None and _recognised_subject(c) == subject)
+                or meaning.compare(text, meaning.with_speaker(c, old.text)).kind != "other"
+            )
+        ]
+        if not kept or len(kept) == len(parts):
+            return
+        sep = "，" if re.search("[\u3400-\u9fff]", old.text) else ", "
+        rest = sep.join([meaning.with_speaker(kept[0], old.text), *kept[1:]])
+        remainder = old.with_changes(
+            id=self._fresh_id(),
+            text=rest,
+            subject=_subject_key(_recognised_subject(rest)),
+            valid_from=now,
+            valid_to=None,
+            at=now,
+            supersedes=(old.id,),
+        )
+        self.add_entry(remainder)
 
     def _new_entry(
         self, op: Remember, text: str, subject: str | None, now: datetime, supersedes: tuple[str, ...] = ()
@@ -400,32 +495,10 @@ class Book:
             if self.get(ident) is None:
                 return ident
 
-    @staticmethod
-    def _best_match(text: str, current: Iterable[Entry]) -> tuple[Entry, str] | None:
-        """The most similar current entry: `contains` (old ⊂ new), `contained` (new ⊂ old) or `similar`."""
-        norm = similarity.normalise(text)
-        best: tuple[float, Entry, str] | None = None
-        for e in current:
-            if not similarity.numbers_agree(text, e.text):
-                continue  # "3点开会" and "4点开会" are two facts, however alike
-            other = similarity.normalise(e.text)
-            if len(norm) >= 4 and len(other) >= 4 and (other in norm or norm in other):
-                relation = "contains" if other in norm else "contained"
-                score = 2.0  # a substring beats any Jaccard score
-            else:
-                score = similarity.jaccard(text, e.text)
-                relation = "similar"
-                if score < similarity.DUPLICATE:
-                    continue
-            if (
-                best is None
-                or score > best[0]
-                or (score == best[0] and (e.at or _EPOCH) > (best[1].at or _EPOCH))
-            ):
-                best = (score, e, relation)
-        return (best[1], best[2]) if best else None
-
     def _forget(self, op: Forget) -> Outcome:
+        held = self.get(op.id)
+        if held is not None and not policy.may_change(held, op.source):
+            return Outcome(op.op_id, "rejected:protected", id=op.id, detail=policy.REFUSAL)
         removed = self.memory.remove(op.id)
         if removed is not None:
             self._dedup.remove(removed)
@@ -454,8 +527,8 @@ class Book:
         entry = self.memory.entries.get(op.id)
         if entry is None:
             return Outcome(op.op_id, "rejected:not_found", detail=f"no current entry {op.id}")
-        if op.source not in USER_SOURCES and entry.protected:
-            return Outcome(op.op_id, "rejected:protected", id=op.id)
+        if not policy.may_change(entry, op.source):
+            return Outcome(op.op_id, "rejected:protected", id=op.id, detail=policy.REFUSAL)
         text = op.text.strip()
         rejected = self._reject_text(op.op_id, text)
         if rejected:

@@ -34,6 +34,7 @@ from .dream_light import scope_key, stamp, subject_key
 from .dream_pairs import similar_pairs
 from .entry import MAX_TEXT_CHARS, Entry, new_id
 from .injection import carries_instruction, instructions
+from .policy import protected
 from .recall import recency
 from .secretscan import contains_secret
 from .similarity import RELATED, bigrams
@@ -63,7 +64,7 @@ REASONS = (
 
 def deep_eligible(e: Entry, now: datetime) -> bool:
     return (
-        not e.resident
+        not protected(e)
         and e.current(now)
         and e.valid_to is None
         and e.hits < PROTECT_HITS

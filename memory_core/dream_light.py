@@ -37,12 +37,12 @@ from .book import Book
 from .dream_pairs import similar_pairs
 from .entry import DEMOTED, PROMOTED, Entry
 from .injection import carries_instruction
+from .policy import protected
 from .recall import importance, recency
 from .similarity import DUPLICATE, bigrams, numbers_agree
 from .subjects import canonical_subject
 
 Action = Literal["merge", "supersede", "archive", "promote", "demote", "unpromote"]
-DREAM_PROTECTED_TYPES = frozenset({"rule", "identity", "instruction"})
 PROMOTE_HITS = 3
 COLD_RECENCY = 0.05
 COLD_IMPORTANCE = 0.55
@@ -52,8 +52,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def untouchable(e: Entry) -> bool:
-    """No automatic path changes pinned entries, rules, identities or instructions."""
-    return e.pinned or e.type in DREAM_PROTECTED_TYPES
+    """No automatic path changes what only the user may change: the one rule, `policy.protected`."""
+    return protected(e)
 
 
 def subject_key(e: Entry) -> str | None:

@@ -12,8 +12,6 @@ from datetime import UTC, datetime
 
 TYPES = ("rule", "identity", "instruction", "preference", "fact", "context")
 RESIDENT_TYPES = frozenset({"rule", "identity", "instruction", "preference"})
-#: Types no automatic path may change (besides pinned entries): only the user can.
-PROTECTED_TYPES = frozenset({"rule", "identity"})
 SOURCES = ("user", "tool", "extract", "replay", "dream", "manual", "import")
 
 #: Light dreaming's own marks (extra metadata keys, value = the date): `promo` lifts a much-recalled entry
@@ -80,11 +78,6 @@ class Entry:
     @property
     def promoted(self) -> bool:
         return self.mark(PROMOTED) is not None
-
-    @property
-    def protected(self) -> bool:
-        """Pinned entries, rules and identities are changed by the user only."""
-        return self.pinned or self.type in PROTECTED_TYPES
 
     def current(self, now: datetime) -> bool:
         """Valid at `now`: valid_from <= now < valid_to, missing bounds open."""

@@ -43,10 +43,12 @@ class Remember:
 
 @dataclass(frozen=True)
 class Forget:
-    """The user's explicit delete: the entry leaves MEMORY.md and ARCHIVE.md (git history keeps it)."""
+    """The user's explicit delete: the entry leaves MEMORY.md and ARCHIVE.md (git history keeps it).
+    An automatic `source` (the model's tool) may not delete a protected entry (`policy.protected`)."""
 
     kind: ClassVar[str] = "forget"
     id: str
+    source: str = "user"
     op_id: str = field(default_factory=new_op_id)
 
 

@@ -25,12 +25,13 @@ def _drop_table() -> dict[int, None]:
 
 
 _TABLE = _drop_table()
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")  # outside the table: checked one by one
 
 
 @lru_cache(maxsize=200_000)
 def normalise(text: str) -> str:
     t = unicodedata.normalize("NFKC", text).lower().translate(_TABLE)
-    if t.isascii() or all(ord(ch) < 0x10000 for ch in t):
+    if t.isascii() or _ASTRAL.search(t) is None:
         return t
     return "".join(ch for ch in t if not (ch.isspace() or unicodedata.category(ch).startswith("P")))
 

@@ -123,6 +123,8 @@ _EN_PLACES = _words(
     switzerland, sweden, norway, thailand, vietnam, taiwan, europe, asia""",
     ",",
 )
+#: The place vocabulary, shared with the upsert's meaning judge (`meaning`).
+ZH_PLACES, EN_PLACES = _ZH_PLACES, _EN_PLACES
 _ZH_PLACE_SUFFIX = tuple("区市省县镇村乡路街道州国岛湾弄巷号")
 # Momentary whereabouts and generic nouns: 我在家 / 我在公司 say nothing about where someone is based.
 _ZH_GENERIC = _words(

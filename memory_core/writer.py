@@ -499,7 +499,8 @@ class _Broken:
 
 
 def _describe(outcomes: Sequence[Outcome]) -> str:
-    counts = Counter(o.status for o in outcomes)
+    # superseded:<why> counts as superseded: the why may quote the user's words (slot:前任), not for git
+    counts = Counter("superseded" if o.status.startswith("superseded") else o.status for o in outcomes)
     if not counts:
         return "write"
     parts = [f"{n} {status}" for status, n in sorted(counts.items())]

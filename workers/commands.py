@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from memory_core import policy
 from memory_core.entry import TYPES, Entry
 from memory_core.errors import LucidError
 from memory_core.injection import carries_instruction
@@ -412,7 +413,8 @@ def memory_reply(
             "superseded": "superseded",
             "unchanged": "known",
         }
-        text = say(inbound, key[outcome.status], text=payload) if outcome.ok else _refusal(inbound, outcome)
+        status = outcome.status.split(":", 1)[0]  # superseded:<why>
+        text = say(inbound, key[status], text=payload) if outcome.ok else _refusal(inbound, outcome)
     elif kind == "forget":
         text = _forget(runtime, mem, inbound, payload, outcomes)
     elif kind == "question":
@@ -506,7 +508,7 @@ def tool_call(
         op = (
             Edit(ident, text, "tool")
             if action == "update"
-            else Forget(ident)
+            else Forget(ident, source="tool")
             if action == "forget"
             else Pin(ident)
         )
@@ -514,4 +516,6 @@ def tool_call(
         return {"error": "action must be add, update, forget or pin"}
     outcome = mem.apply(inbound.ns, [op])[0]
     outcomes.append(outcome)
+    if outcome.status == "rejected:protected":  # the model relays this; only the person can change it
+        return {"status": outcome.status, "id": outcome.id, "error": outcome.detail or policy.REFUSAL}
     return {"status": outcome.status, "id": outcome.id, "detail": outcome.detail}

@@ -34,7 +34,7 @@ from memory_core.book import Book
 from memory_core.dream import DreamReport, commit_message, journal_entry, prepend_journal
 from memory_core.dream_deep import Merge, apply_deep, merge_messages, plan_clusters, review_reply
 from memory_core.dream_light import LightOp, apply_light, plan_light
-from memory_core.dream_replay import extraction_messages, parse_facts, replay_chunks, replay_ops, worth_a_call
+from memory_core.dream_replay import extraction_messages, replay_chunks, replay_ops, worth_a_call
 from memory_core.errors import InvalidInput, LucidError
 from memory_core.lineformat import format_time, parse_time, render_file
 from memory_core.namespace import Namespace
@@ -53,6 +53,7 @@ from memory_core.profile import (
 from memory_core.recall import estimate_tokens
 from memory_core.store import ARCHIVE, DREAMS, MEMORY, PROFILE, Snapshot
 
+from .extraction import JUNK_METRIC, answer_facts
 from .llm import LLMError, LLMUnavailable
 from .metrics import Metrics
 from .runtime import Runtime, current
@@ -264,7 +265,12 @@ class _Replay:
                     if (when := _parse_or_none(ts)) is not None and when > self.watermark
                 }
                 break
-            self.ops.extend(replay_ops(parse_facts(reply, chunk.text), chunk))
+            facts = answer_facts(reply, chunk.text)
+            if facts is None:  # not a list of grounded facts (a chat model's 好的。): nothing lands, counted
+                self.report.reject("junk_answer")
+                Metrics(self.rt.redis).inc(JUNK_METRIC, {"path": "replay"})
+                continue
+            self.ops.extend(replay_ops(facts, chunk))
         self.report.counts["facts"] = len(self.ops)
         self._model_rejections = dict(self.report.rejections)
 

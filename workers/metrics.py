@@ -53,6 +53,10 @@ HELP = {
     "lucid_llm_calls_total": ("counter", "Calls to the model server, by purpose and outcome."),
     "lucid_llm_tokens_total": ("counter", "Tokens spent, by purpose and direction."),
     "lucid_memory_writes_total": ("counter", "Memory operations applied by the writer, by outcome."),
+    "lucid_extraction_junk_total": (
+        "counter",
+        "Extraction or replay answers that were not a list of grounded facts (stored nothing), by path.",
+    ),
     "lucid_queue_depth": ("gauge", "Jobs waiting in each RQ queue."),
     "lucid_ws_connected": ("gauge", "1 while this bot process holds the persona's Feishu long connection."),
     "lucid_ws_reconnects_total": ("counter", "Long connections made again after a drop or a dead socket."),

@@ -37,7 +37,7 @@ def test_remember_show_forget_pin_history_undo(data_dir: Path) -> None:
             data_dir, "remember", "我搬到西湖区了", "--json", env={"LUCID_NOW": "2026-07-01T00:00:00Z"}
         ).stdout
     )
-    assert second["status"] == "superseded" and second["superseded"] == [first["id"]]
+    assert second["status"].startswith("superseded:") and second["superseded"] == [first["id"]]
     shown = json.loads(lucid(data_dir, "show", "--json", env={"LUCID_NOW": "2026-07-02T00:00:00Z"}).stdout)
     assert [r["text"] for r in shown["results"]] == ["我搬到西湖区了"]
     history = json.loads(lucid(data_dir, "show", "--all", "--json").stdout)

@@ -221,13 +221,15 @@ def test_candidate_pairs_equal_the_quadratic_pass(texts: list[str], threshold: f
 # ------------------------------------------------------------------------------------------ deep: plan
 
 
-def test_deep_skips_young_recalled_and_resident_entries() -> None:
+def test_deep_skips_young_recalled_and_protected_entries() -> None:
+    """Protected = `policy.protected` (pinned, rule, identity, instruction), the one rule of every path."""
     entries = [
         E("ok1", "周末常去西湖边跑步", at=ago(30)),
         E("ok2", "周末常去西湖边骑车", at=ago(30)),
         E("young", "周末常去西湖边散步", at=ago(2)),
         E("hot", "周末常去西湖边划船", at=ago(30), hits=3),
-        E("pref", "周末常去西湖边喝茶", type="preference", at=ago(30)),
+        E("pin", "周末常去西湖边喝茶", pinned=True, at=ago(30)),
+        E("ins", "周末常去西湖边钓鱼", type="instruction", at=ago(30)),
     ]
     clusters = plan_clusters(entries, NOW)
     assert [c.ids for c in clusters] == [("ok1", "ok2")]

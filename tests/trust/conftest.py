@@ -1,0 +1,151 @@
+"""The trust suite's helpers: drive Lucid as a person does and read what a person would see.
+
+`lucid` runs the real CLI in-process (`bot.cli.main`, the same code as the `lucid` command, with the
+clock pinned through LUCID_NOW and moved one minute per command, so "what is current" is exact). It
+reads MEMORY.md and ARCHIVE.md from disk. `turn_runtime` builds the real turn against a real Redis and the
+FakeOllama server, for paths where a model acts (the `manage_memory` tool, extraction, replay).
+
+Scenario modules are named per class (test_supersede.py, test_rewording.py, …); bench/trust.py reports the
+pass count per module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from bot.cli import main
+from memory_core.lineformat import format_time
+from memory_core.namespace import Namespace
+from tests.fakes.ollama import FakeOllama
+from workers.llm import LLM
+from workers.runtime import Runtime, build
+from workers.settings import Persona, Settings
+
+START = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
+MODEL = "qwen3:4b"
+
+
+class Lucid:
+    """One person's memory, driven through the `lucid` CLI. Every command runs one minute after the last."""
+
+    def __init__(self, data: Path, capsys: pytest.CaptureFixture[str], user: str = "default") -> None:
+        self.data, self.capsys, self.user = data, capsys, user
+        self.now = START
+
+    # -- running
+    def run(self, *args: str, ok: bool = True) -> str:
+        self.now += timedelta(minutes=1)
+        os.environ["LUCID_NOW"] = format_time(self.now)
+        self.capsys.readouterr()
+        code = main([*args, "--data", str(self.data), "--user", self.user])
+        out = self.capsys.readouterr()
+        if ok:
+            assert code == 0, f"lucid {' '.join(args)}: exit {code}\n{out.err}"
+        return out.out
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "--json"))
+
+    def remember(self, text: str, *extra: str) -> dict[str, Any]:
+        """`lucid remember TEXT` → the outcome (status, id, superseded)."""
+        out: dict[str, Any] = self.json("remember", text, *extra)
+        return out
+
+    def forget(self, ident: str) -> dict[str, Any]:
+        out: dict[str, Any] = self.json("forget", ident)
+        return out
+
+    # -- reading
+    def current(self) -> list[str]:
+        """The texts `lucid show` lists as current, in file order."""
+        return [r["text"] for r in self.json("show")["results"] if r.get("current", True)]
+
+    def everything(self) -> list[dict[str, Any]]:
+        """Every entry `lucid show --all` knows: current, superseded and archived."""
+        rows: list[dict[str, Any]] = self.json("show", "--all")["results"]
+        return rows
+
+    def history(self) -> list[str]:
+        """Texts that are kept but no longer current (superseded or archived)."""
+        return [r["text"] for r in self.everything() if not r["current"]]
+
+    def recall(self, query: str, k: int = 5) -> list[str]:
+        return [r["text"] for r in self.json("recall", query, "--k", str(k))["results"]]
+
+    @property
+    def folder(self) -> Path:
+        return self.data / "default" / self.user / "default"
+
+    def memory_md(self) -> str:
+        return (self.folder / "MEMORY.md").read_text("utf-8")
+
+    def archive_md(self) -> str:
+        path = self.folder / "ARCHIVE.md"
+        return path.read_text("utf-8") if path.exists() else ""
+
+    def line_of(self, text: str) -> str:
+        """The MEMORY.md line holding `text` (struck through when superseded)."""
+        hits = [ln for ln in self.memory_md().splitlines() if ln.startswith("- ") and text in ln]
+        assert hits, f"{text!r} is not in MEMORY.md"
+        return hits[0]
+
+    def entry(self, text: str) -> dict[str, Any]:
+        rows = [r for r in self.everything() if r["text"] == text]
+        assert len(rows) == 1, f"{text!r}: {len(rows)} entries"
+        return rows[0]
+
+
+@pytest.fixture
+def lucid(data_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Lucid:
+    """The CLI on a fresh data directory, with no LUCID_* or REDIS_URL from the caller's environment."""
+    for key in list(os.environ):
+        if key.startswith("LUCID_") or key == "REDIS_URL":
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("LUCID_NOW", format_time(START))  # restored after the test
+    return Lucid(data_dir, capsys)
+
+
+def says(lucid: Lucid, *texts: str) -> list[str]:
+    """Remember each text in turn; the statuses, in order."""
+    return [str(lucid.remember(t)["status"]) for t in texts]
+
+
+# ------------------------------------------------------------------------------------------ the turn
+
+
+@pytest.fixture
+def ollama() -> Iterator[FakeOllama]:
+    with FakeOllama() as fake:
+        yield fake
+
+
+def turn_runtime(data_dir: Path, redis_url: str, ollama: FakeOllama | None = None) -> Runtime:
+    """The runtime a chat turn uses: real Redis, real files, the real ollama client against FakeOllama."""
+    personas = {"default": Persona("default")}
+    settings = Settings(data_dir=data_dir, personas=personas, chat_model=MODEL if ollama else None)
+    runtime = build(settings, redis_url, git=False)
+    return replace(runtime, llm=LLM(ollama.url, timeout=2.0, retries=0) if ollama else None)
+
+
+def tool(**arguments: Any) -> dict[str, Any]:
+    """A model reply that calls `manage_memory` once."""
+    return {"content": "", "tool_calls": [{"function": {"name": "manage_memory", "arguments": arguments}}]}
+
+
+def ns_memory(runtime: Runtime, ns: Namespace) -> str:
+    path = runtime.store.path(ns) / "MEMORY.md"
+    return path.read_text("utf-8") if path.exists() else ""
+
+
+@pytest.fixture
+def fresh_redis(redis_client: redis.Redis) -> redis.Redis:
+    return redis_client
