@@ -366,6 +366,7 @@ class Writer:
                 outcome.status == "rejected:secret"
                 and self.vault_key is not None
                 and isinstance(op, Remember)
+                and contains_secret(op.text)  # a redacted statement holds nothing worth sealing
             ):
                 sealed.append(seal(self.vault_key, {"at": format_time(now), "text": op.text, "op": op.op_id}))
                 outcome = replace(outcome, detail="kept encrypted in the vault, not in memory")
