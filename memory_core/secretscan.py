@@ -279,8 +279,8 @@ _SERVICES = (
     r"mapbox|shopify|firebase|supabase|datadog|sentry|okta|auth0|ollama|replicate|cohere|mistral|groq"
 )
 _SERVICE_NEAR = re.compile(rf"(?i)(?<![A-Za-z])(?:{_SERVICES})(?![A-Za-z])")
-_KW_KINDS = ("service_key", "aws_key", "feishu_secret", "private_key", "api_key", "generic_token", "pin")
-_KW_KINDS += ("password",)
+_KW_KINDS: tuple[str, ...] = ("service_key", "aws_key", "feishu_secret", "private_key", "api_key")
+_KW_KINDS += ("generic_token", "pin", "password")
 _PHRASE = re.compile(
     r"(?:(?P<aws_key>" + _en(r"aws[ _-]?secret[ _-]?(?:access[ _-]?)?key|secret[ _-]access[ _-]key") + ")"
     r"|(?P<feishu_secret>" + _en(r"app[ _-]?secret|encrypt[ _-]?key|verification[ _-]?token") + ")"

@@ -360,30 +360,40 @@ class BM25Index:
         new_terms: array[int] = array("i")
         new_pos: array[int] = array("i")
         length = 0.0
+        # The hot loop of every message and of its neighbours' updates: locals, no per-term method calls.
+        vocab, p_slot, p_tf, p_back, isinf = self._vocab, self._p_slot, self._p_tf, self._p_back, math.isinf
+        added: list[int] = []
+        edited: list[int] = []
         for term, weight in bag.items():
             w = float(weight)
-            if not w >= 0.0 or math.isinf(w):
+            if not w >= 0.0 or isinf(w):
                 raise ValueError(f"term weight must be finite and >= 0, got {weight!r} for {term!r}")
             if w == 0.0:
                 continue
-            t = self.term_id(term)
+            t = vocab.get(term)
+            if t is None:
+                t = self.term_id(term)
             length += w
             p = old.pop(t, None)
-            tfs = self._p_tf[t]
+            tfs = p_tf[t]
             if p is None:
                 p = len(tfs)
-                self._p_slot[t].append(slot)
+                p_slot[t].append(slot)
                 tfs.append(w)
-                self._p_back[t].append(len(new_terms))
-                self._df[t] += 1
-                self._changed(t)
+                p_back[t].append(len(new_terms))
+                added.append(t)
             else:
-                self._p_back[t][p] = len(new_terms)
+                p_back[t][p] = len(new_terms)
                 if abs(tfs[p] - w) > 1e-6 * w:  # tf is stored as float32
                     tfs[p] = w
-                    self._changed(t)
+                    edited.append(t)
             new_terms.append(t)
             new_pos.append(p)
+        if added:
+            self._df[added] += 1  # a document holds a term once: no repeats in `added`
+        if self._cache:
+            for t in added + edited:
+                self._changed(t)
         for t, p in old.items():
             self._drop_posting(t, p)
         self._doc_terms[slot] = new_terms
