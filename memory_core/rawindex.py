@@ -29,8 +29,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .entry import as_utc
-from .errors import LucidError
+from .errors import LucidError, UnsafePath
 from .lineformat import RawMessage
+from .store import no_symlink
 from .textindex import TOKENIZER_VERSION, BM25Index, Embedder, FloatArray, minmax, tokenize, top_slots
 
 FORMAT_VERSION = 1
@@ -466,8 +467,9 @@ class RawIndex:
     def read_manifest(cls, directory: str | os.PathLike[str]) -> dict[str, object] | None:
         """The cache's manifest (count, last_id, versions), or None when there is no readable cache."""
         try:
-            data = json.loads((Path(directory) / "manifest.json").read_text(encoding="ascii"))
-        except (OSError, ValueError):
+            path = no_symlink(Path(directory), Path(directory) / "manifest.json")
+            data = json.loads(path.read_text(encoding="ascii"))
+        except (OSError, ValueError, UnsafePath):
             return None
         return data if isinstance(data, dict) else None
 
@@ -482,8 +484,13 @@ class RawIndex:
         for field in ("format", "tokenizer", "recipe"):
             if manifest.get(field) != expected[field]:
                 raise StaleIndex(f"index cache has another {field}: {manifest.get(field)!r}")
-        gen = Path(directory) / str(manifest.get("generation"))
+        name = str(manifest.get("generation"))
+        if not re.fullmatch(r"gen-[0-9a-f]{12}", name):
+            raise StaleIndex(f"index cache names no generation of its own: {name[:40]!r}")
+        gen = Path(directory) / name
         try:
+            for part in ("", "messages.json", "terms.json", "index.npz"):  # never read through a link
+                no_symlink(Path(directory), gen / part)
             msgs = json.loads((gen / "messages.json").read_text(encoding="ascii"))
             terms = json.loads((gen / "terms.json").read_text(encoding="ascii"))
             with np.load(gen / "index.npz", allow_pickle=False) as npz:
@@ -509,7 +516,7 @@ class RawIndex:
                     )
             keys = [None if m is None else m.id for m in fresh._msgs]
             fresh._bm25 = BM25Index.from_arrays(terms, keys, arrays)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, UnsafePath) as exc:
             raise StaleIndex(f"index cache is unreadable: {exc}") from exc
         if len(fresh) != manifest.get("count") or len(fresh._msgs) != manifest.get("slots"):
             raise StaleIndex("index cache does not match its manifest")
