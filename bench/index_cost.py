@@ -14,6 +14,9 @@ measured in the same run on the same machine load):
   Record op for the message, the index caught up from the day file as the memory service does, a search for
   active recall, a Record op for the reply), 8 long (4,000 CJK characters) against 8 short ones.
   Goal: long burst ≤ 4 × short burst.
+- hand_line (with `--hand-line N`): the write after a person pasted an N-character line into MEMORY.md,
+  and the write after that (issue 15: 52 s and 450 MB at 20 million characters, every write); peak memory
+  by tracemalloc.
 
 Prints one JSON object; times are wall-clock seconds (median of `--repeat`).
 """
@@ -132,6 +135,33 @@ def measure(repeat: int) -> dict[str, Any]:
     }
 
 
+def hand_line(chars: int) -> dict[str, Any]:
+    import tracemalloc
+
+    from memory_core.namespace import Namespace
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        writer = Writer(Store(Path(tmp)))
+        ns = Namespace.of("t", "u", "p")
+        writer.submit(ns, [Remember("我住在杭州")])
+        memory = ns.path(Path(tmp)) / "MEMORY.md"
+        memory.write_text(memory.read_text() + "- " + "长" * chars + "\n")
+        tracemalloc.start()
+        started = time.perf_counter()
+        writer.submit(ns, [Remember("我喜欢喝龙井")])
+        first = time.perf_counter() - started
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        started = time.perf_counter()
+        writer.submit(ns, [Remember("我喜欢爬山")])
+        second = time.perf_counter() - started
+    return {"chars": chars, "first_write_s": round(first, 2), "next_write_s": round(second, 3),
+            "first_write_peak_mb": round(peak / 2**20, 1)}  # fmt: skip
+
+
 def baseline(rev: str, repeat: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(
@@ -152,6 +182,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--baseline", help="also measure memory_core at this git revision (e.g. 63fb861)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--hand-line", type=int, help="also time the writes after an N-character hand edit")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:  # run by `baseline`: PYTHONPATH points at the old memory_core
@@ -159,6 +190,8 @@ def main() -> None:
         return
     sys.path.insert(0, str(ROOT))
     result: dict[str, Any] = {"current": measure(args.repeat)}
+    if args.hand_line:
+        result["hand_line"] = hand_line(args.hand_line)
     if args.baseline:
         result["baseline"] = baseline(args.baseline, args.repeat)
     result["load_avg"] = [round(x, 2) for x in os.getloadavg()]

@@ -338,6 +338,16 @@ class Store:
         with contextlib.suppress(FileNotFoundError):
             self._meta(ns, "journal.json").unlink()
 
+    def set_aside(self, ns: Namespace, name: str, line: str) -> str:
+        """Keep a hand-edited line too long to be memory, verbatim, out of the files and out of git (private
+        state, mode 0600). Returns where, relative to the namespace."""
+        data = line.encode("utf-8", errors="surrogateescape")
+        where = f".lucid/set-aside/{Path(name).stem}-{_sha(data)[:12]}.txt"
+        path = self.file(ns, *where.split("/"))
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(path, data)
+        return where
+
     # -------------------------------------------------------------------------------------- vault
 
     def append_vault(self, ns: Namespace, lines: list[str]) -> None:
