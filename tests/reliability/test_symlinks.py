@@ -106,3 +106,16 @@ def test_a_linked_day_file_is_not_read_into_search(tmp_path: Path) -> None:
     out = lucid_cli(data, "search", "私事", "--tenant", "t", "--user", "u", "--persona", "p", check=False)
     assert "别人的私事" not in out.stdout
     assert out.returncode != 0 and "symbolic link" in out.stderr
+
+
+def test_doctor_lists_the_links_before_a_write_trips_on_one(tmp_path: Path) -> None:
+    from bot import doctor
+    from workers.settings import Settings
+
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    outside.mkdir()
+    _seeded(data)
+    assert doctor.check_links(Settings(data_dir=data)).ok
+    os.symlink(outside, NS.path(data) / "raw-elsewhere", target_is_directory=True)
+    check = doctor.check_links(Settings(data_dir=data))
+    assert not check.ok and "raw-elsewhere" in check.detail and "replace" in check.fix
