@@ -33,6 +33,7 @@ import redis
 from aiohttp import web
 
 from bot.headers import BadHeader, text_header
+from memory_core.errors import LucidError
 from memory_core.lineformat import format_time
 from memory_core.namespace import Namespace, list_namespaces
 from memory_core.ops import entry_to_json
@@ -168,9 +169,13 @@ async def page(request: web.Request) -> web.StreamResponse:
 
 
 def _namespace_rows(runtime: Runtime, service: MemoryService) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for ns in list_namespaces(runtime.settings.data_dir):
-        book = service.book(ns)
+        try:
+            book = service.book(ns)
+        except LucidError as exc:  # e.g. a symbolic link in it: shown, not a 500 for the whole list
+            out.append({"tenant": ns.tenant, "user": ns.user, "persona": ns.persona, "error": str(exc)})
+            continue
         out.append(
             {
                 "tenant": ns.tenant,
@@ -196,7 +201,10 @@ async def namespace(request: web.Request) -> web.Response:
     ns = Namespace.of(request.match_info["tenant"], request.match_info["user"], request.match_info["persona"])
     if not runtime.store.path(ns).is_dir():
         raise web.HTTPNotFound(text="no such namespace")
-    data = await asyncio.to_thread(view, runtime, service, ns, request.query.get("q", ""))
+    try:
+        data = await asyncio.to_thread(view, runtime, service, ns, request.query.get("q", ""))
+    except LucidError as exc:
+        return web.json_response({"error": str(exc)}, status=409)
     return web.json_response(data)
 
 

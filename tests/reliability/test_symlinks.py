@@ -119,3 +119,28 @@ def test_doctor_lists_the_links_before_a_write_trips_on_one(tmp_path: Path) -> N
     os.symlink(outside, NS.path(data) / "raw-elsewhere", target_is_directory=True)
     check = doctor.check_links(Settings(data_dir=data))
     assert not check.ok and "raw-elsewhere" in check.detail and "replace" in check.fix
+
+
+async def test_the_viewer_reports_a_linked_namespace_instead_of_failing(
+    aiohttp_client, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    from aiohttp import web
+
+    from bot import viewer
+    from workers.runtime import build
+    from workers.settings import Settings
+
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    outside.mkdir()
+    _seeded(data)
+    _plant(NS.path(data) / "MEMORY.md", outside, as_dir=False)
+    app = web.Application()
+    viewer.mount(app, build(Settings(data_dir=data, admin_token="t" * 32, config_path=data / "none.toml")))
+    client = await aiohttp_client(app)
+    auth = {"Authorization": "Bearer " + "t" * 32}
+    listing = await client.get("/admin/api/namespaces", headers=auth)
+    assert listing.status == 200
+    [row] = (await listing.json())["namespaces"]
+    assert "symbolic link" in row["error"]
+    one = await client.get("/admin/api/ns/t/u/p", headers=auth)
+    assert one.status == 409 and "symbolic link" in (await one.json())["error"]
