@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bot.headers import BadHeader, text_header
 from memory_core.errors import InvalidInput, LucidError
 from memory_core.namespace import Namespace
 from workers import commands
@@ -38,7 +39,10 @@ def setup(app: web.Application, runtime: Runtime) -> None:
 
     def guarded(handler: Callable[[web.Request, Runtime], Awaitable[web.Response]]) -> Handler:
         async def check(request: web.Request) -> web.Response:
-            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            try:
+                given = text_header(request.headers, "Authorization").encode()
+            except BadHeader as exc:
+                return web.json_response({"error": str(exc)}, status=400)
             if not hmac.compare_digest(given, expected):
                 log.warning("admin %s %s refused: bad or missing token", request.method, request.path)
                 return web.json_response(

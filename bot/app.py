@@ -30,6 +30,7 @@ import dataclasses
 import gc
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import re
@@ -44,6 +45,7 @@ from aiohttp import web
 from lark_oapi.core.utils import AESCipher
 
 from bot import admin, viewer
+from bot.headers import BadHeader, text_header
 from bot.longconn import LongConnections
 from bot.routing import Ignored, route
 from memory_core.errors import LucidError
@@ -124,9 +126,12 @@ def open_event(
     """Verify and decode one delivery into the event (or challenge) it carries. Raises Rejected."""
     if not persona.verification_token:
         raise Rejected(403, "persona has no verification_token configured")
-    ts = headers.get("X-Lark-Request-Timestamp", "")
-    nonce = headers.get("X-Lark-Request-Nonce", "")
-    signature = headers.get("X-Lark-Signature", "")
+    try:
+        ts = text_header(headers, "X-Lark-Request-Timestamp")
+        nonce = text_header(headers, "X-Lark-Request-Nonce")
+        signature = text_header(headers, "X-Lark-Signature")
+    except BadHeader as exc:
+        raise Rejected(400, str(exc)) from exc
     signed = bool(persona.encrypt_key and ts and nonce and signature)
     if signed:  # over the raw body, before anything is parsed
         expected = hashlib.sha256((ts + nonce + persona.encrypt_key).encode() + body).hexdigest()
@@ -202,8 +207,12 @@ class Batcher:
                             future.set_exception(exc)
                 else:
                     for (_, future), ok in zip(batch, fresh, strict=True):
-                        if not future.done():
+                        if future.done():
+                            continue
+                        if isinstance(ok, bool):
                             future.set_result(ok)
+                        else:  # Redis refused this one event: it alone answers 503
+                            future.set_exception(ok)
         finally:
             self._running -= 1
 
@@ -377,13 +386,33 @@ def _readiness(hook: Webhook) -> dict[str, Any]:
     return {"redis": True, "workers": len(workers)}
 
 
+def _observer(request: web.Request, token: str | None) -> bool:
+    """May this client see persona names (metrics labels, readiness detail)? With LUCID_METRICS_TOKEN: its
+    bearer, compared in constant time. Without: a client on the loopback interface only."""
+    if token:
+        try:
+            given = text_header(request.headers, "Authorization").encode()
+        except BadHeader:
+            return False
+        return hmac.compare_digest(given, f"Bearer {token}".encode())
+    try:
+        return ipaddress.ip_address(request.remote or "").is_loopback
+    except ValueError:
+        return False
+
+
 async def readyz(request: web.Request) -> web.Response:
     """Readiness: Redis answers and at least one worker serves the chat queue (else turns would pile up)."""
     hook = request.app[WEBHOOK]
     state = await asyncio.get_running_loop().run_in_executor(hook.pool, _readiness, hook)
-    state["bot_identity"] = {name: bool(hook.bot_ids.get(name)) for name in hook.runtime.settings.personas}
+    personas = hook.runtime.settings.personas
     links = hook.links.state() if hook.links is not None else {}
-    state["long_connection"] = links
+    if _observer(request, hook.runtime.settings.metrics_token):
+        state["bot_identity"] = {name: bool(hook.bot_ids.get(name)) for name in personas}
+        state["long_connection"] = links
+    else:  # a stranger learns whether the bot is ready, not which personas it serves
+        state["bot_identities_known"] = f"{sum(bool(hook.bot_ids.get(n)) for n in personas)}/{len(personas)}"
+        state["long_connections_up"] = f"{sum(links.values())}/{len(links)}"
     ready = state["redis"] and state["workers"] > 0 and all(links.values())
     return web.json_response(
         {"status": "ready" if ready else "not ready", **state}, status=200 if ready else 503
@@ -393,6 +422,12 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text: counters from every process (aggregated in Redis) and queue depths."""
     hook = request.app[WEBHOOK]
+    token = hook.runtime.settings.metrics_token
+    if not _observer(request, token):
+        if token:
+            return web.Response(status=401, text="bearer LUCID_METRICS_TOKEN required\n",
+                                headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+        return web.Response(status=403, text="set LUCID_METRICS_TOKEN to scrape from another host\n")
 
     def scrape() -> str:
         hook.metrics.flush()

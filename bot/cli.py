@@ -27,6 +27,8 @@ from memory_core.store import ARCHIVE, MEMORY
 from workers.runtime import Runtime, build
 from workers.settings import Settings
 
+from .terminal import printable, printable_json
+
 log = logging.getLogger("lucid")
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Runtime], int]] = {}
@@ -45,10 +47,11 @@ def _ns(args: argparse.Namespace) -> Namespace:
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    # What people wrote reaches the operator's terminal here: escapes and controls are printed inert.
     if getattr(args, "json", False):
-        print(json.dumps(data, ensure_ascii=False, indent=2))
+        print(printable_json(json.dumps(data, ensure_ascii=False, indent=2)))
     else:
-        print(text)
+        print(printable(text))
 
 
 def _short(entry_id: str | None) -> str:
@@ -479,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runtime = build(settings)
         return COMMANDS[args.command](args, runtime)
     except LucidError as exc:
-        print(f"lucid: {exc}", file=sys.stderr)
+        print(f"lucid: {printable(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -7,6 +7,7 @@ tenant-token fetch through lark-oapi), the admin token, and the clock.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -51,6 +52,25 @@ def check_data_dir(settings: Settings) -> Check:
             "data dir", False, f"{d} is readable by every user (mode {mode:o})", f"chmod o-rwx {d}", warn=True
         )
     return Check("data dir", True, f"{d.resolve()} writable")
+
+
+def check_links(settings: Settings) -> Check:
+    """Lucid refuses to read or write through a symbolic link under the data dir: find them before a write
+    fails on one (the walk does not follow links)."""
+    found = []
+    for top, dirs, files in os.walk(settings.data_dir):
+        found += [os.path.join(top, n) for n in dirs + files if os.path.islink(os.path.join(top, n))]
+        dirs[:] = [d for d in dirs if d != ".git" and not os.path.islink(os.path.join(top, d))]
+        if len(found) >= 5:
+            break
+    if not found:
+        return Check("data dir links", True, "no symbolic links under the data dir")
+    return Check(
+        "data dir links",
+        False,
+        f"symbolic link(s) under the data dir, refused by every read and write: {', '.join(found[:5])}",
+        "replace each with the real file or directory (Lucid never follows a link)",
+    )
 
 
 def check_git() -> Check:
@@ -150,6 +170,18 @@ def check_feishu(settings: Settings) -> list[Check]:
                     False,
                     "no verification_token: every event is refused",
                     f"copy the Verification Token of app {persona.app_id} into {settings.config_path}",
+                )
+            )
+        if not persona.encrypt_key:
+            out.append(
+                Check(
+                    f"persona {name} encryption",
+                    False,
+                    "no encrypt_key: events arrive unsigned and in clear; whoever learns the verification "
+                    "token can forge them",
+                    f"set an Encrypt Key for app {persona.app_id} (Events & Callbacks → Encryption) and copy it "
+                    f"into encrypt_key in {settings.config_path}",
+                    warn=True,
                 )
             )
         if not persona.admins:
@@ -268,7 +300,12 @@ def check_clock(settings: Settings) -> Check:
 
 
 def run(settings: Settings, emit: Callable[[str], None] = print) -> int:
-    checks: list[Check] = [check_data_dir(settings), check_git(), check_redis(settings)]
+    checks: list[Check] = [
+        check_data_dir(settings),
+        check_links(settings),
+        check_git(),
+        check_redis(settings),
+    ]
     checks += check_ollama(settings)
     checks += check_feishu(settings)
     checks += [check_admin(settings), check_clock(settings)]

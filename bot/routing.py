@@ -45,6 +45,10 @@ def _id(value: Any) -> str:
     return value if isinstance(value, str) and _ID.match(value) else ""
 
 
+#: A create_time past this is no Feishu timestamp (epoch ms, year 2286): the event is ignored, not queued.
+MAX_CREATE_TIME_MS = 10**13
+
+
 def route(
     event: dict[str, Any], persona: str, bot_open_id: str, *, now_ms: int, stale_ms: int
 ) -> Inbound | Ignored:
@@ -74,8 +78,11 @@ def route(
     if not open_id or not chat_id:
         return Ignored("malformed sender or chat", message_id)
     try:
-        created = int(message.get("create_time") or header.get("create_time") or 0)
+        raw_time = message.get("create_time") or header.get("create_time") or 0
+        created = int(raw_time) if len(str(raw_time)) <= 20 else -1  # int() of 4,300+ digits raises
     except (TypeError, ValueError):
+        return Ignored("malformed create_time", message_id)
+    if not 0 <= created < MAX_CREATE_TIME_MS:  # epoch milliseconds, before the year 2286
         return Ignored("malformed create_time", message_id)
     if created and now_ms - created > stale_ms:
         return Ignored("stale", message_id)

@@ -1,6 +1,6 @@
 """The memory viewer: a read-only page for operators, behind the admin token.
 
-    GET /admin/viewer                      the page (log in with ?token=… once; an HttpOnly cookie follows)
+    GET /admin/viewer                      the page (log in with ?token=… once; a session cookie follows)
     GET /admin/api/namespaces              every namespace with its entry counts
     GET /admin/api/ns/{tenant}/{user}/{persona}[?q=…]
                                            resident and recall tiers (scored against q when given), archive,
@@ -8,15 +8,32 @@
 
 It never writes. Everything shown goes into the page through `textContent`, never as HTML, so a memory that
 contains markup is shown as text. Without LUCID_ADMIN_TOKEN the viewer does not exist (404).
+
+The login trades the token for a random session id (the cookie never holds the token): HttpOnly,
+SameSite=Strict, 8 hours, Secure when the request came over HTTPS (directly or as `X-Forwarded-Proto:
+https` from the proxy). Sessions live in Redis when there is one, so every replica knows them. A failed login
+is logged with the client address, never the token, and a client with 5 failures in 5 minutes is refused
+(429) until they age out. Reading a namespace runs in a thread: a large one never stalls the event loop,
+which also answers Feishu's webhook and /healthz.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import hmac
+import logging
+import secrets
+import threading
+import time
+from collections import deque
 from typing import Any
 
+import redis
 from aiohttp import web
 
+from bot.headers import BadHeader, text_header
+from memory_core.errors import LucidError
 from memory_core.lineformat import format_time
 from memory_core.namespace import Namespace, list_namespaces
 from memory_core.ops import entry_to_json
@@ -26,26 +43,98 @@ from memory_core.timeline import subject_timelines
 from workers.memory_service import MemoryService
 from workers.runtime import Runtime
 
+log = logging.getLogger(__name__)
+
 COOKIE = "lucid_admin"
+SESSION_TTL = 8 * 3600
+LOGIN_FAILURES = 5  # per client address …
+LOGIN_WINDOW = 300.0  # … in this many seconds, then 429 until the oldest failure ages out
+
+
+class Sessions:
+    """Viewer sessions: random ids (only their hash is kept) with an expiry, and failed-login counts."""
+
+    def __init__(self, client: redis.Redis | None, clock: Any = time.monotonic) -> None:
+        self.client = client
+        self.clock = clock
+        self._local: dict[str, float] = {}
+        self._failures: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(sid: str) -> str:
+        return "lucid:viewer:session:" + hashlib.sha256(sid.encode()).hexdigest()
+
+    def open(self) -> str:
+        sid = secrets.token_urlsafe(32)
+        if self.client is not None:
+            self.client.set(self._key(sid), "1", ex=SESSION_TTL)
+        else:
+            with self._lock:
+                now = self.clock()
+                self._local = {k: t for k, t in self._local.items() if t > now}
+                self._local[self._key(sid)] = now + SESSION_TTL
+        return sid
+
+    def valid(self, sid: str) -> bool:
+        if not sid or len(sid) > 128:
+            return False
+        if self.client is not None:
+            return bool(self.client.exists(self._key(sid)))
+        with self._lock:
+            return bool(self._local.get(self._key(sid), 0.0) > self.clock())
+
+    def blocked(self, who: str) -> bool:
+        with self._lock:
+            recent = self._failures.get(who)
+            while recent and recent[0] <= self.clock() - LOGIN_WINDOW:
+                recent.popleft()
+            return recent is not None and len(recent) >= LOGIN_FAILURES
+
+    def failed(self, who: str) -> int:
+        with self._lock:
+            if len(self._failures) > 10_000:  # a flood of addresses must not grow this without bound
+                self._failures.clear()
+            recent = self._failures.setdefault(who, deque())
+            recent.append(self.clock())
+            return len(recent)
+
+
 SERVICE: web.AppKey[MemoryService] = web.AppKey("viewer_service", MemoryService)
 RUNTIME: web.AppKey[Runtime] = web.AppKey("viewer_runtime", Runtime)
+SESSIONS: web.AppKey[Sessions] = web.AppKey("viewer_sessions", Sessions)
 
 
-def authorised(request: web.Request, token: str | None) -> bool:
-    """Bearer header or the viewer cookie, compared in constant time; no token configured → nobody."""
+def _bearer(request: web.Request) -> str | None:
+    try:
+        header = text_header(request.headers, "Authorization")
+    except BadHeader as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from exc
+    return header[7:] if header.startswith("Bearer ") else None
+
+
+async def authorised(request: web.Request, token: str | None) -> bool:
+    """The admin token as a bearer header (constant time), or a live session cookie; no token → nobody."""
     if not token:
         return False
-    header = request.headers.get("Authorization", "")
-    given = header[7:] if header.startswith("Bearer ") else request.cookies.get(COOKIE, "")
-    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
+    given = _bearer(request)
+    if given is not None:
+        return hmac.compare_digest(given.encode(), token.encode())
+    sid = request.cookies.get(COOKIE, "")
+    return bool(sid) and await asyncio.to_thread(request.app[SESSIONS].valid, sid)
 
 
-def _guard(request: web.Request) -> None:
+async def _guard(request: web.Request) -> None:
     token = request.app[RUNTIME].settings.admin_token
     if not token:
         raise web.HTTPNotFound()
-    if not authorised(request, token):
+    if not await authorised(request, token):
         raise web.HTTPUnauthorized(text="admin token required", headers={"WWW-Authenticate": "Bearer"})
+
+
+def _https(request: web.Request) -> bool:
+    forwarded = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    return request.secure or forwarded == "https"
 
 
 async def page(request: web.Request) -> web.StreamResponse:
@@ -54,22 +143,39 @@ async def page(request: web.Request) -> web.StreamResponse:
         raise web.HTTPNotFound()
     given = request.query.get("token")
     if given is not None:
-        if not hmac.compare_digest(given.encode(), token.encode()):
+        sessions, who = request.app[SESSIONS], request.remote or "?"
+        if sessions.blocked(who):
+            log.warning("viewer login from %s refused: too many failed logins", who)
+            raise web.HTTPTooManyRequests(text="too many failed logins; wait a few minutes")
+        ok = hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode())
+        if not ok:
+            log.warning("viewer login from %s failed (%d in %d s)", who, sessions.failed(who), LOGIN_WINDOW)
             raise web.HTTPUnauthorized(text="wrong admin token")
+        sid = await asyncio.to_thread(sessions.open)
+        log.info("viewer login from %s", who)
         response = web.HTTPFound("/admin/viewer")
-        response.set_cookie(COOKIE, given, httponly=True, samesite="Strict", path="/admin")
+        response.set_cookie(
+            COOKIE,
+            sid,
+            httponly=True,
+            samesite="Strict",
+            path="/admin",
+            max_age=SESSION_TTL,
+            secure=_https(request),
+        )
         raise response
-    _guard(request)
+    await _guard(request)
     return web.Response(text=PAGE, content_type="text/html", headers=_SECURITY_HEADERS)
 
 
-async def namespaces(request: web.Request) -> web.Response:
-    _guard(request)
-    runtime = request.app[RUNTIME]
-    service = request.app[SERVICE]
-    out = []
+def _namespace_rows(runtime: Runtime, service: MemoryService) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     for ns in list_namespaces(runtime.settings.data_dir):
-        book = service.book(ns)
+        try:
+            book = service.book(ns)
+        except LucidError as exc:  # e.g. a symbolic link in it: shown, not a 500 for the whole list
+            out.append({"tenant": ns.tenant, "user": ns.user, "persona": ns.persona, "error": str(exc)})
+            continue
         out.append(
             {
                 "tenant": ns.tenant,
@@ -79,17 +185,27 @@ async def namespaces(request: web.Request) -> web.Response:
                 "archived": len(book.archived()),
             }
         )
-    return web.json_response({"namespaces": out})
+    return out
+
+
+async def namespaces(request: web.Request) -> web.Response:
+    await _guard(request)
+    rows = await asyncio.to_thread(_namespace_rows, request.app[RUNTIME], request.app[SERVICE])
+    return web.json_response({"namespaces": rows})
 
 
 async def namespace(request: web.Request) -> web.Response:
-    _guard(request)
+    await _guard(request)
     runtime = request.app[RUNTIME]
     service = request.app[SERVICE]
     ns = Namespace.of(request.match_info["tenant"], request.match_info["user"], request.match_info["persona"])
     if not runtime.store.path(ns).is_dir():
         raise web.HTTPNotFound(text="no such namespace")
-    return web.json_response(view(runtime, service, ns, request.query.get("q", "")))
+    try:
+        data = await asyncio.to_thread(view, runtime, service, ns, request.query.get("q", ""))
+    except LucidError as exc:
+        return web.json_response({"error": str(exc)}, status=409)
+    return web.json_response(data)
 
 
 def view(runtime: Runtime, service: MemoryService, ns: Namespace, query: str = "") -> dict[str, Any]:
@@ -157,6 +273,7 @@ def view(runtime: Runtime, service: MemoryService, ns: Namespace, query: str = "
 def mount(app: web.Application, runtime: Runtime) -> None:
     app[RUNTIME] = runtime
     app[SERVICE] = MemoryService(runtime)
+    app[SESSIONS] = Sessions(runtime.redis)
     app.router.add_get("/admin/viewer", page)
     app.router.add_get("/admin/api/namespaces", namespaces)
     app.router.add_get("/admin/api/ns/{tenant}/{user}/{persona}", namespace)

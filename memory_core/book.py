@@ -34,7 +34,7 @@ from .lineformat import (
     parse_time,
 )
 from .ops import Edit, Forget, Op, Outcome, Pin, Put, Remember, Touch, entry_from_json
-from .secretscan import contains_secret
+from .secretscan import contains_secret, holds_redaction
 from .subjects import CANONICAL, canonical_subject, recognise
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -352,6 +352,8 @@ class Book:
             return Outcome(op_id, "rejected:too_long", detail=f"over {MAX_TEXT_CHARS} characters")
         if contains_secret(text):
             return Outcome(op_id, "rejected:secret", detail="looks like a secret; not stored")
+        if holds_redaction(text):  # "我的密码是 [REDACTED:password]": only a secret, and it was cut out
+            return Outcome(op_id, "rejected:secret", detail="only a redacted secret; nothing to remember")
         return None
 
     def _remember(self, op: Remember, now: datetime) -> Outcome:

@@ -8,6 +8,7 @@
      ├── ConcurrentEdit      the files changed under the writer (a hand edit) and retries ran out
      ├── UndoRefused         an undo later changes stand in the way of (or with nothing to undo)
      └── StoreError          the disk or git refused (ENOSPC, permissions): nothing torn, nothing lost
+          └── UnsafePath     a symbolic link inside the data directory: refused, nothing read or written
 
 Adapters translate library errors at their boundary into these; the CLI prints one line and exits non-zero.
 """
@@ -50,3 +51,8 @@ class UndoRefused(LucidError):
 
 class StoreError(LucidError):
     """The file system or git failed; the previous state of every file is intact."""
+
+
+class UnsafePath(StoreError):
+    """A file or folder under the data directory is a symbolic link: Lucid never follows one, so a planted
+    link cannot make it read or write outside the data directory."""

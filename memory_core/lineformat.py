@@ -324,6 +324,17 @@ class MemoryFile:
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$")
 
+#: The longest line read as memory (characters). A longer hand-edited line is kept verbatim as a problem,
+#: never parsed, scanned or scored, and the writer sets it aside (issue 15: one 20-million-character line
+#: made every write take 52 s and 450 MB). Entries the writer makes are far shorter (MAX_TEXT_CHARS).
+MAX_LINE_CHARS = 8192
+SET_ASIDE = "<!-- lucid:set-aside "
+
+
+def set_aside_note(chars: int, where: str) -> str:
+    """The line left in a file where the writer took out a line over `MAX_LINE_CHARS`."""
+    return f"{SET_ASIDE}a hand-edited line of {chars:,} characters (over {MAX_LINE_CHARS:,}) is kept in {where} -->"
+
 
 def parse_file(text: str) -> MemoryFile:
     """Parse a memory file. Never drops a line: what is not an entry stays as `Unparsed`."""
@@ -349,6 +360,14 @@ def parse_file(text: str) -> MemoryFile:
             preamble.append(line)
             continue
         if not line.strip():
+            continue
+        if len(line) > MAX_LINE_CHARS:
+            items.append(
+                Unparsed(line, f"line of {len(line):,} characters, over {MAX_LINE_CHARS:,}: not read")
+            )
+            continue
+        if line.startswith(SET_ASIDE):
+            items.append(Unparsed(line, "a hand-edited line was too long to be memory and was set aside"))
             continue
         if line.startswith("- ") or line.rstrip() == "-":
             try:

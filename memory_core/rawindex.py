@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import uuid
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,8 +29,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .entry import as_utc
-from .errors import LucidError
+from .errors import LucidError, UnsafePath
 from .lineformat import RawMessage
+from .store import no_symlink
 from .textindex import TOKENIZER_VERSION, BM25Index, Embedder, FloatArray, minmax, tokenize, top_slots
 
 FORMAT_VERSION = 1
@@ -112,7 +113,10 @@ class RawIndex:
         self._session_ids: dict[str, int] = {}
         self._seq: list[list[int]] = []  # per session: slots ordered by (ts, arrival)
         self._seq_ts: list[list[float]] = []
-        self._pos: list[int] = []  # slot -> position in its session's sequence
+        # slot -> the previous / next slot of its session (-1 at an end): a window is read in O(1), and a
+        # late message is linked in without renumbering every later one (that was linear in the session).
+        self._prev = _Grow()
+        self._next = _Grow()
         self._sess = _Grow()
         self._spk = _Grow()
         self._speaker_ids: dict[str, int] = {}
@@ -143,13 +147,13 @@ class RawIndex:
         return bag
 
     def _window(self, slot: int) -> list[tuple[int, float]]:
-        seq, p = self._seq[int(self._sess.data[slot])], self._pos[slot]
         out = [(slot, 1.0)]
-        for dist in range(1, WINDOW + 1):
-            if p - dist >= 0:
-                out.append((seq[p - dist], PREV_WEIGHT))
-            if p + dist < len(seq):
-                out.append((seq[p + dist], NEXT_WEIGHT))
+        before = after = slot
+        for _ in range(WINDOW):
+            if before >= 0 and (before := int(self._prev.data[before])) >= 0:
+                out.append((before, PREV_WEIGHT))
+            if after >= 0 and (after := int(self._next.data[after])) >= 0:
+                out.append((after, NEXT_WEIGHT))
         return out
 
     def _doc_bag(self, slot: int) -> dict[str, float]:
@@ -172,11 +176,15 @@ class RawIndex:
         seq, seq_ts = self._seq[sid], self._seq_ts[sid]
         ts = as_utc(msg.ts).timestamp()
         p = bisect_right(seq_ts, ts)
-        seq.insert(p, slot)
+        before, after = (seq[p - 1] if p else -1), (seq[p] if p < len(seq) else -1)
+        seq.insert(p, slot)  # a C-level move of pointers; the Python work per insert stays constant
         seq_ts.insert(p, ts)
-        self._pos.append(p)
-        for later in seq[p + 1 :]:
-            self._pos[later] += 1
+        self._prev.set(slot, before)
+        self._next.set(slot, after)
+        if before >= 0:
+            self._next.set(before, slot)
+        if after >= 0:
+            self._prev.set(after, slot)
         self._sess.set(slot, sid)
         self._grow_vec_mask(slot + 1)
         name = msg.speaker.strip().casefold()
@@ -284,10 +292,15 @@ class RawIndex:
         if slot is None:
             return False
         neighbours = self._neighbours(slot)
-        sid, p = int(self._sess.data[slot]), self._pos[slot]
-        del self._seq[sid][p], self._seq_ts[sid][p]
-        for later in self._seq[sid][p:]:
-            self._pos[later] -= 1
+        sid = int(self._sess.data[slot])
+        seq, seq_ts = self._seq[sid], self._seq_ts[sid]
+        p = seq.index(slot, bisect_left(seq_ts, as_utc(self._msg(slot).ts).timestamp()))
+        del seq[p], seq_ts[p]
+        before, after = int(self._prev.data[slot]), int(self._next.data[slot])
+        if before >= 0:
+            self._next.set(before, after)
+        if after >= 0:
+            self._prev.set(after, before)
         self._bm25.remove(msg_id)
         self._msgs[slot] = None
         self._own.pop(slot, None)
@@ -297,6 +310,19 @@ class RawIndex:
         for other in neighbours:
             self._bm25.update(self._msg(other).id, self._doc_bag(other))
         return True
+
+    def problems(self) -> list[str]:
+        """Broken links in the structure (empty when sound): every session's order agrees with its prev/next
+        links, and every posting is linked back to its place in its document (what keeps the cost of a
+        message linear in its own length, whatever order it arrives in)."""
+        out = self._bm25.problems()
+        for sid, seq in enumerate(self._seq):
+            for i, slot in enumerate(seq):
+                before = seq[i - 1] if i else -1
+                after = seq[i + 1] if i + 1 < len(seq) else -1
+                if (int(self._prev.data[slot]), int(self._next.data[slot])) != (before, after):
+                    out.append(f"session {sid}: slot {slot} is linked out of order")
+        return out
 
     def _msg(self, slot: int) -> RawMessage:
         msg = self._msgs[slot]
@@ -364,10 +390,9 @@ class RawIndex:
         if not self._has_vec[slot]:
             return float("nan")
         v = self._vec[slot].astype(np.float64)
-        seq, p = self._seq[int(self._sess.data[slot])], self._pos[slot]
-        for j in (p - 1, p + 1):
-            if 0 <= j < len(seq) and self._has_vec[seq[j]]:
-                v = v + DENSE_CONTEXT * self._vec[seq[j]]
+        for j in (int(self._prev.data[slot]), int(self._next.data[slot])):
+            if j >= 0 and self._has_vec[j]:
+                v = v + DENSE_CONTEXT * self._vec[j]
         return float(v @ q / (np.linalg.norm(v) or 1.0))
 
     def _hit(self, slot: int, score: float) -> RawHit:
@@ -442,8 +467,9 @@ class RawIndex:
     def read_manifest(cls, directory: str | os.PathLike[str]) -> dict[str, object] | None:
         """The cache's manifest (count, last_id, versions), or None when there is no readable cache."""
         try:
-            data = json.loads((Path(directory) / "manifest.json").read_text(encoding="ascii"))
-        except (OSError, ValueError):
+            path = no_symlink(Path(directory), Path(directory) / "manifest.json")
+            data = json.loads(path.read_text(encoding="ascii"))
+        except (OSError, ValueError, UnsafePath):
             return None
         return data if isinstance(data, dict) else None
 
@@ -458,8 +484,13 @@ class RawIndex:
         for field in ("format", "tokenizer", "recipe"):
             if manifest.get(field) != expected[field]:
                 raise StaleIndex(f"index cache has another {field}: {manifest.get(field)!r}")
-        gen = Path(directory) / str(manifest.get("generation"))
+        name = str(manifest.get("generation"))
+        if not re.fullmatch(r"gen-[0-9a-f]{12}", name):
+            raise StaleIndex(f"index cache names no generation of its own: {name[:40]!r}")
+        gen = Path(directory) / name
         try:
+            for part in ("", "messages.json", "terms.json", "index.npz"):  # never read through a link
+                no_symlink(Path(directory), gen / part)
             msgs = json.loads((gen / "messages.json").read_text(encoding="ascii"))
             terms = json.loads((gen / "terms.json").read_text(encoding="ascii"))
             with np.load(gen / "index.npz", allow_pickle=False) as npz:
@@ -485,7 +516,7 @@ class RawIndex:
                     )
             keys = [None if m is None else m.id for m in fresh._msgs]
             fresh._bm25 = BM25Index.from_arrays(terms, keys, arrays)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, UnsafePath) as exc:
             raise StaleIndex(f"index cache is unreadable: {exc}") from exc
         if len(fresh) != manifest.get("count") or len(fresh._msgs) != manifest.get("slots"):
             raise StaleIndex("index cache does not match its manifest")
@@ -501,6 +532,7 @@ class RawIndex:
     def _place_removed(self) -> None:
         self._grow_vec_mask(len(self._msgs) + 1)
         self._msgs.append(None)
-        self._pos.append(-1)
+        self._prev.set(len(self._msgs) - 1, -1)
+        self._next.set(len(self._msgs) - 1, -1)
         self._sess.set(len(self._msgs) - 1, -1)
         self._spk.set(len(self._msgs) - 1, -1)

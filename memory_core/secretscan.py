@@ -17,9 +17,23 @@ expire in minutes, and blocking them would stop the bot remembering that a code 
 publishable keys, Feishu app_id/open_id; masked or placeholder values (``********``, ``${DB_PASSWORD}``,
 ``<token>``, ``user:password@``); UUIDs and hashes, unless assigned to a key or token name.
 
-Known gaps: passwords made only of CJK characters or of unquoted hyphenated words ("密码是芝麻开门",
-``password: correct-horse-battery``); the old 15-digit ID format and foreign ID numbers; wallet seed phrases;
-all-uppercase random tokens standing alone, without a name or a separator.
+The words for a secret come from scanner rule sets and a survey, not from examples: detect-secrets'
+KeywordDetector denylist, gitleaks' generic-api-key keywords and per-service rules, trufflehog's detector
+keywords, and how people write secrets in Chinese chat (口令, 暗号, 暗码, 密语, 提取码, 授权码, 解锁码, 门禁码,
+支付密码…; pw, passcode, passphrase, master password, door code, mot de passe, Passwort, contraseña). A value
+may be Chinese characters or spaced words after a Chinese separator when it ends the clause and does not
+read as a description ("密码是芝麻开门" is a secret, "密码是我家狗的名字" and "密码是多少" are not); words joined
+by hyphens after a separator are a passphrase; a named service's key needs no separator ("Feishu encrypt key
+EK-…") when the value looks generated.
+
+Why not detect-secrets itself (considered, issue 15): its keyword plugin reads code (quoted values after an
+assignment), knows no Chinese, and flags prose; its entropy plugins flag every hash and UUID, which the corpus
+requires to pass; and a second engine would make a decision depend on two rule sets. Its denylist is folded
+into the word list above instead.
+
+Known gaps: the old 15-digit ID format and foreign ID numbers; wallet seed phrases; all-uppercase random
+tokens standing alone, without a name or a separator; a Chinese password followed by more words in the same
+clause ("密码是芝麻开门别告诉别人"); unquoted spaced English passwords ("password is abc def").
 
 Every pattern is linear: possessive quantifiers and look-behind anchors keep a pattern from re-scanning a long
 run, so a 10,000-character line costs milliseconds, whatever it contains.
@@ -253,17 +267,38 @@ def _en(alts: str) -> str:
     return rf"(?<![A-Za-z0-9_])(?:{alts})(?![A-Za-z])"
 
 
-_KW_KINDS = ("aws_key", "feishu_secret", "private_key", "api_key", "generic_token", "pin", "password")
+# Services whose "key", "token" or "secret" is a credential even without "api" or "access" before it ("OpenAI
+# key …", "飞书 token …"): the providers that gitleaks and trufflehog ship rules for, plus the Chinese clouds
+# and model vendors our users name (survey of both rule sets, 2026-12).
+_SERVICES = (
+    r"feishu|lark|飞书|aws|amazon|azure|gcp|google|gemini|openai|anthropic|claude|deepseek|moonshot|kimi|"
+    r"zhipu|智谱|dashscope|通义|qwen|百炼|文心|ernie|baidu|百度|aliyun|alibaba|阿里云|tencent|腾讯云|qcloud|"
+    r"huawei|华为云|volcengine|火山引擎|dingtalk|钉钉|wechat|weixin|微信|企业微信|wecom|alipay|支付宝|github|"
+    r"gitlab|bitbucket|slack|discord|telegram|stripe|paypal|twilio|sendgrid|mailgun|cloudflare|heroku|"
+    r"vercel|netlify|digitalocean|linode|notion|jira|atlassian|docker|npm|pypi|hugging[ ]?face|hf|"
+    r"mapbox|shopify|firebase|supabase|datadog|sentry|okta|auth0|ollama|replicate|cohere|mistral|groq"
+)
+_SERVICE_NEAR = re.compile(rf"(?i)(?<![A-Za-z])(?:{_SERVICES})(?![A-Za-z])")
+_KW_KINDS: tuple[str, ...] = ("service_key", "aws_key", "feishu_secret", "private_key", "api_key")
+_KW_KINDS += ("generic_token", "pin", "password")
 _PHRASE = re.compile(
     r"(?:(?P<aws_key>" + _en(r"aws[ _-]?secret[ _-]?(?:access[ _-]?)?key|secret[ _-]access[ _-]key") + ")"
     r"|(?P<feishu_secret>" + _en(r"app[ _-]?secret|encrypt[ _-]?key|verification[ _-]?token") + ")"
+    # "<service> [api|app|…] key|token|secret": after the two above, which name their own kind
+    r"|(?P<service_key>(?<![A-Za-z0-9_])(?:" + _SERVICES + r")(?:[ _-]?(?:api|app|bot|access|secret|"
+    r"encrypt|signing|webhook|bearer|auth))?[ _-]?(?:key|token|secret)s?(?![A-Za-z]))"
     r"|(?P<private_key>私钥|" + _en(r"private[ _-]?key") + ")"
     r"|(?P<api_key>密钥|秘钥|"
     + _en(r"api[ _-]?key|access[ _-]?key(?:[ _-]?id)?|secret[ _-]?key|(?:client|signing)[ _-]?secret|secret")
     + ")"
     r"|(?P<generic_token>令牌|" + _en(r"(?:(?:access|refresh|auth|api|bot|session)[ _-]?)?token") + ")"
     r"|(?P<pin>安全码|" + _en(r"pin(?:[ _-]?(?:code|number)|[ ]?码)?|cvv2?|cvc2?") + ")"
-    r"|(?P<password>密码|口令|" + _en(r"passwords?|passwd|pwd|passcode|pass[ ]?phrase") + "))"
+    r"|(?P<password>密码|口令|暗号|暗码|密语|提取码|授权码|解锁码|锁屏码|门禁码|开锁码|开门码|"
+    + _en(
+        r"passwords?|passwd|pwd|(?<![.-])pw(?![0-9])|passcode|pass[ ]?phrase|pass[ ]?key|master[ ]password|app[ ]password|"
+        r"(?:access|door|alarm|unlock|gate)[ ]code|mot[ ]de[ ]passe|passwort|kennwort|contrase(?:ñ|n)a|senha"
+    )
+    + "))"
     # "password for the wifi is …", "password of my gmail account: …" (only when a separator follows)
     r"(?P<qual>[ \t]++(?:for|of|on|to)[ \t]++(?:(?:my|the|our|your|this|that)[ \t]++)?[A-Za-z0-9_.@-]{1,40}+"
     r"(?:[ \t]++(?!(?:is|was|to)[ \t])[A-Za-z0-9_.@-]{1,40}+)?(?=[ \t]*+(?:is|was|[:：=])))?"
@@ -306,6 +341,12 @@ _UNIT_OR_CALL = re.compile(
     r"|minutes?|months?|years?)(?![A-Za-z])|位|个|次|天|年|月|日|号|小时|分钟|秒|字|元|块|岁)",
     re.IGNORECASE,
 )
+# Hyphenated words that describe a password rather than being one ("password: case-sensitive").
+_HYPHEN_PROSE = _words(
+    "case-sensitive case-insensitive one-time read-only write-only built-in two-factor auto-generated "
+    "well-known user-defined self-service single-use non-empty server-side client-side long-lived "
+    "short-lived hard-coded re-entered re-set e-mail wi-fi"
+)
 _ONE_TIME = ("one-time ", "one time ", "otp ", "动态", "一次性", "短信")
 _FEISHU_WORDS = re.compile(r"(?i)飞书|feishu|lark")
 
@@ -332,10 +373,14 @@ def _value_ok(kind: str, v: str, how: str, after: str) -> bool:
         if " " in v:  # 'the password "reset link"': a quoted phrase needs a separator before it
             return False
         if _WORDY.fullmatch(v):  # a word after "is" or with no separator is prose ("password is incorrect")
-            return how == "assign" and v.isalpha()
+            # …but words joined by hyphens after a separator are a passphrase (correct-horse-battery)
+            joined = v.count("-") >= (1 if how == "assign" else 2) and v.lower() not in _HYPHEN_PROSE
+            return (how in ("assign", "word") and joined) or (how == "assign" and v.isalpha())
         if how.startswith("bare"):  # "密码 123456", "password hunter2" -- but not "password 2 times"
             return any(c.isdigit() for c in v) and (how == "bare-cjk" or len(v) >= 6)
         return True
+    if how == "bare-service":  # a named service's key with no separator: it must look generated
+        return _machine_made(v) and not set(v) <= _HEX
     # Keys and tokens must be explicitly assigned and look machine-made.
     if how not in ("quoted", "assign", "word"):
         return False
@@ -352,7 +397,13 @@ def _contextual(
     pos = 0
     while m := head.search(text, pos):
         pos = m.end()
-        if (c := classify(m)) is None or (v := _VALUE.match(text, pos)) is None:
+        if (c := classify(m)) is None:
+            continue
+        if (phrase := _phrase_value(text, pos, *c, cjk_word=text[m.start()] > "~")) is not None:
+            yield phrase[0], phrase[1], "password"
+            pos = phrase[1]
+            continue
+        if (v := _VALUE.match(text, pos)) is None:
             continue
         (kind, how), group = c, "qv" if v["qv"] else "qs" if v["qs"] else 0
         quoted = group != 0
@@ -367,6 +418,43 @@ def _contextual(
             pos = e
 
 
+# A password in Chinese characters ("我的密码是芝麻开门"), or of spaced words after a Chinese separator
+# ("我的密码是 abc def ghi"): taken only when it ends the clause, and never when it reads as a description of
+# the password (a question, a quality, a hint, a count) rather than the password itself.
+_CJK_PIECE = r"(?:[\u4e00-\u9fff]|[#$%*+\-/0-9=@A-Z^_a-z~]){1,32}+"
+_CJK_VALUE = re.compile(
+    rf"{_CJK_PIECE}(?:[ \u3000]{_CJK_PIECE}){{0,3}}+(?=[ \t\u3000]*+(?:[，。！？、,.!?;；)）\n]|$))"
+)
+_HAN = re.compile("[\u4e00-\u9fff]")
+_SPACED_WORD = r"[!#$%*+\-./0-9=?@A-Z^_a-z~]{1,64}+"
+_SPACED = re.compile(
+    rf"{_SPACED_WORD}(?:[ \u3000]{_SPACED_WORD}){{1,5}}+(?=[ \t\u3000]*+(?:[，。！？,!?;；\n]|\.?$))"
+)
+_CJK_PROSE = re.compile(
+    "[的了吗呢么啥哪几我你他她它这那不没很太挺位个对错空忘改换]|多少|什么|怎么|如何|一样|相同|同一|正确|默认|初始|"
+    "生日|手机|身份|号码|加密|安全|重要|保密|隐私|必须|必填|需要|可以|简单|复杂|数字|字母|符号|随机|自动|统一|公开|"
+    "固定|用户|名字|账号|邮箱|之前|以前|原来|以后|现在|设置|告诉|知道|一致|有效|过期|失效|区分|大小写|提示"
+)
+_UNIT_WORDS = _words("characters character chars digits digit letters symbols bits bytes times days")
+
+
+def _phrase_value(text: str, pos: int, kind: str, how: str, cjk_word: bool) -> tuple[int, int] | None:
+    """The span of a password that the ASCII value pattern cannot take: Chinese characters, or spaced
+    words after a Chinese separator. None when there is none (the caller then tries `_VALUE`)."""
+    if kind != "password" or how not in ("assign", "word"):
+        return None
+    cv = _CJK_VALUE.match(text, pos)
+    if cv is not None and _HAN.search(cv.group()):  # an ASCII-only value is `_VALUE`'s to judge
+        v = cv.group()
+        return None if len(v) < 2 or _CJK_PROSE.search(v) else cv.span()
+    if cjk_word and how == "assign" and (sv := _SPACED.match(text, pos)) is not None:
+        words = [w.lower() for w in sv.group().split()]
+        if not any(w in _STOPWORDS or w in _SELF_NAMES or w in _UNIT_WORDS for w in words):
+            s, e = sv.span()
+            return s, e - (text[e - 1] == ".")
+    return None
+
+
 def _classify_phrase(m: re.Match[str]) -> tuple[str, str] | None:
     text, kind = m.string, next(k for k in _KW_KINDS if m[k] is not None)
     kw_start, kw_end = m.span(kind)
@@ -375,8 +463,23 @@ def _classify_phrase(m: re.Match[str]) -> tuple[str, str] | None:
         return None
     if not m["sep"] and m.end() == kw_end and text[kw_end : kw_end + 1] in "'\"`":  # "password's …"
         return None
+    if kind == "service_key":
+        token = m[kind].lower().rstrip("s").endswith("token")
+        kind = (
+            "feishu_secret"
+            if _FEISHU_WORDS.match(text, kw_start)
+            else "generic_token"
+            if token
+            else "api_key"
+        )
+        how = "word" if word else "assign" if m["sep"] else "bare-service"
+        return kind, how
     if kind == "api_key" and _FEISHU_WORDS.search(text, max(0, kw_start - 40), kw_start):
         kind = "feishu_secret"
+    if not m["sep"] and kind != "password" and _SERVICE_NEAR.search(text, max(0, kw_start - 24), kw_start):
+        return kind, "bare-service"  # "OpenAI api key abc…", "飞书 encrypt key EK-…": named, no separator
+    if not m["sep"] and kind == "feishu_secret":
+        return kind, "bare-service"
     return kind, "word" if word else "assign" if m["sep"] else "bare-cjk" if text[kw_start] > "~" else "bare"
 
 
@@ -489,6 +592,15 @@ def find_secrets(text: str) -> list[SecretFinding]:
 
 def contains_secret(text: str) -> bool:
     return bool(find_secrets(text))
+
+
+_MARKER = re.compile(r"\[REDACTED:[a-z_]{1,40}\]")
+
+
+def holds_redaction(text: str) -> bool:
+    """`text` carries a redaction marker: a statement about a secret that was cut out (an extraction or a
+    replay reads the redacted archive). Stored, it would say nothing, and two of them would look alike."""
+    return _MARKER.search(text) is not None
 
 
 def redact(text: str) -> str:

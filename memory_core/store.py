@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import stat
 import subprocess
 import tempfile
 import zlib
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from .errors import LeaseLost, StoreError
+from .errors import LeaseLost, StoreError, UnsafePath
 from .lineformat import RawMessage, parse_raw, render_raw
 from .namespace import Namespace
 
@@ -45,6 +46,35 @@ DREAMS = "DREAMS.md"
 TRACKED = (MEMORY, ARCHIVE, PROFILE, DREAMS)
 _GITIGNORE = ".lucid/\n*.tmp\n.index/\n.vault/\n"
 _RAW_ID = re.compile(r"<!--r:id=([^;>]*)")
+
+
+def no_symlink(base: Path, path: Path) -> Path:
+    """`path`, once no component of it below `base` is a symbolic link (missing components are fine).
+
+    The one symlink rule (issue 15): a link planted in a namespace (`raw/`, `MEMORY.md`, `.vault/…`,
+    `.index/`) would make a write land, or a read come from, outside the data directory. `base` itself may
+    be a link: that is the operator's choice of where the data lives. Raises UnsafePath."""
+    try:
+        rel = path.relative_to(base)
+    except ValueError as exc:
+        raise UnsafePath(f"{path} is outside the data directory {base}") from exc
+    if ".." in rel.parts:
+        raise UnsafePath(f"{path} leaves the data directory {base}")
+    current = base
+    for part in rel.parts:
+        current = current / part
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            break
+        except NotADirectoryError as exc:
+            raise UnsafePath(f"{current.parent} is not a directory") from exc
+        if stat.S_ISLNK(mode):
+            raise UnsafePath(
+                f"refusing to follow a symbolic link: {current} points to {os.readlink(current)!r}; "
+                "replace it with a real file or directory (Lucid never reads or writes through a link)"
+            )
+    return path
 
 
 def _sha(data: bytes) -> str:
@@ -84,7 +114,7 @@ def _stage(path: Path, data: bytes) -> str:
 
 
 def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         os.fsync(fd)
     finally:
@@ -95,7 +125,12 @@ def _fsync_dir(directory: Path) -> None:
 def flocked(path: Path) -> Iterator[None]:
     """A host-wide exclusive lock on `path` (released by the kernel if the process dies)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(f"refusing to follow a symbolic link: {path}") from exc
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -153,44 +188,47 @@ class Store:
     def path(self, ns: Namespace) -> Path:
         return ns.path(self.data_dir)
 
-    def _meta(self, ns: Namespace) -> Path:
-        return self.path(ns) / ".lucid"
+    def file(self, ns: Namespace, *parts: str) -> Path:
+        """A path in the namespace, refused (UnsafePath) if it or a folder on the way is a symbolic link."""
+        return no_symlink(self.data_dir, self.path(ns).joinpath(*parts))
+
+    def _meta(self, ns: Namespace, name: str) -> Path:
+        return self.file(ns, ".lucid", name)
 
     def lock_path(self, ns: Namespace) -> Path:
-        return self._meta(ns) / "writer.lock"
+        return self._meta(ns, "writer.lock")
 
     # -------------------------------------------------------------------------------------- reading
 
     def snapshot(self, ns: Namespace) -> Snapshot:
-        root = self.path(ns)
         files: dict[str, bytes | None] = {}
         for name in TRACKED:
             try:
-                files[name] = (root / name).read_bytes()
+                files[name] = self.file(ns, name).read_bytes()
             except FileNotFoundError:
                 files[name] = None
         return Snapshot(files, self._read_state(ns).get("hashes", {}))
 
     def read_text(self, ns: Namespace, name: str) -> str | None:
         try:
-            return (self.path(ns) / name).read_text("utf-8", errors="surrogateescape")
+            return self.file(ns, name).read_text("utf-8", errors="surrogateescape")
         except FileNotFoundError:
             return None
 
     def _read_state(self, ns: Namespace) -> dict[str, Any]:
         try:
-            data = json.loads((self._meta(ns) / "state.json").read_text("utf-8"))
+            data = json.loads(self._meta(ns, "state.json").read_text("utf-8"))
             return data if isinstance(data, dict) else {}
         except (FileNotFoundError, ValueError):
             return {}
 
     def _update_state(self, ns: Namespace, **values: Any) -> None:
         # Read-modify-write under a lock: the writer (hashes) and jobs (watermarks) both update it.
-        with flocked(self._meta(ns) / "state.lock"):
+        with flocked(self._meta(ns, "state.lock")):
             state = self._read_state(ns)
             state.update(values)
             atomic_write(
-                self._meta(ns) / "state.json", json.dumps(state, sort_keys=True).encode(), durable=False
+                self._meta(ns, "state.json"), json.dumps(state, sort_keys=True).encode(), durable=False
             )
 
     def _write_state(self, ns: Namespace, hashes: Mapping[str, str]) -> None:
@@ -209,24 +247,24 @@ class Store:
 
     def read_fence(self, ns: Namespace) -> int:
         try:
-            return int((self._meta(ns) / "fence").read_text().strip() or 0)
+            return int(self._meta(ns, "fence").read_text().strip() or 0)
         except (FileNotFoundError, ValueError):
             return 0
 
     def claim_fence(self, ns: Namespace, token: int) -> None:
         """Record `token` as the newest; this fences every older holder out at once. Idempotent for the
         holder of `token` (a leader claims once per batch it runs)."""
-        with flocked(self._meta(ns) / "fence.lock"):
+        with flocked(self._meta(ns, "fence.lock")):
             current = self.read_fence(ns)
             if token < current:
                 raise LeaseLost(f"fencing token {token} is older than {current}")
             if token > current:  # equal: this holder already claimed it (tokens are unique per lease)
-                atomic_write(self._meta(ns) / "fence", str(token).encode())
+                atomic_write(self._meta(ns, "fence"), str(token).encode())
 
     @contextlib.contextmanager
     def fenced(self, ns: Namespace, token: int, still_held: Callable[[], bool]) -> Iterator[None]:
         """Hold the fence lock while the body replaces files; refuse if the token is stale."""
-        with flocked(self._meta(ns) / "fence.lock"):
+        with flocked(self._meta(ns, "fence.lock")):
             current = self.read_fence(ns)
             if current != token or not still_held():
                 raise LeaseLost(f"write refused: fencing token {token} is stale (current {current})")
@@ -247,16 +285,17 @@ class Store:
         than losing it. Returns the new hashes of every tracked file. Raises ConcurrentChange (a
         StoreError) if a tracked file changed on disk since `before` was read: a hand edit raced us.
         """
-        root = self.path(ns)
+        root = self.file(ns)
         root.mkdir(parents=True, exist_ok=True)
         for name in TRACKED:
-            now = (root / name).read_bytes() if (root / name).exists() else None
+            path = self.file(ns, name)
+            now = path.read_bytes() if path.exists() else None
             if now != before.files.get(name):
                 raise ConcurrentChange(name)
         hashes = {n: _sha(d) for n, d in before.files.items() if d is not None}
         # Stage every temp file first: ENOSPC or EACCES then hits before any file is replaced.
         writes: list[tuple[Path, bytes]] = [
-            (root / "raw" / name, content.encode("utf-8", errors="surrogateescape"))
+            (self.file(ns, "raw", name), content.encode("utf-8", errors="surrogateescape"))
             for name, content in (raw or {}).items()
         ]
         for name in (ARCHIVE, PROFILE, DREAMS, MEMORY):
@@ -264,7 +303,7 @@ class Store:
                 data = files[name].encode("utf-8", errors="surrogateescape")
                 hashes[name] = _sha(data)
                 if data != before.files.get(name):
-                    writes.append((root / name, data))
+                    writes.append((self.file(ns, name), data))
         staged: list[tuple[str, Path]] = []
         try:
             for path, data in writes:
@@ -286,26 +325,36 @@ class Store:
     # ---------------------------------------------------------------------------- journal (crash window)
 
     def write_journal(self, ns: Namespace, journal: Mapping[str, Any]) -> None:
-        atomic_write(self._meta(ns) / "journal.json", json.dumps(journal).encode(), durable=False)
+        atomic_write(self._meta(ns, "journal.json"), json.dumps(journal).encode(), durable=False)
 
     def read_journal(self, ns: Namespace) -> dict[str, Any] | None:
         try:
-            data = json.loads((self._meta(ns) / "journal.json").read_text("utf-8"))
+            data = json.loads(self._meta(ns, "journal.json").read_text("utf-8"))
             return data if isinstance(data, dict) else None
         except (FileNotFoundError, ValueError):
             return None
 
     def clear_journal(self, ns: Namespace) -> None:
         with contextlib.suppress(FileNotFoundError):
-            (self._meta(ns) / "journal.json").unlink()
+            self._meta(ns, "journal.json").unlink()
+
+    def set_aside(self, ns: Namespace, name: str, line: str) -> str:
+        """Keep a hand-edited line too long to be memory, verbatim, out of the files and out of git (private
+        state, mode 0600). Returns where, relative to the namespace."""
+        data = line.encode("utf-8", errors="surrogateescape")
+        where = f".lucid/set-aside/{Path(name).stem}-{_sha(data)[:12]}.txt"
+        path = self.file(ns, *where.split("/"))
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(path, data)
+        return where
 
     # -------------------------------------------------------------------------------------- vault
 
     def append_vault(self, ns: Namespace, lines: list[str]) -> None:
         """Append sealed (encrypted) records to the namespace's vault; never in git (.gitignore)."""
-        path = self.path(ns) / ".vault" / "secrets.enc"
+        path = self.file(ns, ".vault", "secrets.enc")
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, "".join(line + "\n" for line in lines).encode())
             os.fsync(fd)
@@ -313,7 +362,7 @@ class Store:
             os.close(fd)
 
     def read_vault(self, ns: Namespace) -> list[str]:
-        path = self.path(ns) / ".vault" / "secrets.enc"
+        path = self.file(ns, ".vault", "secrets.enc")
         return path.read_text().split() if path.exists() else []
 
     # -------------------------------------------------------------------------------------- raw archive
@@ -327,12 +376,12 @@ class Store:
 
     def read_text_raw(self, ns: Namespace, day_name: str) -> str | None:
         try:
-            return (self.path(ns) / "raw" / day_name).read_text("utf-8", errors="surrogateescape")
+            return self.file(ns, "raw", day_name).read_text("utf-8", errors="surrogateescape")
         except FileNotFoundError:
             return None
 
     def raw_days(self, ns: Namespace) -> list[str]:
-        raw = self.path(ns) / "raw"
+        raw = self.file(ns, "raw")
         if not raw.is_dir():
             return []
         return sorted(p.name for p in raw.iterdir() if re.fullmatch(r"\d{4}-\d{2}-\d{2}\.md", p.name))
@@ -387,12 +436,12 @@ class Store:
             raise StoreError(f"git {args[0]} failed: {exc.stderr.strip()[:300]}") from exc
 
     def ensure_repo(self, ns: Namespace) -> None:
-        root = self.path(ns)
+        root = self.file(ns)
         root.mkdir(parents=True, exist_ok=True)
-        if not self.git_enabled or (root / ".git").exists():
+        if not self.git_enabled or self.file(ns, ".git").exists():
             return
         self._git(ns, "init", "-q", "-b", "main")
-        atomic_write(root / ".gitignore", _GITIGNORE.encode())
+        atomic_write(self.file(ns, ".gitignore"), _GITIGNORE.encode())
 
     def commit(
         self, ns: Namespace, message: str, exact: Mapping[str, bytes | None] | None = None
@@ -405,6 +454,8 @@ class Store:
         if not self.git_enabled:
             return None
         self.ensure_repo(ns)
+        for inside in ("objects", "refs", "index", "HEAD"):  # where git itself writes
+            self.file(ns, ".git", inside)
         if exact is None:
             self._git(ns, "add", "-A")
         else:
@@ -433,7 +484,7 @@ class Store:
         """Store `data` as a loose git blob (the standard object format) and return its id."""
         raw = b"blob %d\0" % len(data) + data
         sha = hashlib.sha1(raw).hexdigest()
-        path = self.path(ns) / ".git" / "objects" / sha[:2] / sha[2:]
+        path = self.file(ns, ".git", "objects", sha[:2], sha[2:])
         if not path.exists():
             atomic_write(path, zlib.compress(raw, 1), durable=False)
         return sha

@@ -212,9 +212,10 @@ def entry_relevance(
 class BM25Index:
     """Okapi BM25 over weighted term bags, incremental and fast at a few hundred thousand documents.
 
-    Storage is term-major: per term, an append-only `array` of document slots and one of tf. A document keeps
-    the positions of its postings, so an update edits tf in place and a removed posting is swapped with the
-    term's last one (no tombstones, no compaction). Queries copy a term's postings into numpy and accumulate
+    Storage is term-major: per term, an append-only `array` of document slots, one of tf and one of back
+    pointers (where the posting sits in its document's term list). A document keeps the positions of its
+    postings, so an update edits tf in place and a removed posting is swapped with the term's last one (no
+    tombstones, no compaction); the back pointer makes that swap O(1), whatever the moved document's length. Queries copy a term's postings into numpy and accumulate
     with fancy indexing; those copies are cached per term and dropped when that term changes.
 
     Scores follow rank_bm25's `BM25Okapi` (tests cross-check): idf = ln(N − df + .5) − ln(df + .5), a
@@ -238,6 +239,7 @@ class BM25Index:
         self._terms: list[str] = []
         self._p_slot: list[array[int]] = []
         self._p_tf: list[array[float]] = []
+        self._p_back: list[array[int]] = []
         self._df = np.zeros(1024, dtype=np.int64)
         self._keys: list[Hashable | None] = []
         self._slot: dict[Hashable, int] = {}
@@ -272,6 +274,28 @@ class BM25Index:
         """The vocabulary in id order (a copy)."""
         return list(self._terms)
 
+    def problems(self) -> list[str]:
+        """Broken cross-links between postings and documents (empty when sound). Each posting names its
+        document and its place in that document's term list, and the document points back: that pairing is
+        what keeps a removal O(1). Walks the whole index: for tests and `lucid doctor`-style checks."""
+        out: list[str] = []
+        seen = 0
+        for t, (slots, backs) in enumerate(zip(self._p_slot, self._p_back, strict=True)):
+            if len(slots) != len(backs) or len(slots) != len(self._p_tf[t]) or self._df[t] != len(slots):
+                out.append(f"term {t}: posting columns disagree")
+                continue
+            for p, (slot, back) in enumerate(zip(slots, backs, strict=True)):
+                terms, pos = self._doc_terms[slot], self._doc_pos[slot]
+                if terms is None or pos is None or not 0 <= back < len(terms):
+                    out.append(f"term {t} posting {p}: slot {slot} has no such term position {back}")
+                elif terms[back] != t or pos[back] != p:
+                    out.append(f"term {t} posting {p}: slot {slot} points elsewhere")
+            seen += len(slots)
+        held = sum(len(a) for a in self._doc_terms if a is not None)
+        if held != seen:
+            out.append(f"documents hold {held} postings, terms {seen}")
+        return out
+
     def slot_of(self, key: Hashable) -> int | None:
         return self._slot.get(key)
 
@@ -287,6 +311,7 @@ class BM25Index:
             self._terms.append(term)
             self._p_slot.append(array("i"))
             self._p_tf.append(array("f"))
+            self._p_back.append(array("i"))
             if t >= self._df.size:
                 self._df = np.concatenate([self._df, np.zeros(self._df.size, dtype=np.int64)])
         return t
@@ -335,27 +360,40 @@ class BM25Index:
         new_terms: array[int] = array("i")
         new_pos: array[int] = array("i")
         length = 0.0
+        # The hot loop of every message and of its neighbours' updates: locals, no per-term method calls.
+        vocab, p_slot, p_tf, p_back, isinf = self._vocab, self._p_slot, self._p_tf, self._p_back, math.isinf
+        added: list[int] = []
+        edited: list[int] = []
         for term, weight in bag.items():
             w = float(weight)
-            if not w >= 0.0 or math.isinf(w):
+            if not w >= 0.0 or isinf(w):
                 raise ValueError(f"term weight must be finite and >= 0, got {weight!r} for {term!r}")
             if w == 0.0:
                 continue
-            t = self.term_id(term)
+            t = vocab.get(term)
+            if t is None:
+                t = self.term_id(term)
             length += w
             p = old.pop(t, None)
-            tfs = self._p_tf[t]
+            tfs = p_tf[t]
             if p is None:
                 p = len(tfs)
-                self._p_slot[t].append(slot)
+                p_slot[t].append(slot)
                 tfs.append(w)
-                self._df[t] += 1
-                self._changed(t)
-            elif abs(tfs[p] - w) > 1e-6 * w:  # tf is stored as float32
-                tfs[p] = w
-                self._changed(t)
+                p_back[t].append(len(new_terms))
+                added.append(t)
+            else:
+                p_back[t][p] = len(new_terms)
+                if abs(tfs[p] - w) > 1e-6 * w:  # tf is stored as float32
+                    tfs[p] = w
+                    edited.append(t)
             new_terms.append(t)
             new_pos.append(p)
+        if added:
+            self._df[added] += 1  # a document holds a term once: no repeats in `added`
+        if self._cache:
+            for t in added + edited:
+                self._changed(t)
         for t, p in old.items():
             self._drop_posting(t, p)
         self._doc_terms[slot] = new_terms
@@ -364,17 +402,21 @@ class BM25Index:
         self._version += 1
 
     def _drop_posting(self, t: int, p: int) -> None:
-        slots, tfs = self._p_slot[t], self._p_tf[t]
+        # O(1): the back pointer says where the moved posting sits in its document (a search of that
+        # document's terms made an out-of-order insert of a long message quadratic: issue 15).
+        slots, tfs, backs = self._p_slot[t], self._p_tf[t], self._p_back[t]
         last = len(slots) - 1
         if p != last:
-            moved = slots[last]
+            moved, back = slots[last], backs[last]
             slots[p] = moved
             tfs[p] = tfs[last]
-            terms, pos = self._doc_terms[moved], self._doc_pos[moved]
-            assert terms is not None and pos is not None
-            pos[terms.index(t)] = p
+            backs[p] = back
+            pos = self._doc_pos[moved]
+            assert pos is not None
+            pos[back] = p
         slots.pop()
         tfs.pop()
+        backs.pop()
         self._df[t] -= 1
         self._changed(t)
 
@@ -402,16 +444,19 @@ class BM25Index:
         uniq, starts, counts = np.unique(t, return_index=True, return_counts=True)
         slot32 = (d + first).astype(np.int32)
         tf32 = w.astype(np.float32)
+        by_doc = np.argsort(d, kind="stable")
+        bounds = np.searchsorted(d[by_doc], np.arange(len(keys) + 1))
+        back32 = np.empty(t.size, dtype=np.int32)  # each row's place in its document's term list
+        back32[by_doc] = np.arange(t.size) - bounds[d[by_doc]]
         base = np.empty(uniq.size, dtype=np.int64)
         for i, (tid, s, c) in enumerate(zip(uniq.tolist(), starts.tolist(), counts.tolist(), strict=True)):
             base[i] = len(self._p_slot[tid])
             self._p_slot[tid].frombytes(slot32[s : s + c].tobytes())
             self._p_tf[tid].frombytes(tf32[s : s + c].tobytes())
+            self._p_back[tid].frombytes(back32[s : s + c].tobytes())
             self._changed(tid)
         self._df[uniq] += counts
         pos = (np.repeat(base - starts, counts) + np.arange(t.size)).astype(np.int32)
-        by_doc = np.argsort(d, kind="stable")
-        bounds = np.searchsorted(d[by_doc], np.arange(len(keys) + 1))
         t32, pos32 = t.astype(np.int32)[by_doc], pos[by_doc]
         for i in range(len(keys)):
             lo, hi = int(bounds[i]), int(bounds[i + 1])
@@ -551,6 +596,10 @@ class BM25Index:
         pos_of = (np.arange(post_slot.size) - np.repeat(ptr[:-1], lengths)).astype(np.int32)
         by_doc = np.argsort(post_slot, kind="stable")
         bounds = np.searchsorted(post_slot[by_doc], np.arange(len(keys) + 1))
+        back = np.empty(post_slot.size, dtype=np.int32)
+        back[by_doc] = np.arange(post_slot.size) - bounds[post_slot[by_doc]]
+        for t in np.flatnonzero(lengths).tolist():
+            index._p_back[t] = array("i", back[int(ptr[t]) : int(ptr[t + 1])].tobytes())
         t_sorted, p_sorted = term_of[by_doc], pos_of[by_doc]
         for slot in range(len(keys)):
             lo, hi = int(bounds[slot]), int(bounds[slot + 1])

@@ -29,7 +29,16 @@ from typing import Protocol
 from .book import Book
 from .entry import utcnow
 from .errors import ConcurrentEdit, LeaseLost, LucidError
-from .lineformat import META_OPEN, RawMessage, Unparsed, format_time, parse_file, render_file
+from .lineformat import (
+    MAX_LINE_CHARS,
+    META_OPEN,
+    RawMessage,
+    Unparsed,
+    format_time,
+    parse_file,
+    render_file,
+    set_aside_note,
+)
 from .namespace import Namespace
 from .ops import Edit, Op, Outcome, Record, Remember, message_from_json, op_from_json, op_to_json
 from .secretscan import contains_secret, redact
@@ -366,6 +375,7 @@ class Writer:
                 outcome.status == "rejected:secret"
                 and self.vault_key is not None
                 and isinstance(op, Remember)
+                and contains_secret(op.text)  # a redacted statement holds nothing worth sealing
             ):
                 sealed.append(seal(self.vault_key, {"at": format_time(now), "text": op.text, "op": op.op_id}))
                 outcome = replace(outcome, detail="kept encrypted in the vault, not in memory")
@@ -432,12 +442,13 @@ class Writer:
         Secrets a person typed into a file are redacted first, so they never reach a commit.
         """
         files: dict[str, str] = {}
-        redacted = 0
+        redacted = aside = 0
         for name in snap.hand_edited():
-            text = snap.text(name) or ""
+            text, moved = self._set_aside(ns, name, snap.text(name) or "")
             clean, n = _scrub(text) if name in (MEMORY, ARCHIVE) else _scrub_plain(text)
             redacted += n
-            if n:
+            aside += moved
+            if n or moved:
                 files[name] = clean
         if files:
             with self.store.fenced(ns, lease.token, lease.held):
@@ -445,9 +456,21 @@ class Writer:
             snap = self.store.snapshot(ns)
         self.store.record_hashes(ns, _hashes(snap))
         note = f" ({redacted} secret(s) redacted)" if redacted else ""
+        note += f" ({aside} oversized line(s) set aside)" if aside else ""
         self.store.commit(ns, f"manual edit{note}")
         log.info("committed a manual edit of %s%s", ns.key, note)
         return self.store.snapshot(ns), redacted
+
+    def _set_aside(self, ns: Namespace, name: str, text: str) -> tuple[str, int]:
+        """`text` with each line over MAX_LINE_CHARS replaced by a note saying where it is kept: the cost of
+        every later write stays the cost of the memory, not of one pasted blob (never scanned in full)."""
+        lines = text.split("\n")
+        long = [i for i, line in enumerate(lines) if len(line) > MAX_LINE_CHARS]
+        for i in long:
+            chars = len(lines[i])
+            lines[i] = set_aside_note(chars, self.store.set_aside(ns, name, lines[i]))
+            log.warning("set aside a hand-edited line of %d characters in %s/%s", chars, ns.key, name)
+        return ("\n".join(lines), len(long)) if long else (text, 0)
 
 
 # ------------------------------------------------------------------------------------------ helpers

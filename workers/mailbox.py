@@ -137,15 +137,20 @@ class Intake:
 
     def accept(self, inbound: Inbound) -> bool:
         """Queue a turn for `inbound`; False if it is a duplicate (see `accept_many`)."""
-        return self.accept_many([inbound])[0]
+        ok = self.accept_many([inbound])[0]
+        if isinstance(ok, redis.RedisError):
+            raise ok
+        return ok
 
-    def accept_many(self, batch: Sequence[Inbound]) -> list[bool]:
+    def accept_many(self, batch: Sequence[Inbound]) -> list[bool | redis.RedisError]:
         """Claim, inbox and enqueue a batch in two round trips; False for each duplicate.
 
         Duplicate = its message_id or event_id was claimed in the last 12 h, or its job (id derived from
         the message id) exists. The claim is atomic, so of two replicas racing on one message exactly one
         enqueues. Raises redis.RedisError when Redis fails (the webhook answers 503 so Feishu retries);
-        claims taken by the batch are released first, so the retry is not mistaken for a duplicate.
+        claims taken by the batch are released first, so the retry is not mistaken for a duplicate. One
+        event that Redis refuses (a bad field) fails alone: its entry is the error, its claim is released,
+        and the rest of the batch is queued as if it had come alone.
         """
         claims = []
         pipe = self.client.pipeline(transaction=False)
@@ -163,17 +168,23 @@ class Intake:
                 keys=keys, args=[SEEN_TTL, inbound.create_time, member, INBOX_TTL, ns_key, grace], client=pipe
             )
             claims.append((inbound, data, seen, member))
-        fresh = [bool(ok) for ok in pipe.execute()]
-        if not any(fresh):
+        results = pipe.execute(raise_on_error=False)
+        refused = [c for c, r in zip(claims, results, strict=True) if isinstance(r, Exception)]
+        if refused:  # a script stopped by an error keeps what it did before: the claim
+            self._release(refused)
+            errors = sorted({type(r).__name__ for r in results if isinstance(r, Exception)})
+            log.warning("refused %d event(s) of a batch of %d: %s", len(refused), len(batch), errors)
+        fresh = [r if isinstance(r, redis.RedisError) else bool(r) for r in results]
+        if not any(ok is True for ok in fresh):
             return fresh
         pipe = self.client.pipeline(transaction=False)
         for (inbound, data, _, _), ok in zip(claims, fresh, strict=True):
-            if ok:
+            if ok is True:
                 _enqueue_turn(self.queue, data, turn_job_id(inbound), pipe)
         try:
             pipe.execute()
         except BaseException:
-            self._release([c for c, ok in zip(claims, fresh, strict=True) if ok])
+            self._release([c for c, ok in zip(claims, fresh, strict=True) if ok is True])
             raise
         return fresh
 

@@ -34,7 +34,7 @@ from memory_core.recall import (
     recall,
     resident_snapshot,
 )
-from memory_core.store import ARCHIVE, MEMORY, PROFILE
+from memory_core.store import ARCHIVE, MEMORY, PROFILE, atomic_write, no_symlink
 
 from .embedding import Embeddings, from_settings
 from .runtime import Runtime
@@ -119,11 +119,10 @@ class MemoryService:
     # -------------------------------------------------------------------------------------- reading
 
     def _stat_key(self, ns: Namespace) -> tuple[tuple[int, int], ...]:
-        root = self.runtime.store.path(ns)
         key = []
         for name in (MEMORY, ARCHIVE):
             try:
-                st = (root / name).stat()
+                st = self.runtime.store.file(ns, name).stat()
                 key.append((st.st_mtime_ns, st.st_size))
             except FileNotFoundError:
                 key.append((0, -1))
@@ -206,13 +205,13 @@ class MemoryService:
     def _raw_cache(self, ns: Namespace) -> _RawCache:
         cache = self._raw.get(ns)
         store = self.runtime.store
-        cache_dir = store.path(ns) / ".index" / "raw"
+        cache_dir = store.file(ns, ".index", "raw")  # UnsafePath if .index or raw/ is a link
         if cache is None:
             cache = self._load_raw(cache_dir)
             self._raw[ns] = cache
         grew = 0
         for day in store.raw_days(ns):
-            path = store.path(ns) / "raw" / day
+            path = store.file(ns, "raw", day)
             size = path.stat().st_size
             done = cache.offsets.get(day, 0)
             if size < done:  # a day file was rewritten by hand: rebuild from the Markdown
@@ -243,7 +242,7 @@ class MemoryService:
     def _load_raw(cache_dir: Path) -> _RawCache:
         try:
             index = RawIndex.load(cache_dir)
-            offsets = json.loads((cache_dir / "offsets.json").read_text())
+            offsets = json.loads(no_symlink(cache_dir, cache_dir / "offsets.json").read_text())
             if not isinstance(offsets, dict):
                 raise StaleIndex("bad offsets")
             return _RawCache(index, {str(k): int(v) for k, v in offsets.items()})
@@ -254,7 +253,7 @@ class MemoryService:
     def _save_raw(cache: _RawCache, cache_dir: Path) -> None:
         try:
             cache.index.save(cache_dir)
-            (cache_dir / "offsets.json").write_text(json.dumps(cache.offsets))
+            atomic_write(cache_dir / "offsets.json", json.dumps(cache.offsets).encode(), durable=False)
             cache.unsaved = 0
         except OSError as exc:
             log.warning("could not save the search index cache: %s", exc)
@@ -268,7 +267,7 @@ class MemoryService:
     def flush_index(self, ns: Namespace) -> None:
         with self._lock:
             cache = self._raw_cache(ns)
-            self._save_raw(cache, self.runtime.store.path(ns) / ".index" / "raw")
+            self._save_raw(cache, self.runtime.store.file(ns, ".index", "raw"))
 
     def active_recall(
         self, ns: Namespace, query: str, session: str, chat: str, already: str = ""

@@ -97,6 +97,7 @@ class Settings:
     feishu_domain: str = "https://open.feishu.cn"
     port: int = 8080
     admin_token: str | None = field(default=None, repr=False)
+    metrics_token: str | None = field(default=None, repr=False)
     now: datetime | None = None
     reply_deadline: float = REPLY_DEADLINE
     send_rate: int = SEND_RATE
@@ -134,6 +135,7 @@ class Settings:
             feishu_domain=get("LUCID_FEISHU_DOMAIN") or "https://open.feishu.cn",
             port=port,
             admin_token=get("LUCID_ADMIN_TOKEN"),
+            metrics_token=get("LUCID_METRICS_TOKEN"),
             now=now,
             reply_deadline=parse_reply_deadline(deadline_text) if deadline_text else REPLY_DEADLINE,
             send_rate=parse_send_rate(rate_text) if rate_text else SEND_RATE,

@@ -480,6 +480,67 @@ for tpl in [
     add("generic", "generic_token", token(32, B64URL), tpl)
 
 
+# --- issue 15: the whole class of words for a secret ------------------------------------------------------
+# The word list comes from scanner rule sets, not from the issue's examples: detect-secrets' KeywordDetector
+# denylist (password, passwd, pwd, secret, *_key, *_pass, contraseña), gitleaks' generic-api-key keywords
+# (access, auth, api, credential, creds, key, passw, secret, token) and its per-service rules, trufflehog's
+# detector keywords (service name + key/token/secret), and a survey of how people write secrets in Chinese
+# chat (口令, 暗号, 暗码, 密语, 提取码, 授权码, 解锁码, 门禁码; 支付密码, 银行密码; 密钥/秘钥).
+for tpl, pw in [
+    ("我的密码是{s}", "芝麻开门"),  # a value in Chinese characters, no separator space
+    ("我的银行密码是{s}", "芝麻开门"),
+    ("支付密码：{s}", "天王盖地虎"),
+    ("接头暗号是{s}", "宝塔镇河妖"),
+    ("暗码为{s}，记住", "月落乌啼"),
+    ("保险箱的开锁码是 {s}", "东南西北"),
+    ("口令：{s}", "春江花月夜"),
+    ("我的微信支付密码是{s}。", "三三二一"),
+    ("家里门禁码是{s}", "8899#"),
+    ("百度网盘提取码：{s}", "a8k2"),
+    ("QQ邮箱的授权码是 {s}", "abcdefghijklmnop"),
+    ("手机解锁码 {s}", "270419"),
+    ("密语是{s}", "山高月小水落石出"),
+    ("我的密码是 {s}", "abc def ghi"),  # spaced words after a Chinese separator
+    ("口令是 {s}", "open sesame now"),
+    ("网银密码为 {s}", "river 42 stone"),
+    ("WiFi 密码：{s}", "blue sky 2024"),
+    ("密码是：{s}", "芝麻 开门"),
+    ("我的密码是{s}", "芝麻开门123"),
+]:
+    add("zh-kin", "password", pw, tpl)
+
+for tpl, pw in [
+    ("password: {s}", "correct-horse-battery"),  # hyphenated words: a passphrase, not prose
+    ("passphrase is {s}", "correct-horse-battery-staple"),
+    ("wifi pw is {s}", "sunny2024"),
+    ("pw: {s}", "Kx9-mmq2"),
+    ("the door code is {s}", "4471#"),
+    ("master password: {s}", "vault-Key-88"),
+    ("app password = {s}", "xkcd2024app"),
+    ("alarm code: {s}", "902213"),
+    ("pass key: {s}", "pk-77ab-q1"),
+    ("mot de passe : {s}", "Soleil2025"),
+    ("Passwort: {s}", "Sommer2025!"),
+    ("contraseña: {s}", "Verano2025"),
+]:
+    add("en-kin", "password", pw, tpl)
+
+# A named service's key, token or secret written with no separator at all.
+for tpl, value, kind in [
+    ("Feishu encrypt key {s}", "EK-" + token(24), "feishu_secret"),
+    ("飞书 app secret {s}", token(32), "feishu_secret"),
+    ("lark verification token {s}", token(32), "feishu_secret"),
+    ("DeepSeek api key {s}", token(32), "api_key"),
+    ("Azure key {s}", token(32), "api_key"),
+    ("钉钉 secret {s}", "SEC" + token(40), "api_key"),
+    ("GitHub token {s}", token(36), "generic_token"),
+    ("Notion token {s}", "secret_" + token(43), "generic_token"),
+    ("阿里云 AccessKey Secret {s}", token(30), "api_key"),
+    ("OpenAI key: {s}", token(40), "api_key"),
+]:
+    add("service", kind, value, tpl)
+
+
 # --- benign look-alikes: each must produce no finding at all ---------------------------------------------
 ORDER_NUMBER = "2024051812345678"  # fails Luhn (asserted by a test), and order numbers are not cards anyway
 
@@ -641,4 +702,30 @@ BENIGN: list[tuple[str, str]] = [
     ("member-card", "我的会员卡号是 88001234"),
     ("meeting-id", "明天 10:30 在 3 号会议室开会，会议号 823 4567 8901"),
     ("code-name", "Project code name: BlueFalcon7"),
+    # issue 15: look-alikes of the new words and values
+    ("forgot-password-how", "我忘了密码怎么办"),
+    ("password-what-zh", "密码是什么"),
+    ("password-hint-dog", "我的密码是我家狗的名字"),
+    ("password-recipe", "密码是公司名加生日"),
+    ("password-length-cjk", "密码是八位数"),
+    ("password-same-zh", "新密码和旧密码是一样的"),
+    ("payment-password-rule", "支付密码要六位数字"),
+    ("bank-password-forgot", "银行密码忘了，明天去柜台"),
+    ("red-packet", "口令红包怎么玩"),
+    ("red-packet-topic", "群里发了个口令红包，大家抢得很开心"),
+    ("passphrase-topic", "暗号对上了，我们接上头了"),
+    ("extract-code-where", "提取码在哪里看"),
+    ("auth-code-expired", "授权码过期了"),
+    ("key-rotation-aws", "AWS key rotation is due next week"),
+    ("openai-key-how", "OpenAI key 怎么申请"),
+    ("feishu-key-where", "Feishu encrypt key 在后台哪里设置"),
+    ("github-token-expired", "GitHub token expired yesterday"),
+    ("service-key-uuid", "Slack token 550e8400-e29b-41d4-a716-446655440000 was revoked"),
+    ("pw-abbrev-talk", "pw 是 password 的缩写"),
+    ("pw-manager", "my pw manager is 1Password"),
+    ("door-code-changed", "the door code changed yesterday"),
+    ("case-sensitive-colon", "password: case-sensitive"),
+    ("passphrase-advice", "a passphrase is easier to remember than a password"),
+    ("password-manager-spaced", "我的密码是 password manager 生成的"),
+    ("master-password-talk", "master password is required to unlock"),
 ]

@@ -227,6 +227,7 @@ def test_scores_after_adds_updates_and_removes_equal_a_fresh_rank_bm25(
             index.remove(key)
             del live[key]
     assert len(index) == len(live)
+    assert index.problems() == []
     assert_matches_rank_bm25(index, live, query)
 
 
@@ -256,3 +257,4 @@ def test_bulk_insert_and_array_round_trip_score_like_single_adds(
     restored.remove(0)
     single.remove(0)
     np.testing.assert_allclose(restored.score_array(query), single.score_array(query))
+    assert bulk.problems() == [] and restored.problems() == []

@@ -1,0 +1,146 @@
+"""Issue 15 (6): a symbolic link inside a namespace is reported and refused, never followed.
+
+A person with write access to the data directory (or a careless restore) can leave a link where Lucid
+keeps a file or a folder: `raw/`, `MEMORY.md`, `.vault/secrets.enc`, `.index/`, the namespace folders, the
+writer's `.lucid/` and `.git/`. Each case plants one pointing outside the data directory, then runs the write
+or read a person would run. What must hold: a clear error naming the link, nothing written to (or read
+from) the target, and the namespace's own files unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from memory_core.errors import UnsafePath
+from memory_core.lineformat import RawMessage
+from memory_core.namespace import Namespace
+from memory_core.ops import Record, Remember, message_to_json
+from memory_core.store import Store
+from memory_core.vault import derive_key
+from memory_core.writer import Writer
+from tests.reliability.harness import lucid_cli
+
+NS = Namespace.of("t", "u", "p")
+WHEN = datetime(2026, 6, 1, 9, tzinfo=UTC)
+
+
+def _message(i: int, text: str = "今天去西湖散步") -> Record:
+    return Record(message_to_json(RawMessage(f"om_{i}", WHEN, "u", text, "oc_1")))
+
+
+def _outside_tree(outside: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(outside)): p.read_bytes() for p in sorted(outside.rglob("*")) if p.is_file()}
+
+
+def _seeded(data: Path) -> Writer:
+    writer = Writer(Store(data), vault_key=derive_key("k" * 32))
+    assert [o.status for o in writer.submit(NS, [Remember("我住在杭州"), _message(0)])] == [
+        "added",
+        "recorded",
+    ]
+    return writer
+
+
+def _plant(link: Path, outside: Path, as_dir: bool) -> None:
+    """Replace `link` (a file or folder Lucid made) by a link to `outside`/<same name>."""
+    dest = outside / link.name
+    if link.exists():
+        link.rename(dest)
+    elif as_dir:
+        dest.mkdir(parents=True)
+    else:
+        dest.write_bytes(b"")
+    os.symlink(dest, link, target_is_directory=as_dir)
+
+
+CASES = {
+    "raw dir": ("raw", True, lambda w: w.submit(NS, [_message(1)])),
+    "MEMORY.md": ("MEMORY.md", False, lambda w: w.submit(NS, [Remember("我喜欢喝龙井")])),
+    "vault file": (".vault/secrets.enc", False, lambda w: w.submit(NS, [Remember("我的密码是 hunter22")])),
+    "vault dir": (".vault", True, lambda w: w.submit(NS, [Remember("我的密码是 hunter22")])),
+    "writer state": (".lucid", True, lambda w: w.submit(NS, [Remember("我喜欢喝龙井")])),
+    "git dir": (".git", True, lambda w: w.submit(NS, [Remember("我喜欢喝龙井")])),
+    "persona dir": ("", True, lambda w: w.submit(NS, [Remember("我喜欢喝龙井")])),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_planted_link_is_refused_and_nothing_lands_outside(tmp_path: Path, case: str) -> None:
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    outside.mkdir()
+    writer = _seeded(data)
+    name, as_dir, act = CASES[case]
+    root = NS.path(data)
+    if case == "vault file":  # the vault exists once a secret was sealed
+        writer.submit(NS, [Remember("我的密码是 hunter11")])
+    link = root / name if name else root
+    _plant(link, outside, as_dir)
+    before = _outside_tree(outside)
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        act(writer)
+    assert _outside_tree(outside) == before  # nothing written, appended or replaced through the link
+
+
+def test_search_through_a_linked_index_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    outside.mkdir()
+    _seeded(data)
+    os.symlink(outside, NS.path(data) / ".index", target_is_directory=True)
+    out = lucid_cli(data, "search", "西湖", "--tenant", "t", "--user", "u", "--persona", "p", check=False)
+    assert out.returncode != 0
+    assert "symbolic link" in out.stderr and "Traceback" not in out.stderr
+    assert list(outside.iterdir()) == []
+
+
+def test_a_linked_day_file_is_not_read_into_search(tmp_path: Path) -> None:
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    outside.mkdir()
+    _seeded(data)
+    foreign = outside / "2026-06-02.md"
+    foreign.write_text("# Messages\n\n- 别人的私事 <!--r:id=x;ts=2026-06-02T00:00:00Z;sp=v-->\n")
+    os.symlink(foreign, NS.path(data) / "raw" / "2026-06-02.md")
+    out = lucid_cli(data, "search", "私事", "--tenant", "t", "--user", "u", "--persona", "p", check=False)
+    assert "别人的私事" not in out.stdout
+    assert out.returncode != 0 and "symbolic link" in out.stderr
+
+
+def test_doctor_lists_the_links_before_a_write_trips_on_one(tmp_path: Path) -> None:
+    from bot import doctor
+    from workers.settings import Settings
+
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    outside.mkdir()
+    _seeded(data)
+    assert doctor.check_links(Settings(data_dir=data)).ok
+    os.symlink(outside, NS.path(data) / "raw-elsewhere", target_is_directory=True)
+    check = doctor.check_links(Settings(data_dir=data))
+    assert not check.ok and "raw-elsewhere" in check.detail and "replace" in check.fix
+
+
+async def test_the_viewer_reports_a_linked_namespace_instead_of_failing(
+    aiohttp_client, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    from aiohttp import web
+
+    from bot import viewer
+    from workers.runtime import build
+    from workers.settings import Settings
+
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    outside.mkdir()
+    _seeded(data)
+    _plant(NS.path(data) / "MEMORY.md", outside, as_dir=False)
+    app = web.Application()
+    viewer.mount(app, build(Settings(data_dir=data, admin_token="t" * 32, config_path=data / "none.toml")))
+    client = await aiohttp_client(app)
+    auth = {"Authorization": "Bearer " + "t" * 32}
+    listing = await client.get("/admin/api/namespaces", headers=auth)
+    assert listing.status == 200
+    [row] = (await listing.json())["namespaces"]
+    assert "symbolic link" in row["error"]
+    one = await client.get("/admin/api/ns/t/u/p", headers=auth)
+    assert one.status == 409 and "symbolic link" in (await one.json())["error"]
