@@ -24,6 +24,7 @@ from functools import lru_cache
 import numpy as np
 
 from .entry import Entry
+from .floor import evidence_query
 from .intents import is_chitchat
 from .subjects import canonical_subject
 from .textindex import ENTRY_B, ENTRY_DENSE_WEIGHT, ENTRY_K1, BM25Index, minmax, tokenize
@@ -170,7 +171,7 @@ class RelevanceIndex:
         still matches by its character. A long query (a whole dialogue) is exempt: there, many single
         characters in common are real topical evidence (the rule costs 4 points of R@10 on MADial).
         """
-        expanded = expand(query)
+        expanded = expand(evidence_query(query))
         tokens = tokenize(expanded)
         if not tokens:
             return {}
@@ -265,6 +266,32 @@ def asked_subject(query: str) -> str | None:
     return None
 
 
+def pulls_memory(query: str) -> bool:
+    """The one gate every reading path asks first: greetings and fillers (你好, 嗯嗯, ok, thanks, 哈哈) pull
+    nothing — no recall tier, no active recall; short real questions (我在哪) do."""
+    return bool(query.strip()) and not is_chitchat(query)
+
+
+def used_by_reply(reply: str, entries: Iterable[Entry], referenced: Iterable[str] = ()) -> list[str]:
+    """Ids of the `entries` the reply used: a tool call referred to the id, or the reply carries most of
+    the entry's evidence terms (CJK pairs, Latin words). Deterministic; what was merely shown is no hit."""
+    said = strong_terms(reply)
+    named = set(referenced)
+    used: list[str] = []
+    for e in entries:
+        if e.id in used:
+            continue
+        terms = strong_terms(e.text)
+        shared = len(terms & said)
+        if e.id in named or (terms and shared >= min(2, len(terms)) and shared >= USED_SHARE * len(terms)):
+            used.append(e.id)
+    return used
+
+
+#: Share of an entry's evidence terms a reply must carry for the entry to count as used (a hit).
+USED_SHARE = 0.5
+
+
 def recall(
     entries: Sequence[Entry],
     query: str,
@@ -278,16 +305,18 @@ def recall(
     query_vector: Sequence[float] | None = None,
     vectors: dict[str, Sequence[float]] | None = None,
     gate: bool = True,
+    dense_floor: float | None = None,
 ) -> list[Scored]:
     """The top-k current entries for `query`, each with its three terms.
 
     `as_of` answers what was current at that time (recency is still measured from `now`); pass the
     archived entries too, since light dreaming archives what stopped being true. With vectors
     for the query and the entries, relevance = 0.7 × minmax(cosine) + 0.3 × lexical, and an entry needs
-    lexical or vector evidence to be returned at all. Pass the same `index` (and the same `entries`
+    lexical or vector evidence to be returned at all; a cosine below `dense_floor` (floor.DenseFloor) is
+    no vector evidence and adds nothing. Pass the same `index` (and the same `entries`
     list) between queries to keep the work proportional to the matches.
     """
-    if not query.strip() or (gate and is_chitchat(query)):
+    if not query.strip() or (gate and not pulls_memory(query)):
         return []
     when = as_of or now
     if index is None:
@@ -303,22 +332,27 @@ def recall(
     lexical = {i: r for i, r in index.relevance(query).items() if eligible(by_id[i])}
     rel = dict(lexical)
     subject = asked_subject(query)
-    if subject is not None:
-        for e in by_id.values():
-            if e.subject and canonical_subject(e.subject) == subject and eligible(e):
-                rel[e.id] = max(rel.get(e.id, 0.0), SUBJECT_RELEVANCE)
+    holders = [
+        e.id
+        for e in (by_id.values() if subject is not None else ())
+        if e.subject and canonical_subject(e.subject) == subject and eligible(e)
+    ]
     if query_vector is not None and vectors:
         ids = [i for i in vectors if i in by_id and eligible(by_id[i])]
         if ids:
             mat = np.asarray([vectors[i] for i in ids], dtype=np.float64)
             cos = mat @ np.asarray(query_vector, dtype=np.float64)
             dense = minmax(cos)
+            least = 0.0 if dense_floor is None else dense_floor
             for ident, c, d in zip(ids, cos, dense, strict=True):
-                if c <= 0 and ident not in lexical:
+                evident = c > least if dense_floor is None else c >= least
+                if not evident and ident not in lexical:
                     continue  # no vector evidence either
-                rel[ident] = ENTRY_DENSE_WEIGHT * float(d) + (1 - ENTRY_DENSE_WEIGHT) * lexical.get(
+                rel[ident] = ENTRY_DENSE_WEIGHT * float(d) * evident + (1 - ENTRY_DENSE_WEIGHT) * lexical.get(
                     ident, 0.0
                 )
+    for ident in holders:  # the question names the attribute: its holders are relevant, vectors or not
+        rel[ident] = max(rel.get(ident, 0.0), SUBJECT_RELEVANCE)
     scored = [
         Scored(by_id[i], recency(by_id[i], now), importance(by_id[i]), r) for i, r in rel.items() if r > 0
     ]

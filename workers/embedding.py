@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+from memory_core.floor import REFERENCE, DenseFloor
+
 from .llm import LLM, LLMError
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,16 @@ class Embeddings:
         self._cache: dict[str, list[float]] = {}
         self._failures = 0
         self._opened: float | None = None
+        self._floor: DenseFloor | None = None
+
+    def dense_floor(self) -> DenseFloor | None:
+        """This embedder's relevance floor (memory_core.floor), from its vectors of the reference set;
+        None while they cannot be had (then recall uses no vectors at all)."""
+        if self._floor is None and self.available():
+            got = self._call(list(REFERENCE), "passage")
+            if got is not None:
+                self._floor = DenseFloor.of(got)
+        return self._floor
 
     def available(self) -> bool:
         if self._opened is None:

