@@ -34,7 +34,7 @@ from memory_core.entry import Entry
 from memory_core.floor import REFERENCE, DenseFloor
 from memory_core.recall import RelevanceIndex, recall
 
-MARGINS = (None, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)  # None: no dense floor
+MARGINS = (None, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)  # None: no dense floor
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 Embed = Callable[[list[str], str], np.ndarray]
 

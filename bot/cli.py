@@ -18,14 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from memory_core.entry import TYPES, Entry
-from memory_core.errors import LucidError
+from memory_core.errors import InvalidInput, LucidError, NotFound
+from memory_core.ids import pin_refusal, resolve_id, successor_of
 from memory_core.importer import parse_import
 from memory_core.lineformat import format_time, parse_time
 from memory_core.namespace import Namespace
 from memory_core.ops import Forget, Pin, Remember, entry_to_json
 from memory_core.store import ARCHIVE, MEMORY
 from workers.runtime import Runtime, build
-from workers.settings import Settings
+from workers.settings import Settings, duration_seconds
 
 from .terminal import printable, printable_json
 
@@ -74,24 +75,42 @@ def cmd_remember(args: argparse.Namespace, rt: Runtime) -> int:
     return 0 if outcome.ok else 3
 
 
+def _entry(args: argparse.Namespace, rt: Runtime) -> tuple[Entry | None, list[Entry]]:
+    """The entry `args.id` names: a full id or a unique prefix (as `lucid show` prints), history and
+    archive included (None when nothing matches: the writer then reports not_found); an ambiguous
+    prefix is one clear error line."""
+    book, _ = rt.writer.snapshot(_ns(args))
+    every = book.entries() + book.archived()
+    try:
+        return resolve_id(every, args.id), every
+    except NotFound:
+        return None, every
+
+
 @command("forget")
 def cmd_forget(args: argparse.Namespace, rt: Runtime) -> int:
-    outcome = rt.writer.submit(_ns(args), [Forget(id=args.id)])[0]
+    entry, _ = _entry(args, rt)
+    ident = entry.id if entry else args.id
+    outcome = rt.writer.submit(_ns(args), [Forget(id=ident)])[0]
     _emit(
         args,
         outcome.to_json(),
-        f"{outcome.status} {args.id}" + (f": {outcome.detail}" if outcome.detail else ""),
+        f"{outcome.status} {ident}" + (f": {outcome.detail}" if outcome.detail else ""),
     )
     return 0 if outcome.ok else 3
 
 
 @command("pin")
 def cmd_pin(args: argparse.Namespace, rt: Runtime) -> int:
-    outcome = rt.writer.submit(_ns(args), [Pin(id=args.id, pinned=not args.unpin)])[0]
+    entry, every = _entry(args, rt)
+    ident = entry.id if entry else args.id
+    if entry and not args.unpin and (why := pin_refusal(entry, rt.clock(), successor_of(every, ident))):
+        raise InvalidInput(f"not pinned: {why}")
+    outcome = rt.writer.submit(_ns(args), [Pin(id=ident, pinned=not args.unpin)])[0]
     _emit(
         args,
         outcome.to_json(),
-        f"{outcome.status} {args.id}" + (f": {outcome.detail}" if outcome.detail else ""),
+        f"{outcome.status} {ident}" + (f": {outcome.detail}" if outcome.detail else ""),
     )
     return 0 if outcome.ok else 3
 
@@ -206,17 +225,37 @@ def _progress(done: int, total: int) -> None:
 # ------------------------------------------------------------------------------------------ reading
 
 
+def parse_as_of(value: str, now: datetime) -> datetime:
+    """`--as-of`: an ISO time or date, `now`, `today`, `yesterday`, or a time ago (`3d`, `12h`, `3d ago`)."""
+    v = value.strip().lower()
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    named = {"now": now, "today": midnight, "yesterday": midnight - timedelta(days=1)}
+    if v in named:
+        return named[v]
+    ago = duration_seconds(v.removesuffix("ago").strip())
+    if ago is not None:
+        return now - timedelta(seconds=ago)
+    try:
+        return parse_time(value)
+    except ValueError:
+        raise InvalidInput(
+            f"--as-of {value!r} is not a time: use an ISO time (2026-06-01 or 2026-06-01T09:00:00Z), "
+            "now, today, yesterday, or a time ago such as 3d or 12h"
+        ) from None
+
+
 @command("recall")
 def cmd_recall(args: argparse.Namespace, rt: Runtime) -> int:
-    from workers.memory_service import MemoryService
+    """The chat's own recall path (the process's memory service, with its embedder and floor)."""
+    from workers.memory_service import service_for
 
     ns = _ns(args)
-    as_of = parse_time(args.as_of) if args.as_of else None
+    now = rt.clock()
+    as_of = parse_as_of(args.as_of, now) if args.as_of else None
     chat_type = args.chat_type
     if chat_type == "group" and not args.chat:
         raise LucidError("--chat-type group needs --chat ID")
-    now = rt.clock()
-    results = MemoryService(rt).recall(
+    results = service_for(rt).recall(
         ns, args.query, now, k=args.k, as_of=as_of, chat_type=chat_type, chat=args.chat, gate=not args.no_gate
     )
     data = {
@@ -251,7 +290,9 @@ def cmd_search(args: argparse.Namespace, rt: Runtime) -> int:
     from workers.memory_service import MemoryService
 
     ns = _ns(args)
-    hits = MemoryService(rt).search(ns, args.query, k=args.k)
+    service = MemoryService(rt)
+    hits = service.search(ns, args.query, k=args.k)
+    whys = [service.why(ns, args.query, h) for h in hits]
     data = {
         "namespace": str(ns),
         "query": args.query,
@@ -265,11 +306,17 @@ def cmd_search(args: argparse.Namespace, rt: Runtime) -> int:
                 "ts": format_time(h.ts),
                 "chat": h.chat,
                 "chat_type": h.chat_type,
+                "matched": why.matched,
+                "context": why.context_json(),
+                "why": why.line(),
             }
-            for h in hits
+            for h, why in zip(hits, whys, strict=True)
         ],
     }
-    lines = [f"{h.score:7.3f}  {format_time(h.ts)}  {h.id}  {h.speaker}: {h.text[:100]}" for h in hits]
+    lines = [
+        f"{h.score:7.3f}  {format_time(h.ts)}  {h.id}  {h.speaker}: {h.text[:100]}\n         ↳ {why.line()}"
+        for h, why in zip(hits, whys, strict=True)
+    ]
     _emit(args, data, "\n".join(lines) if lines else "(no match)")
     return 0
 
@@ -348,12 +395,10 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="lucid", description="Lucid: a chat bot whose memory is plain Markdown."
-    )
+    parser = _Parser(prog="lucid", description="Lucid: a chat bot whose memory is plain Markdown.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     parser.add_argument("--version", action="version", version=f"lucid {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub: Any = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("remember", help="write one memory through the single writer")
     p.add_argument("text")
@@ -378,7 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("recall", help="scored memories for a query (recency, importance, relevance)")
     p.add_argument("query")
     p.add_argument("--k", type=int, default=5, help="how many (default 5)")
-    p.add_argument("--as-of", help="what was current at this time (ISO 8601)")
+    p.add_argument(
+        "--as-of", help="what was current at this time: ISO 8601, now, today, yesterday, or 3d / 12h ago"
+    )
     p.add_argument(
         "--chat-type", choices=("p2p", "group"), default="p2p", help="as seen from this kind of chat"
     )
@@ -459,6 +506,20 @@ def _fixed_clock(when: datetime) -> Callable[[], datetime]:
     return lambda: when
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad argument is one clear line and exit status 2, never a usage dump or a traceback."""
+
+    def error(self, message: str) -> Any:  # argparse's signature is NoReturn
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _data_dir(value: str) -> Path:
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise InvalidInput(f"--data {value}: that is a file, not a data directory")
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -466,7 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         overrides: dict[str, Any] = {}
         if getattr(args, "data", None):
-            overrides["data_dir"] = Path(args.data)
+            overrides["data_dir"] = _data_dir(args.data)
         elif args.command == "demo":
             overrides["data_dir"] = Path(tempfile.mkdtemp(prefix="lucid-demo-"))
             print(f"(demo data directory: {overrides['data_dir']})\n")
@@ -483,6 +544,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args, runtime)
     except LucidError as exc:
         print(f"lucid: {printable(str(exc))}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a data directory that cannot be made or read: say which, no traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"lucid: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -223,7 +223,7 @@ def view(runtime: Runtime, service: MemoryService, ns: Namespace, query: str = "
 
     scored = {}
     if query.strip():
-        scored = {s.entry.id: s for s in service.recall(ns, query, now, k=50, gate=False)}
+        scored = {s.entry.id: s for s in service.recall(ns, query, now, k=50)}  # the chat's own path
     recall_rows = []
     for e in current:
         if e.resident:

@@ -345,3 +345,57 @@ def classify_type(text: str) -> str:
     if _PREFERENCE_HINTS.search(text):
         return "preference"
     return "fact"
+
+
+# --- memory-only mode: "what do you know about me", durable first-person statements ---------------------
+
+_ABOUT_ME = re.compile(
+    r"(?:你|您)?(?:都|还)?(?:记得|记住了|知道|了解|存了|记了)(?:些)?(?:关于|有关)?我(?:的)?(?:什么|哪些|多少|些什么|啥)"
+    r"|(?:关于|有关)我(?:的事)?[，,\s]*(?:你|您)(?:都|还)?(?:知道|记得|了解|记住了)(?:些)?(?:什么|哪些|多少|啥)"
+    r"|(?:你|您)对我(?:有)?(?:多少|什么|哪些)了解|(?:你|您)(?:都)?记得我(?:吗|么)?[?？]?$"
+    r"|\bwhat (?:do|did|else do) you (?:know|remember|recall|have stored|have saved) (?:about|of|on) me\b"
+    r"|\bwhat have you (?:learned|learnt|remembered|stored|saved|got) (?:about|on) me\b"
+    r"|\btell me what you (?:know|remember) about me\b|\bwhat do you have on me\b"
+    r"|\bwhat(?:'s| is) in your memory about me\b|\bdo you remember (?:anything|stuff|things) about me\b",
+    re.I,
+)
+
+
+def asks_about_me(text: str) -> bool:
+    """ "What do you know / remember about me" in any phrasing (你记得我什么, 关于我你知道什么, What do you
+    remember about me?): a request to list memory, not a question for recall."""
+    return len(text) <= 80 and _ABOUT_ME.search(text.replace("’", "'")) is not None
+
+
+# A first-person statement is durable when it says what someone habitually does, has, is or likes; a
+# passing remark (I'm so tired today, 我刚吃完饭) is not. Deterministic: it errs towards not storing, and
+# the bot then says it did not store the remark.
+_DURABLE_ZH = re.compile(
+    r"^我(?:平时|一般|通常|经常|主要|基本上|大多|一直|每天|每周|每个月|每年|从小)?(?:都)?"
+    r"(?:养了|养着|有(?:一|两|三|个|只|条|位|辆|套|台)|是(?!不是)|叫|姓|属|信|来自|老家|毕业于|在.{1,12}(?:工作|上班|读书|上学|实习)|"
+    r"喜欢|不喜欢|讨厌|爱|偏爱|习惯|不吃|吃素|不喝|会说|会讲|说|讲|用|写|开|玩|练|学|住|搬|对.{1,8}过敏)"
+)
+_DURABLE_EN = re.compile(
+    r"^(?:i|i'm|i am|i've|i have|my)\b(?:\s+(?:mostly|usually|often|always|generally|mainly|normally|"
+    r"really|also|still|mostly))?\s*"
+    r"(?:write|code|program|use|speak|work|live|have|own|play|drink|eat|like|love|prefer|hate|dislike|study|"
+    r"teach|run|ride|drive|cook|read|watch|listen|am an?\b|'m an?\b|a\b|an\b|been|got|grew up|"
+    r"(?:\w+\s){0,2}(?:is|are|was|lives|works|likes|name))",
+    re.I,
+)
+_PASSING = re.compile(
+    r"今天|昨天|刚才|刚刚|刚|一会|待会|马上|现在有点|好累|好困|饿了|累了|困了|"
+    r"\b(?:today|tonight|yesterday|right now|just now|this morning|this afternoon|this evening|at the moment|"
+    r"so tired|feel(?:ing)?|about to|going to|gonna)\b",
+    re.I,
+)
+
+
+def is_durable_statement(text: str) -> bool:
+    """A first-person statement worth keeping (I mostly write Go and a bit of Rust; 我养了一条狗叫旺财)."""
+    t = _lead_stripped(text.strip())
+    if not t or len(t) > 200 or t.rstrip().endswith(("?", "？", "吗")) or _PASSING.search(t):
+        return False
+    if carries_instruction(t):
+        return False
+    return _DURABLE_ZH.match(t) is not None or _DURABLE_EN.match(t.replace("’", "'")) is not None

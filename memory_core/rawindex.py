@@ -286,6 +286,13 @@ class RawIndex:
             self._bm25.update(self._msg(slot).id, self._doc_bag(slot))
         return len(fresh)
 
+    def context(self, msg_id: str) -> list[RawMessage]:
+        """The turns around `msg_id` whose words count toward its score (search explains a hit by them)."""
+        slot = self._bm25.slot_of(msg_id)
+        if slot is None:
+            return []
+        return [self._msg(other) for other, _ in self._window(slot)[1:]]
+
     def remove(self, msg_id: str) -> bool:
         """Drop a message (a purge); its neighbours close ranks over the gap. Returns whether it was there."""
         slot = self._bm25.slot_of(msg_id)

@@ -229,25 +229,27 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
 }
 
 #: Short questions about a standing attribute, answered by the entries holding that subject.
-_SUBJECT_QUESTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (
-        re.compile(
-            r"(哪|什么).{0,4}(工作|上班|公司|单位)|在哪.{0,2}(工作|上班)|where do i work|my (employer|company)",
-            re.I,
+_SUBJECT_QUESTIONS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.I), subject)
+    for subject, pattern in (
+        (
+            "雇主",
+            r"(哪|什么).{0,4}(工作|上班|公司|单位)|在哪里?.{0,2}(工作|上班|任职)|where do i work|"
+            r"who do i work for|my (employer|company)",
         ),
-        "雇主",
-    ),
-    (
-        re.compile(
-            r"我(现在)?(在|住|人在)(哪|什么地方)|住哪|在哪儿|where (do|am) i( now)?( live| living| based)?\b|where i live",
-            re.I,
+        ("家乡", r"老家|家乡|籍贯|hometown|where am i from"),
+        (
+            "所在地",
+            r"我(现在)?(在|住|人在)(哪|什么地方)|(在|住)(在)?哪|住址|所在地|在哪儿|"
+            r"where (do|am) i( now)?( live| living| based)?\b|where i live|my (location|city|address)",
         ),
-        "所在地",
-    ),
-    (re.compile(r"我叫什么|我的名字|what'?s my name|who am i", re.I), "姓名"),
-    (re.compile(r"时区|time ?zone", re.I), "时区"),
-    (re.compile(r"(用|说)什么语言|which language|what language", re.I), "语言"),
-    (re.compile(r"技术栈|tech stack|my stack", re.I), "技术栈"),
+        ("姓名", r"我叫什么|我的名字|叫我什么|what'?s my name|what is my name|who am i"),
+        ("时区", r"时区|time ?zone"),
+        ("语言", r"(用|说)什么语言|哪种语言|which language|what language"),
+        ("生日", r"生日|birthday"),
+        ("技术栈", r"技术栈|tech stack|my stack"),
+        ("职业", r"我(是做什么|的职业|的工作是)|what do i do|my job"),
+    )
 )
 SUBJECT_RELEVANCE = 0.9
 

@@ -13,11 +13,18 @@ from typing import Any
 from memory_core import policy
 from memory_core.entry import TYPES, Entry
 from memory_core.errors import LucidError
+from memory_core.ids import pin_refusal, successor_of
 from memory_core.injection import carries_instruction
-from memory_core.intents import classify_type, is_memorable, parse_intent
+from memory_core.intents import (
+    asks_about_me,
+    classify_type,
+    is_durable_statement,
+    is_memorable,
+    parse_intent,
+)
 from memory_core.namespace import Namespace
 from memory_core.ops import Edit, Forget, Op, Outcome, Pin, Remember
-from memory_core.recall import visible_in
+from memory_core.recall import asked_subject, visible_in
 from memory_core.store import DREAMS
 from memory_core.subjects import canonical_subject, recognise
 
@@ -138,7 +145,10 @@ _T = {
         "I don't know that yet. You can tell me: remember …",
     ),
     "hello": ("你好！", "Hi!"),
-    "received": ("收到。", "Noted."),
+    "not_stored": (
+        "我没有把这句存为记忆（它不像一条长期的信息）。要我记住的话，说“记住……”。",
+        "I haven't stored that (it doesn't read as something lasting). Say “remember …” if you want me to keep it.",
+    ),
     "no_model": (
         "（提示：还没有配置对话模型，我现在只能帮你记住、忘掉和查询记忆。）",
         "(No chat model is configured, so for now I can only remember, forget and look things up.)",
@@ -152,14 +162,22 @@ _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 _LATIN = re.compile(r"[A-Za-z]*[G-Zg-z][A-Za-z]*")  # a word, not a hex id such as 4ca67195
 
 
+def language_of(text: str) -> str | None:
+    """ "zh" for text with Chinese, "en" for Latin words without, None when it says nothing (/memory, 👍)."""
+    body = re.sub(r"^[/／]\S*", "", text.strip())
+    if _CJK.search(body):
+        return "zh"
+    return "en" if _LATIN.search(body) else None
+
+
 def language(inbound: Inbound) -> str:
-    """ "en" for Latin text without Chinese (a command word aside), else "zh"."""
-    body = re.sub(r"^[/／]\S*", "", inbound.text.strip())
-    return "en" if _LATIN.search(body) and not _CJK.search(body) else "zh"
+    """The message's language, else the conversation's (`Inbound.lang`: /memory in an English
+    conversation answers in English), else Chinese."""
+    return language_of(inbound.text) or inbound.lang or "zh"
 
 
 def say(inbound: Inbound, key: str, **values: Any) -> str:
-    """A catalogue sentence in the message's language."""
+    """A catalogue sentence in the message's (or the conversation's) language."""
     zh, en = _T[key]
     return (en if language(inbound) == "en" else zh).format(**values)
 
@@ -314,10 +332,16 @@ def _pin(runtime: Runtime, mem: MemoryService, inbound: Inbound, target: str, pi
     entry = _resolve(runtime, mem, inbound, target, "pin" if pinned else "unpin")
     if isinstance(entry, str):
         return entry
+    if pinned and (why := _pin_refusal(runtime, mem, inbound, entry)):
+        return say(inbound, "failed", why=why)
     outcome = mem.apply(inbound.ns, [Pin(id=entry.id, pinned=pinned)])[0]
     if not outcome.ok:
         return say(inbound, "failed", why=outcome.detail or outcome.status)
     return say(inbound, "pinned" if pinned else "unpinned", text=entry.text)
+
+
+def _pin_refusal(runtime: Runtime, mem: MemoryService, inbound: Inbound, entry: Entry) -> str | None:
+    return pin_refusal(entry, runtime.clock(), successor_of(mem.book(inbound.ns).entries(), entry.id))
 
 
 def _dream_command(runtime: Runtime, inbound: Inbound, args: str) -> str:
@@ -353,24 +377,6 @@ def dream_status(runtime: Runtime, ns: Namespace, lines: int = 20) -> dict[str, 
 
 # --------------------------------------------------------------------------------------------- memory-only
 
-_QUESTION_SUBJECTS = tuple(
-    (subject, re.compile(pattern, re.I))
-    for subject, pattern in (
-        ("雇主", r"哪(?:家|个)?公司|在哪里?(?:上班|工作|任职)|where do i work|who do i work for|my employer"),
-        ("家乡", r"老家|家乡|籍贯|hometown|where am i from"),
-        (
-            "所在地",
-            r"(?:在|住)(?:在)?哪|住址|所在地|where (?:do i live|am i|i live)|my (?:location|city|address)",
-        ),
-        ("姓名", r"我叫什么|我的名字|叫我什么|what(?:'s| is) my name|who am i"),
-        ("时区", r"时区|time ?zone"),
-        ("语言", r"什么语言|哪种语言|which language"),
-        ("生日", r"生日|birthday"),
-        ("技术栈", r"技术栈|tech stack"),
-        ("职业", r"我(?:是做什么|的职业|的工作是)|what do i do|my job"),
-    )
-)
-
 
 def remember_op(text: str, inbound: Inbound, source: str = "user") -> Remember:
     found = recognise(text)
@@ -389,7 +395,7 @@ def deterministic_intent(text: str) -> tuple[str, str]:
             "preference",
             "instruction",
         )
-        if standing or recognise(intent.text) is not None:
+        if standing or recognise(intent.text) is not None or is_durable_statement(intent.text):
             return "remember", intent.text
     return intent.kind, intent.text
 
@@ -402,7 +408,10 @@ def memory_reply(
     note: str,
     outcomes: list[Outcome],
 ) -> str:
-    """The answer without a model: explicit requests deterministically, questions from memory."""
+    """The answer without a model: explicit requests deterministically, questions from memory. It says
+    it stored something only when the write succeeded, and what; a remark it did not store, it says so."""
+    if asks_about_me(inbound.text):
+        return _list_memory(runtime, mem, inbound) + "\n" + say(inbound, note)
     kind, payload = deterministic_intent(inbound.text)
     if kind == "remember":
         outcome = mem.apply(inbound.ns, [remember_op(payload, inbound)])[0]
@@ -420,7 +429,7 @@ def memory_reply(
     elif kind == "question":
         text = _answer(runtime, mem, inbound, assembly)
     else:
-        text = say(inbound, "hello" if kind == "chitchat" else "received")
+        text = say(inbound, "hello" if kind == "chitchat" else "not_stored")
     if note == "model_down" or kind not in ("remember", "forget"):
         text += "\n" + say(inbound, note)
     return text
@@ -441,15 +450,19 @@ def confirm(inbound: Inbound, outcomes: Sequence[Outcome]) -> str:
 
 
 def _answer(runtime: Runtime, mem: MemoryService, inbound: Inbound, assembly: Assembly) -> str:
-    """A question without a model: the current value of the attribute asked about, else the best recall."""
-    now = runtime.clock()
-    subject = next((s for s, pattern in _QUESTION_SUBJECTS if pattern.search(inbound.text)), None)
-    if subject is not None:
-        current_entries = _visible(inbound, mem.book(inbound.ns).current(now))
-        holders = [e for e in current_entries if e.subject and canonical_subject(e.subject) == subject]
-        if holders:
-            newest = max(holders, key=lambda e: (e.valid_from or e.at or now, e.at or now))
-            return say(inbound, "recalled", text=newest.text)
+    """A question without a model, from the turn's recall (the one path `lucid recall` and the viewer
+    use): the current value of the attribute asked about (我住在哪), else the best few entries."""
+    subject = asked_subject(inbound.text)
+    holder = next(
+        (
+            s.entry
+            for s in assembly.recalled
+            if subject is not None and s.entry.subject and canonical_subject(s.entry.subject) == subject
+        ),
+        None,
+    )
+    if holder is not None:
+        return say(inbound, "recalled", text=holder.text)
     if assembly.recalled:
         return say(
             inbound, "recalled_many", lines="\n".join(f"- {s.entry.text}" for s in assembly.recalled[:3])
@@ -505,6 +518,8 @@ def tool_call(
         ident = entries[0].id
         if action == "pin" and carries_instruction(entries[0].text):
             return {"error": "this memory reads as an order to the assistant: only the person can pin it"}
+        if action == "pin" and (why := _pin_refusal(runtime, mem, inbound, entries[0])):
+            return {"error": why}
         op = (
             Edit(ident, text, "tool")
             if action == "update"

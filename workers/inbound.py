@@ -48,6 +48,7 @@ class Inbound:
     mentions: tuple[Mention, ...] = ()
     kind: str = "text"  # "text" (text and rich text); else a type the bot cannot read: image, file, audio…
     thread_id: str = ""  # the topic thread the message is in: the reply goes there, one session per thread
+    lang: str = ""  # the conversation's language ("zh"/"en") when the message itself shows none (/memory)
 
     @property
     def ns(self) -> Namespace:

@@ -15,12 +15,16 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from memory_core.book import Book
 from memory_core.entry import Entry
+from memory_core.explain import Why, explain
+from memory_core.floor import evidence_query
 from memory_core.lineformat import LineError, RawMessage, format_time, parse_file, parse_raw
 from memory_core.namespace import Namespace
 from memory_core.ops import Op, Outcome, Record, Touch, message_to_json
@@ -34,6 +38,7 @@ from memory_core.recall import (
     pulls_memory,
     recall,
     resident_snapshot,
+    strong_terms,
 )
 from memory_core.store import ARCHIVE, MEMORY, PROFILE, atomic_write, no_symlink
 
@@ -49,6 +54,9 @@ BREAKER_FAILURES = 3
 BREAKER_COOLDOWN = 60.0
 SNIPPET_CHARS = 160
 _SAVE_EVERY = 2000
+#: Active-recall searches run here so that the turn can stop waiting at its budget; one at a time per
+#: namespace, so a stuck index costs one thread, not one per message.
+_SEARCHERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="active-recall")
 
 
 @dataclass
@@ -116,6 +124,8 @@ class MemoryService:
         self._breakers: dict[Namespace, _Breaker] = {}
         self._frozen: dict[tuple[Namespace, str], tuple[float, list[str]]] = {}
         self._lock = threading.RLock()
+        self._raw_lock = threading.RLock()  # the raw-archive index: a slow search never holds up reading
+        self._searching: dict[Namespace, Future[list[RawHit]]] = {}
 
     # -------------------------------------------------------------------------------------- reading
 
@@ -266,11 +276,17 @@ class MemoryService:
     def search(
         self, ns: Namespace, query: str, k: int = 10, exclude_session: str | None = None
     ) -> list[RawHit]:
-        with self._lock:
+        with self._raw_lock:
             return self._raw_cache(ns).index.search(query, k=k, exclude_session=exclude_session)
 
+    def why(self, ns: Namespace, query: str, hit: RawHit) -> Why:
+        """Why `hit` matched `query`: its own terms, or the context turn's (memory_core.explain)."""
+        with self._raw_lock:
+            around = self._raw_cache(ns).index.context(hit.id)
+        return explain(query, hit.text, around)
+
     def flush_index(self, ns: Namespace) -> None:
-        with self._lock:
+        with self._raw_lock:
             cache = self._raw_cache(ns)
             self._save_raw(cache, self.runtime.store.file(ns, ".index", "raw"))
 
@@ -284,21 +300,33 @@ class MemoryService:
         """
         breaker = self._breakers.setdefault(ns, _Breaker())
         started = time.monotonic()
-        if breaker.open(started) or len(query.strip()) < 2:
+        if breaker.open(started) or len(query.strip()) < 2 or not pulls_memory(query):
             return []
-        try:
-            hits = self.search(ns, query, k=8, exclude_session=session or None)
+        with self._lock:
+            running = self._searching.get(ns)
+            if running is not None and not running.done():
+                breaker.record(False, started)  # the last one is still stuck: do not pile up
+                return []
+            asked = evidence_query(query)  # the relevance floor's lexical rule, as for the recall tier
+            future = _SEARCHERS.submit(self.search, ns, asked, 8, session or None)
+            self._searching[ns] = future
+        try:  # a real timeout: the reply does not wait for a search that overruns its budget
+            hits = future.result(timeout=self.active_budget)
+        except FutureTimeout:
+            log.warning("active recall over its %.1f s budget for %s; skipped", self.active_budget, ns.key)
+            breaker.record(False, time.monotonic())
+            return []
         except Exception:
             log.exception("active recall failed for %s", ns.key)
             breaker.record(False, time.monotonic())
             return []
-        elapsed = time.monotonic() - started
-        breaker.record(elapsed <= self.active_budget, time.monotonic())
-        if elapsed > self.active_budget:
-            return []
+        breaker.record(True, time.monotonic())
+        wanted = strong_terms(asked)
         seen: set[str] = set()
         out: list[Snippet] = []
         for hit in hits:
+            if wanted and wanted.isdisjoint(strong_terms(hit.text)):
+                continue  # scored by its neighbours or single characters only: no evidence in the line
             text = " ".join(hit.text.split())
             if len(text) < 6 or text.lower() == query.strip().lower():
                 continue
@@ -399,7 +427,7 @@ class MemoryService:
             return None
         outcome = self.apply(ns, [op])[0]
         if outcome.status == "recorded":
-            with self._lock:
+            with self._raw_lock:
                 self._raw_cache(ns)  # picks the new line up from the day file, as every process does
         return outcome
 

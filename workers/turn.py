@@ -24,13 +24,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, ClassVar
 
 import redis
 
 from memory_core.errors import LucidError
-from memory_core.intents import is_memorable
+from memory_core.intents import asks_about_me, is_memorable
 from memory_core.lineformat import RawMessage
 from memory_core.recall import used_by_reply
 from memory_core.secretscan import redact
@@ -41,6 +42,7 @@ from .commands import (
     deterministic_intent,
     is_admin,
     language,
+    language_of,
     memory_reply,
     parse_command,
     remember_op,
@@ -65,6 +67,7 @@ from .settings import Persona
 log = logging.getLogger(__name__)
 
 SESSION_TTL = 30 * 60
+LANGUAGE_TTL = 30 * 86400  # a conversation's language outlives its sessions
 THINKING_TTL = 24 * 3600  # a turn's reaction id, kept so a redo can remove a killed attempt's
 
 
@@ -91,6 +94,7 @@ def run_turn(
     scratch = Scratch(runtime.redis)
     after: Callable[[], None] | None = None
     try:
+        inbound = _with_language(scratch, inbound)
         command = parse_command(inbound.text) if inbound.kind == "text" else None
         if inbound.kind != "text":
             result.mode = "unreadable"
@@ -152,6 +156,17 @@ def _card_sent(card_fn: Callable[[dict[str, Any]], Any], card: dict[str, Any], i
     return True
 
 
+def _with_language(scratch: Scratch, inbound: Inbound) -> Inbound:
+    """Remember the conversation's language; a message that shows none (/memory) is answered in it."""
+    key = f"{inbound.ns.key}:{inbound.chat_id}"
+    lang = language_of(inbound.text)
+    if lang is not None:
+        scratch.set_language(key, lang)
+        return inbound
+    known = scratch.language(key)
+    return replace(inbound, lang=known) if known else inbound
+
+
 def _converse(
     runtime: Runtime,
     mem: MemoryService,
@@ -200,7 +215,8 @@ def _converse(
         # A hit is an entry the reply used (its words, or a tool call on its id), not one merely shown.
         shown = [s.entry for s in assembly.recalled] + assembly.resident
         referenced = [o.id for o in result.outcomes if o.ok and o.id and o.status != "forgotten"]
-        result.used = used_by_reply(result.reply, shown, referenced)
+        listing = result.mode == "memory" and asks_about_me(inbound.text)  # a list uses nothing
+        result.used = [] if listing else used_by_reply(result.reply, shown, referenced)
         mem.feedback(ns, result.used, now)  # queued first: it rides the reply's record batch
         said = _raw(
             f"{inbound.message_id}:reply",
@@ -457,6 +473,22 @@ class Scratch:
             pipe.execute()
             return
         self._set(full, (list(self._get(full) or []) + pair)[-2 * turns :], SESSION_TTL)
+
+    def language(self, key: str) -> str | None:
+        full = f"lucid:lang:{key}"
+        if self.client is not None:
+            value = self.client.get(full)
+            return value.decode() if isinstance(value, bytes) else value
+        got = self._get(full)
+        return str(got) if got else None
+
+    def set_language(self, key: str, lang: str) -> None:
+        full = f"lucid:lang:{key}"
+        if self.client is not None:
+            if self.client.get(full) != lang.encode():
+                self.client.set(full, lang, ex=LANGUAGE_TTL)
+            return
+        self._set(full, lang, LANGUAGE_TTL)
 
     def flag(self, name: str, ttl: float) -> None:
         if self.client is not None:
