@@ -89,7 +89,7 @@ REFERENCE: tuple[str, ...] = (
 )
 #: How far above the reference statements a cosine must be, in units of their spread (chosen by k-fold
 #: cross-validation on the dev data; see docs/BENCHMARKS.md).
-DENSE_MARGIN = 0.0
+DENSE_MARGIN = 4.0
 
 FloatArray = npt.NDArray[np.float64]
 

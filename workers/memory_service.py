@@ -41,6 +41,7 @@ from memory_core.recall import (
     strong_terms,
 )
 from memory_core.store import ARCHIVE, MEMORY, PROFILE, atomic_write, no_symlink
+from memory_core.textindex import STOP_CHARS
 
 from .embedding import Embeddings, from_settings
 from .runtime import Runtime
@@ -321,11 +322,11 @@ class MemoryService:
             breaker.record(False, time.monotonic())
             return []
         breaker.record(True, time.monotonic())
-        wanted = strong_terms(asked)
+        wanted = _content_terms(asked)
         seen: set[str] = set()
         out: list[Snippet] = []
         for hit in hits:
-            if wanted and wanted.isdisjoint(strong_terms(hit.text)):
+            if wanted and wanted.isdisjoint(_content_terms(hit.text)):
                 continue  # scored by its neighbours or single characters only: no evidence in the line
             text = " ".join(hit.text.split())
             if len(text) < 6 or text.lower() == query.strip().lower():
@@ -441,6 +442,11 @@ class MemoryService:
             queue.push(ns, [op])  # applied with the next write of this namespace (the reply's record)
         else:
             self.apply(ns, [op])
+
+
+def _content_terms(text: str) -> frozenset[str]:
+    """Evidence terms without function-character pairs (的是, 了一): what a snippet must share with the query."""
+    return frozenset(t for t in strong_terms(text) if STOP_CHARS.isdisjoint(t))
 
 
 def _ids(raw: object) -> list[str] | None:
