@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 BUDGET = 2.5
 PER_TURN = 32
+REFERENCE_CHUNK = 8  # reference vectors embedded per call until the floor is known
 FAILURES = 3
 COOLDOWN = 60.0
 Kind = Literal["query", "passage"]
@@ -44,14 +45,19 @@ class Embeddings:
         self._failures = 0
         self._opened: float | None = None
         self._floor: DenseFloor | None = None
+        self._reference: list[list[float]] = []
 
     def dense_floor(self) -> DenseFloor | None:
         """This embedder's relevance floor (memory_core.floor), from its vectors of the reference set;
         None while they cannot be had (then recall uses no vectors at all)."""
         if self._floor is None and self.available():
-            got = self._call(list(REFERENCE), "passage")
+            done = self._reference
+            chunk = list(REFERENCE[len(done) : len(done) + REFERENCE_CHUNK])  # a few per call: in budget
+            got = self._call(chunk, "passage")
             if got is not None:
-                self._floor = DenseFloor.of(got)
+                done.extend(got)
+                if len(done) == len(REFERENCE):
+                    self._floor = DenseFloor.of(done)
         return self._floor
 
     def available(self) -> bool:
