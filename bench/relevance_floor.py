@@ -10,7 +10,7 @@ Everything is ranked by the product's own `memory_core.recall.recall` (the funct
 and the viewer use). LoCoMo: observations as facts (`eval_locomo.py --mode facts`), leave-one-conversation-
 out; MADial: 5 folds over dialogues. For each embedder, each fold picks the largest `DenseFloor` margin
 whose R@10 on the training folds is at most 0.5 points below no floor; the held-out folds' cost of that
-choice is what is reported. `hashed` is the test suite's fake Ollama embedder (hashed character bigrams).
+choice is what is reported, and the smallest choice over all folds is what `memory_core.floor` ships. `hashed` is the test suite's fake Ollama embedder (hashed character bigrams).
 """
 
 from __future__ import annotations
@@ -149,6 +149,8 @@ def cross_validate(rows: list[tuple[str, dict[Any, float]]]) -> dict[str, Any]:
         cost = r10(held, None) - r10(held, choice)
         costs.append(cost)
         out["folds"][fold] = {"margin": choice, "held_out_cost": round(cost, 2)}
+    chosen = [f["margin"] for f in out["folds"].values() if f["margin"] is not None]
+    out["smallest_fold_choice"] = min(chosen) if chosen else None  # what memory_core.floor ships
     out["held_out_cost_mean"] = round(statistics.mean(costs), 2) if costs else 0.0
     out["held_out_cost_spread"] = round(statistics.pstdev(costs), 2) if costs else 0.0
     out["by_margin_R@10"] = {str(m): round(r10(rows, m), 1) for m in margins}

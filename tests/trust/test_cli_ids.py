@@ -71,7 +71,7 @@ def test_the_printed_8_character_ids_work_for_pin_and_forget(lucid, tmp_path: Pa
     assert code == 0, err
     memory = (data_dir / TENANT / "alice" / "default" / "MEMORY.md").read_text("utf-8")
     assert [e.id for e in parse_file(memory).entries() if e.pinned] == ["dddd2222eeee0003"]
-    code, out, err = lucid("forget", "dddd2222")
+    code, _, err = lucid("forget", "dddd2222")
     assert code == 0, err
     memory = (data_dir / TENANT / "alice" / "default" / "MEMORY.md").read_text("utf-8")
     assert "I run every morning" not in memory and "我喜欢喝乌龙茶" in memory
