@@ -67,7 +67,7 @@ def test_the_printed_8_character_ids_work_for_pin_and_forget(lucid, tmp_path: Pa
     code, shown, _ = lucid("show")
     assert code == 0 and "dddd2222  I run every morning at 6" in shown
 
-    code, out, err = lucid("pin", "dddd2222")
+    code, _, err = lucid("pin", "dddd2222")
     assert code == 0, err
     memory = (data_dir / TENANT / "alice" / "default" / "MEMORY.md").read_text("utf-8")
     assert [e.id for e in parse_file(memory).entries() if e.pinned] == ["dddd2222eeee0003"]
