@@ -446,7 +446,7 @@ class MemoryService:
 
 def _content_terms(text: str) -> frozenset[str]:
     """Evidence terms without function-character pairs (的是, 了一): what a snippet must share with the query."""
-    return frozenset(t for t in strong_terms(text) if STOP_CHARS.isdisjoint(t))
+    return frozenset(t for t in strong_terms(text) if not set(t) <= STOP_CHARS)
 
 
 def _ids(raw: object) -> list[str] | None:
