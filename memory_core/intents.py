@@ -391,11 +391,21 @@ _PASSING = re.compile(
 )
 
 
+# First-person openings that are about this conversation, not the person (I have a question, 我是说…).
+_NOT_DURABLE = re.compile(
+    r"^(?:我是说|我说的|我说了|我是问|我用手机|我用电脑|"
+    r"i have (?:a|an|one|another|some) (?:question|problem|issue|idea|doubt|request|suggestion)|i have no idea|"
+    r"i have to|i've got to|i(?: would|'d) like|i like (?:this|that|it|your)|i love (?:this|that|it|your)|"
+    r"i hate (?:this|that|it)|i use (?:this|that|it)\b|i('m| am) a (?:bit|little)\b|i've been (?:thinking|wondering))",
+    re.I,
+)
+
+
 def is_durable_statement(text: str) -> bool:
     """A first-person statement worth keeping (I mostly write Go and a bit of Rust; 我养了一条狗叫旺财)."""
     t = _lead_stripped(text.strip())
     if not t or len(t) > 200 or t.rstrip().endswith(("?", "？", "吗")) or _PASSING.search(t):
         return False
-    if carries_instruction(t):
+    if carries_instruction(t) or _NOT_DURABLE.match(t.replace("’", "'")):
         return False
     return _DURABLE_ZH.match(t) is not None or _DURABLE_EN.match(t.replace("’", "'")) is not None

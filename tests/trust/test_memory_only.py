@@ -43,7 +43,13 @@ def test_a_durable_first_person_statement_is_stored_and_the_reply_says_what(
 
 @pytest.mark.parametrize(
     ("remark", "lie"),
-    [("I'm so tired today", "Noted"), ("我刚吃完饭", "收到"), ("I think it might rain", "Noted")],
+    [
+        ("I'm so tired today", "Noted"),
+        ("我刚吃完饭", "收到"),
+        ("I think it might rain", "Noted"),
+        ("I have a question about Python", "Noted"),
+        ("我是说你可以换个方法", "收到"),
+    ],
 )
 def test_a_passing_remark_is_not_stored_and_the_reply_does_not_pretend(
     rt: Runtime, remark: str, lie: str
