@@ -401,6 +401,11 @@ _NOT_DURABLE = re.compile(
 )
 
 
+def is_conversational(text: str) -> bool:
+    """An opening about this conversation rather than the person (I have a question, 我是说…)."""
+    return _NOT_DURABLE.match(_lead_stripped(text.strip()).replace("’", "'")) is not None
+
+
 def is_durable_statement(text: str) -> bool:
     """A first-person statement worth keeping (I mostly write Go and a bit of Rust; 我养了一条狗叫旺财)."""
     t = _lead_stripped(text.strip())

@@ -18,6 +18,7 @@ from memory_core.injection import carries_instruction
 from memory_core.intents import (
     asks_about_me,
     classify_type,
+    is_conversational,
     is_durable_statement,
     is_memorable,
     parse_intent,
@@ -390,10 +391,10 @@ def deterministic_intent(text: str) -> tuple[str, str]:
     instruction. The one rule for memory-only mode and for the safety net under the model."""
     intent = parse_intent(text)
     if intent.kind == "statement":
-        standing = is_memorable(intent.text) and classify_type(intent.text) in (
-            "identity",
-            "preference",
-            "instruction",
+        standing = (
+            is_memorable(intent.text)
+            and classify_type(intent.text) in ("identity", "preference", "instruction")
+            and not is_conversational(intent.text)
         )
         if standing or recognise(intent.text) is not None or is_durable_statement(intent.text):
             return "remember", intent.text
