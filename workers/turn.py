@@ -103,12 +103,11 @@ def run_turn(
             result.mode = "command"
             result.reply = run_command(runtime, mem, persona, inbound, *command)
             if command[0] == "memory" and card_fn is not None:
-                entries = visible_entries(runtime, inbound.ns, inbound.chat_type, inbound.chat_id)
-                admin = is_admin(persona, inbound) and not inbound.group
-                dream = last_dream(runtime, inbound.ns) if admin else None
-                result.card = memory_card(entries, language(inbound), inbound.group, dream=dream)
+                result.card = _memory_card(runtime, persona, inbound)
         else:
             after = _converse(runtime, mem, scratch, persona, inbound, limits, result, stream)
+            if card_fn is not None and asks_about_me(inbound.text):  # "what do you remember about me"
+                result.card = _memory_card(runtime, persona, inbound)
     except Exception:  # a bug must cost one polite answer, not the person's trust; the log has the ids
         log.exception("turn failed: ns=%s message=%s", inbound.ns.key, inbound.message_id)
         result.mode = "error"
@@ -144,6 +143,13 @@ def run_turn(
         result.ms,
     )
     return result
+
+
+def _memory_card(runtime: Runtime, persona: Persona, inbound: Inbound) -> dict[str, Any]:
+    entries = visible_entries(runtime, inbound.ns, inbound.chat_type, inbound.chat_id)
+    admin = is_admin(persona, inbound) and not inbound.group
+    dream = last_dream(runtime, inbound.ns) if admin else None
+    return memory_card(entries, language(inbound), inbound.group, dream=dream)
 
 
 def _card_sent(card_fn: Callable[[dict[str, Any]], Any], card: dict[str, Any], inbound: Inbound) -> bool:

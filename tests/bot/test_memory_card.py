@@ -268,3 +268,12 @@ async def test_an_admin_card_offers_the_last_dream_and_its_undo_button_takes_it_
     await chat.post(card_action_event(forged, operator=BOB, message_id=bob_card, chat_id="oc_y"))
     chat.work()
     assert chat.memory(BOB) == before
+
+
+async def test_asking_what_it_remembers_in_words_gets_the_card_too(chat: Chat) -> None:
+    await chat.say("记住我喜欢爬山")
+    card_msg = chat.card_reply(await chat.say("你记得我什么？"))
+    assert "爬山" in _texts(chat.feishu.card_shown(card_msg))
+    english = chat.card_reply(await chat.say("What do you remember about me?"))
+    shown = chat.feishu.card_shown(english)
+    assert "What I remember about you" in _texts(shown) and "Forget" in _texts(shown)
