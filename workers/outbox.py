@@ -46,7 +46,6 @@ from typing import Any
 
 import redis
 from redis.typing import EncodableT, FieldT
-from rq import Queue
 from rq import Retry as JobRetry
 
 from memory_core.errors import LucidError
@@ -55,6 +54,7 @@ from memory_core.secretscan import redact
 from .feishu_send import FeishuError, FeishuSender, sender_for
 from .inbound import Inbound
 from .metrics import Metrics
+from .queues import queue
 from .redis_backend import text
 from .runtime import Runtime, current
 
@@ -149,7 +149,7 @@ class Outbox:
         self.client = client
         self.overdue_ms = overdue_ms
         self.metrics = metrics or Metrics(client)
-        self.queue = Queue(QUEUE, connection=client)
+        self.queue = queue(QUEUE, client)
         self._release = client.register_script(_RELEASE)
 
     # -------------------------------------------------------------------------------------- state

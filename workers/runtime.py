@@ -18,7 +18,7 @@ from memory_core.store import Store
 from memory_core.vault import derive_key
 from memory_core.writer import LocalLocker, Writer
 
-from . import embedded_redis
+from . import embedded_redis, queues
 from .llm import LLM
 from .metrics import Metrics
 from .redis_backend import RedisLocker, RedisOpQueue
@@ -46,7 +46,7 @@ class Runtime:
         """An RQ queue on this runtime's Redis: `chat` (turns), `memory` (extraction), `dream` (low)."""
         if self.redis is None:
             raise LucidError("queues need Redis: set REDIS_URL or run `lucid serve` (embedded Redis)")
-        return Queue(name, connection=self.redis)
+        return queues.queue(name, self.redis)
 
 
 QUEUES = ("chat", "memory", "dream")

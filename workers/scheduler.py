@@ -40,6 +40,7 @@ from memory_core.lineformat import format_time, parse_time
 from memory_core.namespace import Namespace, list_namespaces
 
 from .dreaming import MODEL_PHASES, PHASES, enqueue_phase, last_run, memory_version, state_key
+from .queues import JSONCronJob
 from .runtime import Runtime, current, install
 from .settings import Settings, duration_seconds
 
@@ -169,9 +170,10 @@ def make_cron(rt: Runtime, interval: int = TICK_SECONDS) -> CronScheduler:
     if rt.redis is None:
         raise InvalidInput("`lucid cron` needs Redis: set REDIS_URL or use `lucid serve`")
     cron = CronScheduler(connection=rt.redis, name=f"lucid-cron-{os.getpid()}")
-    cron.register(
+    job = cron.register(
         tick, queue_name=TICK_QUEUE, interval=interval, job_timeout=120, result_ttl=0, failure_ttl=3600
     )
+    job.__class__ = JSONCronJob  # rq's CronJob enqueues with pickle; ours on the JSON queue
     return cron
 
 

@@ -24,6 +24,7 @@ from memory_core.errors import InvalidInput
 from . import dreaming, extraction, scheduler  # noqa: F401  (pre-import the job modules before forking)
 from .mailbox import Sweeper
 from .outbox import Outbox
+from .queues import SERIALIZER
 from .runtime import QUEUES, Runtime, install
 
 
@@ -36,7 +37,9 @@ def run_worker(runtime: Runtime, burst: bool = False) -> bool:
     # relevance and raw-archive indexes and the Feishu token stay warm between turns (a fork would
     # reload a 200k-message index from disk for every message). Scale out with more worker processes.
     gc.freeze()  # lark-oapi and friends leave ~400k long-lived objects; keep full collections short
-    worker = SimpleWorker([runtime.queue(name) for name in QUEUES], connection=runtime.redis)
+    worker = SimpleWorker(
+        [runtime.queue(name) for name in QUEUES], connection=runtime.redis, serializer=SERIALIZER
+    )
     stop = threading.Event()
     sweeper = threading.Thread(
         target=Sweeper(runtime.redis, also=[Outbox(runtime.redis).rescue]).run,

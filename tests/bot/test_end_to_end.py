@@ -37,6 +37,7 @@ from tests.fakes.feishu_events import (
 )
 from tests.fakes.ollama import FakeOllama
 from workers.llm import LLM
+from workers.queues import SERIALIZER
 from workers.runtime import Runtime, build, install
 from workers.settings import Persona, Settings
 
@@ -106,7 +107,7 @@ class Harness:
 
     def work(self) -> None:
         install(self.worker)
-        Worker(["chat"], connection=self.redis).work(burst=True)
+        Worker(["chat"], connection=self.redis, serializer=SERIALIZER).work(burst=True)
 
     def replies_to(self, events: list[dict[str, Any]]) -> list[str]:
         """The replies in the order Feishu received them, one entry per reply to these messages."""

@@ -37,6 +37,7 @@ from tests.fakes.feishu_events import (
     url_verification,
 )
 from workers.inbound import Inbound
+from workers.queues import SERIALIZER, queue
 from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
 
@@ -71,7 +72,7 @@ async def post(client: TestClient, d: Delivery, persona: str = "enc") -> tuple[i
 
 
 def queued(redis_client: redis.Redis) -> list[Inbound]:
-    return [Inbound.from_json(job.args[0]) for job in Queue("chat", connection=redis_client).jobs]
+    return [Inbound.from_json(job.args[0]) for job in queue("chat", redis_client).jobs]
 
 
 # ------------------------------------------------------------------------------------------- happy paths
@@ -285,11 +286,11 @@ async def test_redis_down_answers_503_so_feishu_retries(
 
 
 async def test_readyz_needs_a_worker_on_the_chat_queue(client: TestClient, redis_client: redis.Redis) -> None:
-    from rq import Queue, Worker
+    from rq import Worker
 
     resp = await client.get("/readyz")
     assert resp.status == 503 and (await resp.json())["workers"] == 0
-    worker = Worker([Queue("chat", connection=redis_client)], connection=redis_client)
+    worker = Worker([queue("chat", redis_client)], connection=redis_client, serializer=SERIALIZER)
     worker.register_birth()
     try:
         resp = await client.get("/readyz")

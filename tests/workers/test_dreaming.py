@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 from rq import SimpleWorker
-from rq.job import Job, JobStatus
+from rq.job import JobStatus
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
 import workers.runtime as runtime_module
@@ -36,6 +36,7 @@ from tests.fakes.ollama import BrokenBody, Delay, FakeOllama, Garbage
 from workers.dreaming import enqueue_phase, format_report, run_phase
 from workers.extraction import extract_facts
 from workers.llm import LLM
+from workers.queues import SERIALIZER, fetch
 from workers.redis_backend import RedisLocker, RedisOpQueue
 from workers.runtime import QUEUES, Runtime
 from workers.scheduler import Cadence, due_phases, jitter, make_cron, tick_runtime
@@ -86,9 +87,9 @@ class Env:
 
     def drain(self) -> None:
         queues = [self.rt.queue(name) for name in QUEUES]
-        QuietWorker(queues, connection=self.rt.redis).work(burst=True)
+        QuietWorker(queues, connection=self.rt.redis, serializer=SERIALIZER).work(burst=True)
         failed = {
-            i: Job.fetch(i, connection=self.rt.redis).latest_result()
+            i: fetch(i, self.rt.redis).latest_result()
             for q in queues
             for registry in (
                 FailedJobRegistry(queue=q),
@@ -332,6 +333,7 @@ def _personas_file(tmp_path: Path) -> Path:
     return path
 
 
+JSON_ONLY = "workers.queues.JSONOnly"  # the serializer of every Lucid queue
 _KILLED_WORKER_ENV = (
     "LUCID_DATA",
     "REDIS_URL",
@@ -358,7 +360,16 @@ def test_a_worker_killed_mid_job_loses_nothing_and_the_job_runs_again(env: Env, 
     )
     child_env = {**os.environ, "PYTHONPATH": str(ROOT), **dict(zip(_KILLED_WORKER_ENV, values, strict=True))}
     worker = subprocess.Popen(
-        [str(Path(sys.executable).parent / "rq"), "worker", "--burst", "--url", env.redis_url, "dream"],
+        [
+            str(Path(sys.executable).parent / "rq"),
+            "worker",
+            "--burst",
+            "--url",
+            env.redis_url,
+            "-S",
+            JSON_ONLY,
+            "dream",
+        ],
         cwd=ROOT,
         env=child_env,
         start_new_session=True,
@@ -382,7 +393,7 @@ def test_a_worker_killed_mid_job_loses_nothing_and_the_job_runs_again(env: Env, 
 
     assert {n: env.read(n) for n in before} == before and env.rt.store.history(NS)[0]["rev"] == head
     queue = env.rt.queue("dream")
-    job = Job.fetch(f"dream-deep-{NS.key}", connection=env.rt.redis)
+    job = fetch(f"dream-deep-{NS.key}", env.rt.redis)
     assert job.get_status() == JobStatus.STARTED  # abandoned: nobody will finish it
     # The next maintenance pass after the job's heartbeat expired (every worker runs one every 10 min):
     StartedJobRegistry(queue=queue).cleanup(timestamp=time.time() + 3600)

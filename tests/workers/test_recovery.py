@@ -20,7 +20,7 @@ import pytest
 import redis
 from rq import Queue, SimpleWorker
 from rq import Worker as RQWorker
-from rq.job import Job, JobStatus
+from rq.job import JobStatus
 
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.feishu_events import TENANT_KEY, User, p2p_chat_id, user
@@ -29,6 +29,7 @@ from tests.reliability.harness import BOT, Stack, chat_responder, text_of, wait_
 from workers.inbound import Inbound
 from workers.mailbox import INBOXES, Intake, Mailbox, Sweeper, turn_job_id
 from workers.metrics import Metrics
+from workers.queues import SERIALIZER, fetch
 from workers.runtime import Runtime, build, install
 from workers.settings import Persona, Settings
 
@@ -87,7 +88,7 @@ def in_process(tmp_path: Path, redis_url: str, feishu: FakeFeishu) -> Runtime:
 def work(runtime: Runtime) -> None:
     assert runtime.redis is not None
     install(runtime)
-    Worker(["chat"], connection=runtime.redis).work(burst=True)
+    Worker(["chat"], connection=runtime.redis, serializer=SERIALIZER).work(burst=True)
 
 
 # ------------------------------------------------------------------------------------------ killed worker
@@ -119,7 +120,7 @@ def test_a_turn_whose_workers_were_killed_is_answered_once_in_order_without_a_ne
             if proc.popen.pid in busy:
                 stack.kill(proc)
         assert len(stack.live_workers) == 1
-        statuses = {Job.fetch(turn_job_id(m), connection=redis_client).get_status() for m in (one, two)}
+        statuses = {fetch(turn_job_id(m), redis_client).get_status() for m in (one, two)}
         assert statuses == {JobStatus.STARTED}  # abandoned: RQ retries nothing of it for many minutes
         assert replies(feishu, [one, two]) == {one.message_id: [], two.message_id: []}
 
@@ -188,7 +189,7 @@ def test_the_sweep_never_doubles_a_turn_that_is_queued_or_running(
 
     running = message(user("recovery-running"), "正在回答", feishu)
     assert intake.accept(running)
-    job = Job.fetch(turn_job_id(running), connection=redis_client)
+    job = fetch(turn_job_id(running), redis_client)
     chat.remove(job)  # a worker took its job (RQ's bookkeeping as a worker does it) ...
     job.set_status(JobStatus.STARTED)
     inside, release = threading.Event(), threading.Event()

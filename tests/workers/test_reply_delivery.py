@@ -26,6 +26,7 @@ from workers.inbound import Inbound
 from workers.mailbox import Intake
 from workers.metrics import Metrics
 from workers.outbox import Outbox, ReplyParked, send_reply
+from workers.queues import SERIALIZER
 from workers.runtime import Runtime, build, install
 from workers.settings import Persona, Settings, parse_reply_deadline
 
@@ -84,7 +85,9 @@ def work_until(rt: Runtime, done: Callable[[], bool], timeout: float) -> bool:
     """Run the worker (scheduler included: it enqueues retries that are due) until `done()` or timeout."""
     deadline = time.monotonic() + timeout
     while True:
-        Worker(["chat", "memory"], connection=rt.redis).work(burst=True, with_scheduler=True)
+        Worker(["chat", "memory"], connection=rt.redis, serializer=SERIALIZER).work(
+            burst=True, with_scheduler=True
+        )
         if done():
             return True
         if time.monotonic() > deadline:
@@ -279,7 +282,9 @@ def test_a_parked_reply_whose_retry_job_never_runs_is_rescued_by_the_sweeper(
     send(rt, first)
 
     def work_without_scheduler() -> None:
-        Worker(["chat", "memory"], connection=rt.redis).work(burst=True, with_scheduler=False)
+        Worker(["chat", "memory"], connection=rt.redis, serializer=SERIALIZER).work(
+            burst=True, with_scheduler=False
+        )
 
     work_without_scheduler()
     assert len(parked(rt)) == 1 and scheduled(rt) == 1 and not replies(fake, first.message_id)

@@ -27,6 +27,7 @@ from workers.feishu_send import FeishuError
 from workers.inbound import Inbound, TurnLimits
 from workers.llm import LLM
 from workers.mailbox import Intake, Mailbox
+from workers.queues import queue
 from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
 from workers.turn import run_turn
@@ -229,7 +230,7 @@ def test_an_explicit_remember_is_kept_even_if_the_model_forgets_its_tool(
     ollama.script("好的！")
     say(rt, "记住我对花生过敏")
     assert "我对花生过敏" in memory_file(rt)
-    jobs = [j for j in Queue("memory", connection=rt.redis).jobs if not j.id.startswith("flush-")]
+    jobs = [j for j in queue("memory", rt.redis).jobs if not j.id.startswith("flush-")]
     [job] = jobs  # background extraction, as the second safety net
     assert job.args[0] == str(Namespace.of("t1", "alice", "default")) and job.args[1] == "记住我对花生过敏"
 
