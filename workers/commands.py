@@ -150,6 +150,10 @@ _T = {
         "我没有把这句存为记忆（它不像一条长期的信息）。要我记住的话，说“记住……”。",
         "I haven't stored that (it doesn't read as something lasting). Say “remember …” if you want me to keep it.",
     ),
+    "busy": (
+        "你发消息比我回得快，我会按顺序一条条回复，请稍等。",
+        "You're sending messages faster than I can answer; I'll get to them in order.",
+    ),
     "no_model": (
         "（提示：还没有配置对话模型，我现在只能帮你记住、忘掉和查询记忆。）",
         "(No chat model is configured, so for now I can only remember, forget and look things up.)",

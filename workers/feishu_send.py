@@ -13,7 +13,9 @@ only `FeishuError` leaves the module:
 - sends are paced per chat (4/s, under Feishu's 5 QPS that every bot in a group shares) and per app (40/s)
   by a slot scheduler in Redis that every worker process shares;
 - long answers are split on paragraph boundaries; Markdown goes out as a `post` with one `md` node, plain text
-  as `text`, and a `post` Feishu refuses is sent again as plain text.
+  as `text`, and a `post` Feishu refuses is sent again as plain text;
+- no text goes out with a mention, tag or link someone typed (`markup.neutralize`): only the bot's own
+  @mention of a person (`post(mention=…)`) is markup.
 
 A failure is `retryable` when time can cure it (rate limits, 5xx, unreadable bodies, timeouts, refused
 connections, token trouble other than a wrong app id or secret). A turn's reply still refused that way after
@@ -37,6 +39,8 @@ import requests
 from lark_oapi.api.im.v1 import (
     CreateMessageReactionRequest,
     CreateMessageReactionRequestBody,
+    CreateMessageRequest,
+    CreateMessageRequestBody,
     DeleteMessageReactionRequest,
     Emoji,
     PatchMessageRequest,
@@ -49,6 +53,7 @@ from lark_oapi.core.token import TokenManager
 
 from memory_core.errors import LucidError
 
+from .markup import attr, neutralize
 from .settings import SEND_RATE, Persona
 
 log = logging.getLogger(__name__)
@@ -153,6 +158,18 @@ class Pacer:
         if delay > 0:
             time.sleep(delay)
         return delay
+
+    def ahead(self, chat_id: str) -> float:
+        """Seconds until `chat_id`'s next free send slot, without taking it (0: it could be sent to now)."""
+        key = f"lucid:pace:chat:{chat_id}"
+        if self.client is None:
+            with self._lock:
+                return max(0.0, self._local.get(key, 0.0) - time.monotonic() * 1000) / 1000
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(key)
+        pipe.time()
+        tat, (seconds, micros) = pipe.execute()
+        return max(0.0, float(tat or 0) - (int(seconds) * 1000 + int(micros) / 1000)) / 1000
 
     def reserve(self, app_id: str, chat_id: str | None) -> float:
         """Take the next slot for one send without sleeping; returns the seconds until it."""
@@ -284,7 +301,7 @@ class FeishuSender:
         Chunk i always has the same uuid, so a chunk resent by a later call is never posted twice.
         """
         sent: list[str] = []
-        for i, chunk in enumerate(split(text)):
+        for i, chunk in enumerate(split(neutralize(text))):  # never a sender's mention or link (markup.py)
             if i < start:
                 continue
             uuid = message_id if i == 0 else f"{message_id}:{i}"
@@ -314,6 +331,25 @@ class FeishuSender:
                 "post refused (code %s, log %s) for %s; resending as text", exc.code, exc.log_id, message_id
             )
             return self._reply_once(message_id, "text", plain(chunk), uuid, chat_id, attempts, in_thread)
+
+    def post(self, chat_id: str, text: str, uuid: str, mention: str | None = None) -> str:
+        """A new message (not a reply) in `chat_id`, as plain text, @mentioning `mention` (an open_id) first.
+
+        Posted once per `uuid` however often it is retried. Returns the new message's id."""
+        content = neutralize(text)
+        if mention:
+            content = f'<at user_id="{attr(mention)}"></at> {content}'
+        body = (
+            CreateMessageRequestBody.builder()
+            .receive_id(chat_id)
+            .msg_type("text")
+            .content(plain(content))
+            .uuid(uuid)
+            .build()
+        )
+        req = CreateMessageRequest.builder().receive_id_type("chat_id").request_body(body).build()
+        resp = self._call(self.client.im.v1.message.create, req, "post", chat_id)
+        return str(resp.data.message_id) if resp.data is not None else ""
 
     def react(self, message_id: str, emoji: str = THINKING) -> str | None:
         """Add a reaction; best effort (a missing "thinking" sign must never cost the answer)."""

@@ -1,27 +1,36 @@
-"""Per-person ordering of turns: the webhook's `Intake` (dedupe + inbox + job) and the worker's `Mailbox`.
+"""Per-person ordering and fair turns: the webhook's `Intake` (dedupe + inbox + job) and the worker's `Mailbox`.
 
-Two messages from one person are answered in order: each accepted message goes into the person's inbox (a
-Redis sorted set by Feishu create_time) and a `handle_message` job is enqueued. A job takes the namespace's
-turn lease (a Redis lease with heartbeat) and drains the inbox oldest first, up to its own message (the later
-ones have their own jobs, further back in the queue); a job that finds the lease taken waits until its own
-message is answered, or the holder dies and the lease expires. Draining only up to its own message keeps a
-backlog fair and fast: a person with fifty queued messages does not hold a worker for fifty replies in a row,
-each waiting out the chat's send pacing (4 per second per chat), while everyone else waits; their turns
-interleave with other people's in queue order. A recovery job (below) drains the whole inbox. A message leaves the inbox
-only after its turn, so a killed worker's message is redone by the next job — safely, because the reply's
-uuid is the message id, the raw record is idempotent by id, and upserts of the same text are no-ops.
+Two messages from one person are answered in order, and one person's backlog never holds up anyone else's
+turn for more than the turn in progress. Each accepted message goes into the person's inbox (a Redis sorted
+set by Feishu create_time). A person has at most ONE turn job at a time (`lucid:turnjob:<ns>` names it, set
+atomically with the inbox write): the webhook enqueues one only when none is pending. The job takes the
+namespace's turn lease (a Redis lease with heartbeat), answers the inbox's oldest TURN_BATCH message(s), and
+— if more are waiting — hands on to a new job enqueued at the BACK of the chat queue. So the queue goes
+round-robin over people: someone with eighty messages queued holds one place in it, not eighty, and a second
+worker never sits waiting for that person's lease. A job whose person's chat is still inside Feishu's send
+pacing (4 per second per chat) hands on at once instead of sleeping in the pacer while others wait, unless
+nobody else is waiting. A job that finds the lease taken ends at once: the holder hands on (or, if it died,
+the sweep below does).
+
+A person whose unanswered backlog reaches BUSY_BACKLOG is told once, politely, that their messages will be
+answered in order (`busy` below; sent as a new message in the chat, not as a reply, so the reply to each
+message stays that message's one reply); every message is still answered, oldest first, exactly once. The
+notice comes again only after their backlog emptied.
+
+A message leaves the inbox only after its turn, so a killed worker's message is redone by the next job —
+safely, because the reply's uuid is the message id, the raw record is idempotent by id, and upserts of the
+same text are no-ops; a message answered once is marked done and never answered again.
 `depends_on` chains were rejected: a replica can enqueue B before A's job exists.
 
 Recovery without a next message (`Sweeper`, run by every `lucid worker` in a thread): the webhook also marks
 the person's inbox in `lucid:inboxes` (a sorted set: namespace → when to look at it). Every SWEEP_SECONDS one
 worker (a Redis lock picks it) looks at the marks that are due: an empty inbox is unmarked; one whose turn
-lease is held is looked at again at the next sweep; one with pending messages, no lease and none
-of its jobs still waiting in the queue (the worker running them was killed, or Redis lost the job) gets a
-`handle_message` job for its oldest message, at the front of the chat queue. That job drains the inbox like
-any other, under the lease, so nothing is answered twice. A SIGKILLed turn is answered about
-TURN_LEASE_MS + SWEEP_SECONDS after the kill. RQ's own handling of the abandoned job was not enough: with a
-SimpleWorker the job counts as abandoned only job_timeout + 60 s after the kill, and the registry cleanup
-that would retry it runs every 10 minutes.
+lease is held is looked at again at the next sweep; one with pending messages, no lease and no turn job
+still waiting in the queue (the worker running it was killed, or Redis lost the job) gets a job for its
+oldest message at the front of the chat queue, which becomes the person's turn job. A SIGKILLed turn is
+answered about TURN_LEASE_MS + SWEEP_SECONDS after the kill. RQ's own handling of the abandoned job was not
+enough: with a SimpleWorker the job counts as abandoned only job_timeout + 60 s after the kill, and the
+registry cleanup that would retry it runs every 10 minutes.
 """
 
 from __future__ import annotations
@@ -31,7 +40,6 @@ import json
 import logging
 import secrets
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,7 +47,6 @@ import redis
 from rq import Queue
 from rq.job import JobStatus
 
-from memory_core.errors import LucidError
 from memory_core.namespace import Namespace
 
 from .inbound import Inbound
@@ -60,27 +67,51 @@ RECHECK_MS = 10_000  # an inbox handed to a job (or whose job still waits in the
 SWEEP_SECONDS = 3.0
 SWEEP_BATCH = 500
 SWEEP_ITEMS = 50  # jobs of an inbox's oldest messages checked for "still queued"
+TURN_BATCH = 1  # messages a turn job answers before it hands on to the back of the queue
+BUSY_BACKLOG = 8  # unanswered messages of one person at which they are told, once, to slow down
+BUSY_TTL = 3600
+PACE_YIELD_MS = 20  # a chat whose next send slot is further off than this: hand on instead of sleeping
 
 
 # --------------------------------------------------------------------------------------------- ordering
 
-# KEYS: the seen-keys (message id, event id), the job's key, the inbox, the inbox marks. A job key that
-# exists means this message was enqueued before (its claim expired): still a duplicate.
-# ARGV: ttl, score, member, inbox ttl, the namespace key, the grace before a sweep looks at the inbox.
+# KEYS: the seen-keys (message id, event id), the job's key, the inbox, the inbox marks, the person's turn
+# job. A job key that exists means this message was enqueued before (its claim expired): still a duplicate.
+# ARGV: ttl, score, member, inbox ttl, the namespace key, the grace before a sweep looks at the inbox, the
+# job id this message's job would have.
+# Returns 0 (duplicate), 1 (inboxed; the person's turn job will answer it), 2 (inboxed; enqueue its job).
 _ACCEPT = """
 local n = #KEYS
-for i = 1, n - 2 do
+for i = 1, n - 3 do
   if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end
 end
-for i = 1, n - 3 do
+for i = 1, n - 4 do
   redis.call('SET', KEYS[i], '1', 'EX', ARGV[1])
 end
-redis.call('ZADD', KEYS[n - 1], ARGV[2], ARGV[3])
-redis.call('EXPIRE', KEYS[n - 1], ARGV[4])
+redis.call('ZADD', KEYS[n - 2], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[n - 2], ARGV[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[n], string.format('%d', now + tonumber(ARGV[6])), ARGV[5])
+redis.call('ZADD', KEYS[n - 1], string.format('%d', now + tonumber(ARGV[6])), ARGV[5])
+if redis.call('SET', KEYS[n], ARGV[7], 'NX', 'EX', ARGV[4]) then return 2 end
 return 1
+"""
+
+# A turn job's end, under the lease. KEYS: the inbox, the person's turn job, the busy-notice flag. ARGV: the
+# next job's id, its ttl. Empty inbox: no turn job any more (the next message enqueues one), notice reset;
+# else the next job is the person's turn job (returns 1: enqueue it).
+_HAND_ON = """
+if redis.call('ZCARD', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[2], KEYS[3])
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
+
+_RELEASE_JOB = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 # The sweep's claim on one inbox mark, atomic so two sweepers never both hand it out. KEYS: the marks, the
@@ -123,6 +154,14 @@ def _resumed_key(ns_key: str) -> str:
     return f"lucid:resumed:{ns_key}"
 
 
+def _turnjob_of(ns_key: str) -> str:
+    return f"lucid:turnjob:{ns_key}"
+
+
+def _busy_of(ns_key: str) -> str:
+    return f"lucid:busy:{ns_key}"
+
+
 def _done_key(inbound: Inbound) -> str:
     return f"lucid:turndone:{inbound.persona}:{inbound.message_id}"
 
@@ -135,6 +174,7 @@ class Intake:
         self.grace_ms = grace_ms
         self.queue = queue("chat", client)
         self._accept = client.register_script(_ACCEPT)
+        self._release_job = client.register_script(_RELEASE_JOB)
 
     def accept(self, inbound: Inbound) -> bool:
         """Queue a turn for `inbound`; False if it is a duplicate (see `accept_many`)."""
@@ -160,13 +200,15 @@ class Intake:
             if inbound.event_id:
                 seen.append(f"lucid:seen:e:{inbound.persona}:{inbound.event_id}")
             data = inbound.to_json()
-            member = json.dumps(data, ensure_ascii=False, sort_keys=True)
+            member = _member(inbound)
             job_key = self.queue.job_class.key_for(turn_job_id(inbound))
             ns_key = inbound.ns.key
-            keys = [*seen, job_key, _inbox_of(ns_key), INBOXES]
-            grace = self.grace_ms
+            keys = [*seen, job_key, _inbox_of(ns_key), INBOXES, _turnjob_of(ns_key)]
+            grace, job_id = self.grace_ms, turn_job_id(inbound)
             self._accept(
-                keys=keys, args=[SEEN_TTL, inbound.create_time, member, INBOX_TTL, ns_key, grace], client=pipe
+                keys=keys,
+                args=[SEEN_TTL, inbound.create_time, member, INBOX_TTL, ns_key, grace, job_id],
+                client=pipe,
             )
             claims.append((inbound, data, seen, member))
         results = pipe.execute(raise_on_error=False)
@@ -176,11 +218,13 @@ class Intake:
             errors = sorted({type(r).__name__ for r in results if isinstance(r, Exception)})
             log.warning("refused %d event(s) of a batch of %d: %s", len(refused), len(batch), errors)
         fresh = [r if isinstance(r, redis.RedisError) else bool(r) for r in results]
-        if not any(ok is True for ok in fresh):
+        # 2: the person had no turn job, so this message's job becomes it; 1: their turn job will answer it
+        enqueue = [not isinstance(r, Exception) and int(r) == 2 for r in results]
+        if not any(enqueue):
             return fresh
         pipe = self.client.pipeline(transaction=False)
-        for (inbound, data, _, _), ok in zip(claims, fresh, strict=True):
-            if ok is True:
+        for (inbound, data, _, _), go in zip(claims, enqueue, strict=True):
+            if go:
                 _enqueue_turn(self.queue, data, turn_job_id(inbound), pipe)
         try:
             pipe.execute()
@@ -195,6 +239,9 @@ class Intake:
             for inbound, _, seen, member in claims:
                 pipe.delete(*seen)
                 pipe.zrem(_inbox(inbound.ns), member)
+                self._release_job(
+                    keys=[_turnjob_of(inbound.ns.key)], args=[turn_job_id(inbound)], client=pipe
+                )
             pipe.execute()
         except redis.RedisError:
             log.error(
@@ -220,12 +267,21 @@ def _enqueue_turn(
 
 
 class Mailbox:
-    """The worker's side: answer a namespace's messages one at a time, oldest first (see module docs)."""
+    """The worker's side: a person's turn job answers their oldest message(s), then hands on (module docs)."""
 
-    def __init__(self, client: redis.Redis, wait: float = TURN_JOB_TIMEOUT - 60, poll: float = 0.05) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        batch: int = TURN_BATCH,
+        busy_backlog: int = BUSY_BACKLOG,
+        pace: Callable[[Inbound], float] | None = None,
+    ) -> None:
         self.client = client
-        self.wait = wait
-        self.poll = poll
+        self.batch = max(1, batch)
+        self.busy_backlog = busy_backlog
+        self.pace = pace  # seconds until a message's chat may be sent to again (Feishu's pacing)
+        self.queue = queue("chat", client)
+        self._hand_on = client.register_script(_HAND_ON)
 
     def _lease(self, ns: Namespace) -> RedisLease | None:
         key, owner = _turnlock_of(ns.key), secrets.token_hex(12)
@@ -236,46 +292,102 @@ class Mailbox:
     def _done(self, inbound: Inbound) -> bool:
         return bool(self.client.exists(_done_key(inbound)))
 
-    def deliver(self, inbound: Inbound, run: Callable[[Inbound], Any], drain: bool = False) -> str:
-        """Answer `inbound` after every older message of its person; with `drain`, the whole inbox."""
-        ns = inbound.ns
-        upto = None if drain else inbound.create_time
-        deadline = time.monotonic() + self.wait
-        while True:
-            lease = self._lease(ns)
-            if lease is None:
-                if self._done(inbound):
-                    return "answered by another job"
-                if time.monotonic() > deadline:
-                    raise LucidError(f"ns {ns.key}: turn lease still held after {self.wait:.0f}s")
-                time.sleep(self.poll)
-                continue
-            try:
-                self._drain(ns, run, upto)
-                if not self._done(inbound):  # enqueued without an inbox entry (or the inbox expired)
-                    self._run_once(inbound, run)
-            finally:
-                lease.release()
-            if upto is not None or not self.client.zcard(_inbox(ns)):
-                return "answered"
+    def deliver(
+        self,
+        inbound: Inbound,
+        run: Callable[[Inbound], Any],
+        drain: bool = False,
+        job_id: str | None = None,
+        busy: Callable[[Inbound, int], Any] | None = None,
+    ) -> str:
+        """One turn job of `inbound`'s person: their oldest `batch` message(s), then hand on or stop.
 
-    def _drain(self, ns: Namespace, run: Callable[[Inbound], Any], upto: int | None = None) -> None:
-        """Answer the inbox oldest first; with `upto`, only messages created no later than it."""
-        inbox = _inbox(ns)
-        while True:
-            head: list[Any] = list(self.client.zrange(inbox, 0, 0, withscores=True))
+        `drain` (from the sweep, and jobs queued by earlier versions) no longer changes anything: every job
+        answers a batch and hands on, so a recovered backlog is fair too. `busy(newest, backlog)` tells the
+        person, once per backlog, that they write faster than they are answered.
+        """
+        ns = inbound.ns
+        if job_id is not None and self._superseded(ns.key, job_id):
+            return "another job has this inbox"
+        lease = self._lease(ns)
+        if lease is None:  # its holder hands on when it is done (the sweep, if the holder died)
+            return "another turn holds this inbox"
+        try:
+            if busy is not None:
+                self._tell_busy(ns, busy)
+            answered = self._drain(ns, run)
+            if not self._done(inbound) and self.client.zscore(_inbox(ns), _member(inbound)) is None:
+                self._run_once(inbound, run)  # enqueued without an inbox entry (or the inbox expired)
+                answered += 1
+            handed = self._hand_on_next(ns)
+        finally:
+            lease.release()
+        return f"answered {answered}" + ("; handed on" if handed else "")
+
+    def _superseded(self, ns_key: str, job_id: str) -> bool:
+        """Another job is this person's turn job and still waits in the queue: it will do the work."""
+        owner = self.client.get(_turnjob_of(ns_key))
+        if owner is None or text(owner) == job_id:
+            return False
+        status = self.client.hget(self.queue.job_class.key_for(text(owner)), "status")
+        return status is not None and text(status) in _WAITING
+
+    def _drain(self, ns: Namespace, run: Callable[[Inbound], Any]) -> int:
+        """Answer up to `batch` of the inbox's oldest messages; how many were answered."""
+        inbox, answered = _inbox(ns), 0
+        while answered < self.batch:
+            head: list[Any] = list(self.client.zrange(inbox, 0, 0))
             if not head:
-                return
-            member: bytes = head[0][0]
-            if upto is not None and head[0][1] > upto:
-                return
+                break
+            member: bytes = head[0]
             try:
                 item = Inbound.from_json(json.loads(member))
             except (ValueError, TypeError) as exc:
                 log.error("dropping an unreadable inbox entry of ns=%s: %s", ns.key, exc)
-            else:
-                self._run_once(item, run)
+                self.client.zrem(inbox, member)
+                continue
+            if self._paced(item):
+                break
+            self._run_once(item, run)
             self.client.zrem(inbox, member)
+            answered += 1
+        return answered
+
+    def _paced(self, item: Inbound) -> bool:
+        """The chat cannot be sent to yet and other jobs wait: go to the back rather than sleep here."""
+        if self.pace is None or self._done(item):
+            return False
+        try:
+            ahead = self.pace(item)
+        except Exception:  # pacing is a courtesy: never block a turn over it
+            return False
+        return ahead * 1000 > PACE_YIELD_MS and self.queue.count > 0
+
+    def _tell_busy(self, ns: Namespace, busy: Callable[[Inbound, int], Any]) -> None:
+        inbox = _inbox(ns)
+        backlog = int(self.client.zcard(inbox))
+        if backlog < self.busy_backlog or not self.client.set(_busy_of(ns.key), "1", nx=True, ex=BUSY_TTL):
+            return
+        newest: list[Any] = list(self.client.zrange(inbox, -1, -1))
+        try:
+            busy(Inbound.from_json(json.loads(newest[0])), backlog)
+        except Exception:  # a notice must never cost the answers
+            log.exception("busy notice failed: ns=%s", ns.key)
+
+    def _hand_on_next(self, ns: Namespace) -> bool:
+        """Under the lease: the person's next turn job at the back of the queue, or none (inbox empty)."""
+        job_id = "turn-next-" + secrets.token_hex(12)
+        keys = [_inbox(ns), _turnjob_of(ns.key), _busy_of(ns.key)]
+        if not self._hand_on(keys=keys, args=[job_id, INBOX_TTL]):
+            return False
+        head: list[Any] = list(self.client.zrange(_inbox(ns), 0, 0))
+        data = json.loads(head[0]) if head else None
+        if not isinstance(data, dict):
+            return False  # unreadable: the next turn (or the sweep) drops it
+        pipe = self.client.pipeline(transaction=False)
+        _enqueue_turn(self.queue, data, job_id, pipe)
+        pipe.execute()
+        return True
 
     def _run_once(self, item: Inbound, run: Callable[[Inbound], Any]) -> None:
         if self._done(item):
@@ -293,6 +405,11 @@ class Mailbox:
             except Exception:
                 log.exception("turn crashed: ns=%s message=%s", item.ns.key, item.message_id)
         self.client.set(_done_key(item), "1", ex=SEEN_TTL)
+
+
+def _member(inbound: Inbound) -> str:
+    """The inbox member of `inbound`, exactly as the webhook wrote it."""
+    return json.dumps(inbound.to_json(), ensure_ascii=False, sort_keys=True)
 
 
 # --------------------------------------------------------------------------------------------- recovery
@@ -357,15 +474,18 @@ class Sweeper:
         # Is one of the inbox's jobs (its messages' own, or the last one queued here) still waiting for a
         # worker? Then it is a backlog, not a death: that job will drain the inbox.
         resumed = self.client.mget([_resumed_key(key) for key, _ in unattended])
+        owners = self.client.mget([_turnjob_of(key) for key, _ in unattended])
         pipe = self.client.pipeline(transaction=False)
-        for (_, items), last in zip(unattended, resumed, strict=True):
-            ids = [turn_job_id(item) for item in items] + ([text(last)] if last else [])
+        counts = []
+        for (_, items), last, owner in zip(unattended, resumed, owners, strict=True):
+            ids = [turn_job_id(item) for item in items] + [text(j) for j in (last, owner) if j]
+            counts.append(len(ids))
             for job_id in ids:
                 pipe.hget(self.queue.job_class.key_for(job_id), "status")
         statuses = iter(pipe.execute())
         stuck: list[tuple[str, Inbound]] = []
-        for (key, items), last in zip(unattended, resumed, strict=True):
-            mine = [next(statuses) for _ in range(len(items) + (1 if last else 0))]
+        for (key, items), n in zip(unattended, counts, strict=True):
+            mine = [next(statuses) for _ in range(n)]
             if not any(s is not None and text(s) in _WAITING for s in mine):
                 stuck.append((key, items[0]))
         if not stuck:
@@ -375,6 +495,7 @@ class Sweeper:
             job_id = "resume-" + hashlib.sha1(f"{key}:{head.message_id}:{now_ms}".encode()).hexdigest()[:32]
             _enqueue_turn(self.queue, head.to_json(), job_id, pipe, at_front=True, drain=True)
             pipe.set(_resumed_key(key), job_id, ex=INBOX_TTL)
+            pipe.set(_turnjob_of(key), job_id, ex=INBOX_TTL)  # the person's turn job from now on
         pipe.execute()
         Metrics(self.client).inc("lucid_turns_recovered_total", value=len(stuck))
         for key, head in stuck:

@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 import redis
+from rq import get_current_job
 
 from memory_core.errors import LucidError
 from memory_core.intents import asks_about_me, is_memorable
@@ -509,14 +510,56 @@ class Scratch:
 
 
 def handle_message(event: dict[str, Any], drain: bool = False) -> str:
-    """RQ job on "chat": answer `event` (an `Inbound` as JSON) in order with the person's other messages
-    (`drain`: a recovery job, which answers the person's whole inbox)."""
+    """RQ job on "chat": the turn job of `event`'s person (`event`: an `Inbound` as JSON) — their oldest
+    message(s) in order, then the rest handed on to the back of the queue (`mailbox`; `drain` is legacy)."""
     runtime = current()
     inbound = Inbound.from_json(event)
     if runtime.redis is None:
         feishu_turn(runtime, inbound)
         return "answered"
-    return Mailbox(runtime.redis).deliver(inbound, lambda item: feishu_turn(runtime, item), drain=drain)
+    job = get_current_job()
+    mailbox = Mailbox(runtime.redis, pace=lambda item: _chat_pace(runtime, item))
+    return mailbox.deliver(
+        inbound,
+        lambda item: feishu_turn(runtime, item),
+        drain=drain,
+        job_id=job.id if job is not None else None,
+        busy=lambda item, backlog: busy_notice(runtime, item, backlog),
+    )
+
+
+def _sender(runtime: Runtime, inbound: Inbound) -> FeishuSender | None:
+    persona = runtime.settings.personas.get(inbound.persona)
+    if persona is None:
+        return None
+    try:
+        return sender_for(persona, runtime.settings.feishu_domain, runtime.redis, runtime.settings.send_rate)
+    except FeishuError:
+        return None
+
+
+def _chat_pace(runtime: Runtime, inbound: Inbound) -> float:
+    sender = _sender(runtime, inbound)
+    return sender.pacer.ahead(inbound.chat_id) if sender is not None else 0.0
+
+
+def busy_notice(runtime: Runtime, newest: Inbound, backlog: int) -> None:
+    """Tell a person, once per backlog, that they write faster than the bot answers and that every message
+    will be answered in order: a new message in the chat (a group's @mentions them), not a reply, so each
+    message keeps exactly one reply. Posted once per `uuid` even when a redone job sends it again."""
+    sender = _sender(runtime, newest)
+    if sender is None:
+        return
+    mention = newest.open_id if newest.group and newest.open_id else None
+    try:
+        sender.post(newest.chat_id, say(newest, "busy"), uuid=f"{newest.message_id}:busy", mention=mention)
+    except FeishuError as exc:
+        log.info("busy notice for ns=%s not posted (code %s)", newest.ns.key, exc.code)
+        return
+    Metrics(runtime.redis).inc("lucid_busy_notices_total")
+    log.info(
+        "ns=%s has %d unanswered messages; told them they will be answered in order", newest.ns.key, backlog
+    )
 
 
 def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:

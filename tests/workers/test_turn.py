@@ -27,7 +27,7 @@ from workers.feishu_send import FeishuError
 from workers.inbound import Inbound, TurnLimits
 from workers.llm import LLM
 from workers.mailbox import Intake, Mailbox
-from workers.queues import queue
+from workers.queues import fetch, queue
 from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
 from workers.turn import run_turn
@@ -283,28 +283,30 @@ def test_messages_of_one_person_are_answered_oldest_first(rt: Runtime, redis_cli
     again = Mailbox(redis_client).deliver(first, lambda m: answered.append(m.text))
 
     assert answered == ["第一条", "第二条"]
-    assert (outcome, again) == ("answered", "answered")
+    assert (outcome, again) == ("answered 1; handed on", "answered 1")
 
 
-def test_a_job_answers_up_to_its_own_message_so_a_backlog_interleaves(
+def test_a_backlog_holds_one_place_in_the_queue_and_turns_go_round_robin(
     rt: Runtime, redis_client: redis.Redis
 ) -> None:
-    """A person with a backlog does not hold a worker for all of it: each job answers the person's older
-    messages and its own, in order; the rest wait for their own jobs (a recovery job drains everything)."""
+    """A person with a backlog holds one place in the chat queue, not one per message: their turn job answers
+    their oldest message and hands on to the BACK of the queue, behind whoever wrote meanwhile. The jobs run
+    here exactly as a worker takes them, oldest first."""
     intake = Intake(redis_client)
-    a1, a2, a3, a4 = (msg(f"第{i}条") for i in range(1, 5))
-    assert all(intake.accept(m) for m in (a1, a2, a3, a4))
+    flood = [msg(f"第{i}条") for i in range(1, 6)]
+    others = [msg("我是鲍勃", user="bob"), msg("我是卡罗尔", user="carol")]
+    assert all(intake.accept(m) for m in flood)
+    assert all(intake.accept(m) for m in others)
+    chat = queue("chat", redis_client)
+    assert chat.count == 3  # one turn job per person, however many messages they sent
     answered: list[str] = []
     mailbox = Mailbox(redis_client)
-
-    assert mailbox.deliver(a2, lambda m: answered.append(m.text)) == "answered"
-    assert answered == ["第1条", "第2条"]
-    assert mailbox.deliver(a1, lambda m: answered.append(m.text)) == "answered"
-    assert answered == ["第1条", "第2条"]  # already answered: not twice
-    assert mailbox.deliver(a3, lambda m: answered.append(m.text), drain=True) == "answered"
-    assert answered == ["第1条", "第2条", "第3条", "第4条"]
-    assert mailbox.deliver(a4, lambda m: answered.append(m.text)) == "answered"
-    assert len(answered) == 4
+    while (job_id := redis_client.lpop(chat.key)) is not None:
+        job = fetch(job_id.decode(), redis_client)
+        mailbox.deliver(Inbound.from_json(job.args[0]), lambda m: answered.append(m.text), job_id=job.id)
+    assert answered == ["第1条", "我是鲍勃", "我是卡罗尔", "第2条", "第3条", "第4条", "第5条"]
+    assert redis_client.zcard(f"lucid:inbox:{flood[0].ns.key}") == 0
+    assert redis_client.exists(f"lucid:turnjob:{flood[0].ns.key}") == 0  # done: the next message enqueues
 
 
 def test_lucid_chat_runs_the_same_turn_from_piped_input(data_dir: Path) -> None:
