@@ -24,7 +24,7 @@ _AT_PAIR = re.compile(r"<\s*at\b([^>]*)>(.*?)<\s*/\s*at\s*>", re.I | re.S)
 _AT_LONE = re.compile(r"<\s*/?\s*at\b([^>]*)>", re.I)
 _ID = re.compile(r"""\b(?:user_id|open_id|id)\s*=\s*["']?([^"'\s>]*)""", re.I)
 _TAG = re.compile(
-    r"<\s*/?\s*(?:a|b|i|u|s|em|strong|del|font|img|span|p|div|br|text_tag|link|button|md)\b[^>]*>", re.I
+    r"</?(?:a|b|i|u|s|em|strong|del|font|img|span|p|div|br|text_tag|link|button|md)\b[^>]*>", re.I
 )
 _LINK = re.compile(r"!?\[([^\[\]\n]*)\]\(\s*([^()\s]*(?:\([^()\s]*\)[^()\s]*)*)[^()\n]*\)")
 _AUTOLINK = re.compile(r"<([A-Za-z][A-Za-z0-9+.\-]{1,31}:[^<>\s]*)>")
