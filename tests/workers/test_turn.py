@@ -323,3 +323,26 @@ def test_lucid_chat_runs_the_same_turn_from_piped_input(data_dir: Path) -> None:
     replies = out.getvalue().strip().split("\n")
     assert code == 0 and "西湖区" in replies[-2] and "小明" not in out.getvalue()
     assert "sup=" in memory_file(rt)
+
+
+def test_a_paced_chat_hands_on_instead_of_sleeping_while_others_wait(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    """A person whose chat cannot be sent to yet (Feishu's 4/s per chat) does not hold the worker in the
+    pacer while someone else waits: the job goes to the back untouched. With nobody waiting, it answers."""
+    intake = Intake(redis_client)
+    mine, theirs = msg("我的消息"), msg("别人的消息", user="bob")
+    assert intake.accept(mine) and intake.accept(theirs)
+    chat = queue("chat", redis_client)
+    answered: list[str] = []
+    paced = Mailbox(redis_client, pace=lambda m: 0.2 if m.user == "alice" else 0.0)
+
+    job = fetch(redis_client.lpop(chat.key).decode(), redis_client)  # alice's, first in the queue
+    assert paced.deliver(Inbound.from_json(job.args[0]), answered.append, job_id=job.id) == (
+        "answered 0; handed on"
+    )
+    assert answered == [] and chat.count == 2  # bob's job, then alice's again behind it
+    while (job_id := redis_client.lpop(chat.key)) is not None:  # bob's; then alice's, with nobody waiting
+        job = fetch(job_id.decode(), redis_client)
+        paced.deliver(Inbound.from_json(job.args[0]), lambda m: answered.append(m.text), job_id=job.id)
+    assert answered == ["别人的消息", "我的消息"]
