@@ -47,6 +47,10 @@ HELP = {
         "counter",
         "Inboxes with messages and no live turn (their worker died mid-turn), handed to a new turn job.",
     ),
+    "lucid_busy_notices_total": (
+        "counter",
+        "People told they write faster than they are answered (their backlog reached 8; answered in order).",
+    ),
     "lucid_dream_runs_total": ("counter", "Dream runs, by phase and outcome."),
     "lucid_dream_operations_total": ("counter", "Dream operations applied, by phase and kind."),
     "lucid_dream_rejections_total": ("counter", "Dream operations rejected by the cage, by reason."),
