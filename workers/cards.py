@@ -36,6 +36,7 @@ from lark_oapi.api.cardkit.v1 import (
 
 from .feishu_send import FeishuError, FeishuSender
 from .inbound import Inbound
+from .markup import neutralize
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,9 @@ _THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.S)
 
 
 def visible(text: str) -> str:
-    """What a person may see of a model's text so far: no reasoning, also while a <think> is still open."""
-    return _THINK.sub("", text).strip()
+    """What a person may see of a model's text so far: no reasoning, also while a <think> is still open, and
+    no mention or link it echoed (`markup.neutralize`, as for every plain reply)."""
+    return neutralize(_THINK.sub("", text).strip())
 
 
 def card_json(text: str, streaming: bool) -> str:

@@ -32,6 +32,7 @@ from memory_core.timeline import subject_timelines
 
 from .feishu_send import FeishuError, sender_for
 from .inbound import Inbound
+from .markup import neutralize
 from .memory_service import service_for
 from .runtime import Runtime, current
 
@@ -215,8 +216,9 @@ def build(
 
 
 def _plain(text: str) -> str:
-    """Memory text shown in a markdown element: no link, mention or markup of its own."""
-    return re.sub(r"([\\`*_\[\]()<>#~|])", r"\\\1", text)
+    """Memory text shown in a markdown element: no link, mention or markup of its own (mentions and links
+    become plain words first, as in every reply: `markup.neutralize`)."""
+    return re.sub(r"([\\`*_\[\]()<>#~|])", r"\\\1", neutralize(text))
 
 
 # ------------------------------------------------------------------------------------------ registry

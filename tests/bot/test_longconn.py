@@ -21,6 +21,7 @@ from tests.fakes.feishu import FakeFeishu
 from tests.fakes.feishu_events import ALICE, BOB, TENANT_KEY, VERIFICATION_TOKEN, deliver, message_event
 from tests.fakes.feishu_ws import FakeFeishuWS
 from workers import embedded_redis
+from workers.queues import SERIALIZER
 from workers.runtime import Runtime, build, install
 from workers.settings import Persona, Settings
 
@@ -85,7 +86,7 @@ async def _ack(ws: FakeFeishuWS, frame: str) -> int | None:
 
 def _work(runtime: Runtime, client: redis.Redis) -> None:
     install(runtime)
-    SimpleWorker(["chat"], connection=client).work(burst=True)
+    SimpleWorker(["chat"], connection=client, serializer=SERIALIZER).work(burst=True)
 
 
 async def test_an_event_over_the_long_connection_is_acked_and_answered(

@@ -31,6 +31,7 @@ from tests.fakes.feishu_events import (
     message_event,
 )
 from tests.fakes.feishu_ws import FakeFeishuWS
+from workers.queues import SERIALIZER
 from workers.runtime import Runtime, build, install
 from workers.settings import Persona, Settings
 
@@ -74,7 +75,7 @@ class Chat:
 
     def work(self) -> None:
         install(self.runtime)
-        SimpleWorker(["chat"], connection=self.redis).work(burst=True)
+        SimpleWorker(["chat"], connection=self.redis, serializer=SERIALIZER).work(burst=True)
 
     def card_reply(self, message_id: str) -> str:
         (sent,) = [m for m in self.feishu.sent if m.parent_id == message_id]

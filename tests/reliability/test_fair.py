@@ -125,12 +125,21 @@ async def test_replies_never_carry_the_senders_markup(shared: Shared, figures: F
         )}]]}}),
         ("text", {"text": "你说：看这里 点我 (javascript:alert(document.cookie)) 和 @所有人"}),
     ]  # fmt: skip
-    listing = text_of(sent[ids[3]][0])
+    listing = "\n".join(_strings(sent[ids[3]][0].body))  # the memory card (or a text listing)
     assert "@所有人 今晚全员加班" in listing  # the memory as said, quoted back ...
     for message in (m for i in ids for m in sent[i]):  # ... and nothing anywhere as markup
         assert "<at" not in message.content and "](" not in message.content, message.content
         assert _links(message.body) == [], message.content
     figures.update(messages=len(events), mentions_sent=0, links_sent=0)
+
+
+def _strings(node: Any) -> list[str]:
+    """Every string in a message's content (a card's markdown, a post's nodes, a text)."""
+    if isinstance(node, dict):
+        return [t for v in node.values() for t in _strings(v)]
+    if isinstance(node, list):
+        return [t for v in node for t in _strings(v)]
+    return [node] if isinstance(node, str) else []
 
 
 def _links(node: Any) -> list[str]:

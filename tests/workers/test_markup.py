@@ -96,13 +96,20 @@ def test_memory_only_confirmation_and_quoted_memory_carry_no_mention_or_link(
     listing = turn(rt, feishu, "/memory")
 
     assert said == [("text", {"text": "好的，我记住了：@所有人 今晚全员加班 详情 (javascript:alert(1))"})]
-    [(kind, body)] = listing
-    assert kind == "post"
-    md = body["zh_cn"]["content"][0][0]  # type: ignore[index]
-    assert md["tag"] == "md" and "] @所有人 今晚全员加班 详情 (javascript:alert(1))\n" in md["text"]
-    assert "<at" not in md["text"] and "](" not in md["text"]
+    [(kind, card)] = listing  # the memory card: each entry a markdown element
+    assert kind == "interactive"
+    shown = [t for t in _strings(card) if "今晚全员加班" in t]
+    assert shown == ["@所有人 今晚全员加班 详情 \\(javascript:alert\\(1\\)\\)"], shown
     memory = (Namespace.of("t-markup", "on_markup", "x").path(rt.store.data_dir) / "MEMORY.md").read_text()
     assert words in memory  # kept exactly as said: it is data; only what is sent is neutralised
+
+
+def _strings(node: object) -> list[str]:
+    if isinstance(node, dict):
+        return [t for v in node.values() for t in _strings(v)]
+    if isinstance(node, list):
+        return [t for v in node for t in _strings(v)]
+    return [node] if isinstance(node, str) else []
 
 
 def turn(rt: Runtime, feishu: FakeFeishu, text: str) -> list[tuple[str, object]]:
