@@ -173,8 +173,9 @@ def build(
                 ],
             }
         )
-        if history and history[0].subject == e.subject and e.id == history[-1].id:
-            was = "  →  ".join(_plain(h.text) for h in history[:-1])
+        before = [h for h in history if h.id != e.id]
+        if before and any(h.id == e.id for h in history):
+            was = "  →  ".join(_plain(h.text) for h in before)
             elements.append(
                 {"tag": "markdown", "content": f"{_t(lang, 'was')}: {was}", "text_size": "notation"}
             )
