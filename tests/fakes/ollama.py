@@ -323,7 +323,7 @@ class FakeOllama(BackgroundServer):
     """The fake Ollama server. See the module docstring for how tests script it.
 
     models: the pulled models, listed by `/api/tags`. A request for any other model gets 404, as an
-    un-pulled model does (`strict_models=False` accepts any name, for a test about something else).
+    un-pulled model does.
     responder: computes a reply from the request JSON when the script is empty.
     default_reply: the reply when neither script nor responder gives one (None: HTTP 500).
     reasoning: reasoning models answer with a scratchpad, as qwen3 does (see the module docstring).
@@ -333,7 +333,6 @@ class FakeOllama(BackgroundServer):
         self,
         *,
         models: Sequence[str] = ("qwen3:4b", "nomic-embed-text"),
-        strict_models: bool = True,
         responder: Responder | None = None,
         default_reply: Reply | None = None,
         embed_dim: int = 64,
@@ -342,7 +341,6 @@ class FakeOllama(BackgroundServer):
     ) -> None:
         super().__init__()
         self.models = list(models)
-        self.strict_models = strict_models
         self.responder = responder
         self.default_reply = default_reply
         self.embed_dim = embed_dim
@@ -403,8 +401,6 @@ class FakeOllama(BackgroundServer):
 
     def _resolve(self, model: str) -> str | None:
         """The pulled model `model` names ("qwen3" is "qwen3:latest"), or None."""
-        if not self.strict_models:
-            return model
         name = model if ":" in model.split("/")[-1] else model + ":latest"
         return next((m for m in self.models if m in (model, name)), None)
 
