@@ -4,15 +4,14 @@ Callers see `LLMUnavailable` (server down, timeout, 5xx after retries), `LLMErro
 unknown model, bad request) and plain results; no `ollama` or `httpx` exception leaks past this module.
 
 Reasoning models (qwen3, deepseek-r1, …) write a scratchpad: `<think>…</think>` in the content, or a
-`thinking` field. `ChatResult.content` never holds it (`strip_reasoning`), so no reply, stored fact, dream
-merge or profile built from a model's answer can carry it.
+`thinking` field. `ChatResult.content` never holds it (`memory_core.reasoning`), so no reply, stored fact,
+dream merge or profile built from a model's answer can carry it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,32 +21,9 @@ import httpx
 import ollama
 
 from memory_core.errors import LucidError
+from memory_core.reasoning import strip_reasoning
 
 log = logging.getLogger(__name__)
-
-
-_THINK_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.S | re.I)
-_THINK_OPEN = re.compile(r"<(?:think|thinking|reasoning)>", re.I)
-_THINK_CLOSE = re.compile(r"</(?:think|thinking|reasoning)>", re.I)
-
-
-def strip_reasoning(content: str) -> str:
-    """`content` without a reasoning model's scratchpad.
-
-    Closed `<think>…</think>` blocks go; so does an unclosed one (the answer was cut off mid-thought: the
-    rest is all scratchpad), and everything before a lone `</think>` (templates that open the block in the
-    prompt, as deepseek-r1's does, leave only the closing tag in the output).
-    """
-    if not (_THINK_OPEN.search(content) or _THINK_CLOSE.search(content)):
-        return content
-    text = _THINK_BLOCK.sub("", content)
-    closes = list(_THINK_CLOSE.finditer(text))
-    if closes:
-        text = text[closes[-1].end() :]
-    opened = _THINK_OPEN.search(text)
-    if opened is not None:
-        text = text[: opened.start()]
-    return text.strip()
 
 
 class LLMError(LucidError):

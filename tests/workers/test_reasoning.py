@@ -23,12 +23,12 @@ from rq import SimpleWorker
 from memory_core.lineformat import format_time
 from memory_core.namespace import Namespace
 from memory_core.ops import Put, Record
+from memory_core.reasoning import strip_reasoning
 from memory_core.store import MEMORY, PROFILE
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.ollama import SCRATCHPAD, FakeOllama
 from workers.dreaming import run_phase
 from workers.inbound import Inbound
-from workers.llm import strip_reasoning
 from workers.mailbox import Intake
 from workers.runtime import Runtime, build, install
 from workers.settings import Persona, Settings
@@ -48,7 +48,7 @@ def both(content: str, thought: str = THOUGHT, **extra: Any) -> dict[str, Any]:
     [
         ("<think>\nplan\n</think>\n\n你好！", "你好！"),
         ("<think></think>你好", "你好"),  # qwen3 with /no_think still writes an empty block
-        ("<think>a</think>x<think>b</think>y", "xy"),
+        ("<think>a</think>x<think>b</think>y", "x\ny"),  # a block between two lines leaves the break
         ("<THINKING>plan</THINKING>ok", "ok"),
         ("<reasoning>plan</reasoning>ok", "ok"),
         ("plan the deepseek-r1 template opened for it\n</think>\n\nok", "ok"),  # only the closing tag
