@@ -20,6 +20,7 @@ import pytest
 import redis
 from rq import SimpleWorker
 
+from memory_core.dream_replay import parse_facts
 from memory_core.lineformat import format_time
 from memory_core.namespace import Namespace
 from memory_core.ops import Put, Record
@@ -146,3 +147,11 @@ def test_dream_merges_replay_and_profile_store_no_scratchpad(
     assert "- 用户是后端工程师，在杭州工作" in profile_md
     for leak in ("用户没有猫", "余杭区", "讨厌", "think>", SCRATCHPAD):
         assert leak not in memory and leak not in profile_md
+
+
+def test_a_fact_drafted_in_the_scratchpad_is_not_parsed_as_one() -> None:
+    # parse_facts is also fed text that did not come through the adapter (replay of stored replies,
+    # tests, tools): it applies the same rule. The model's answer here is NONE; the draft is not a fact.
+    reply = "<think>\n[爱好] 我喜欢爬山\n</think>\nNONE"
+    assert parse_facts(reply, "记住我喜欢爬山") == []
+    assert [f.text for f in parse_facts("[爱好] 我喜欢爬山", "记住我喜欢爬山")] == ["我喜欢爬山"]
