@@ -654,6 +654,16 @@ def test_ollama_options_must_be_known_and_typed() -> None:
     assert fine.message.content == "ok"
 
 
+def test_ollama_embed_input_is_a_string_or_a_list_of_strings() -> None:
+    # docs/api.md "Generate Embeddings": input is text or a list of text.
+    with FakeOllama() as fake:
+        url = f"{fake.url}/api/embed"
+        refused = [httpx.post(url, json={"model": "nomic-embed-text", "input": bad}) for bad in (5, [1, "a"])]
+        fine = httpx.post(url, json={"model": "nomic-embed-text", "input": ["a", "b"]})
+    assert [r.status_code for r in refused] == [400, 400]
+    assert fine.status_code == 200 and len(fine.json()["embeddings"]) == 2
+
+
 def test_ollama_think_needs_a_thinking_model() -> None:
     # docs/api.md "think": for thinking models only; others answer 400 "... does not support thinking".
     with FakeOllama(models=["llama3.2:latest"], default_reply="ok") as fake:
