@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import redis
-from rq import SimpleWorker
 
 from memory_core.dream_replay import parse_facts
 from memory_core.lineformat import format_time
@@ -31,8 +30,9 @@ from tests.fakes.ollama import SCRATCHPAD, FakeOllama
 from workers.dreaming import run_phase
 from workers.inbound import Inbound
 from workers.mailbox import Intake
-from workers.runtime import Runtime, build, install
+from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
+from workers.worker import run_worker
 
 MODEL = "qwen3:4b"
 CHAT = "oc_p2p_reasoning"
@@ -86,15 +86,13 @@ def test_a_turn_sends_and_stores_no_scratchpad(
             ollama_host=ollama.url,
         )
         rt: Runtime = build(settings, redis_url, git=False)
-        install(rt)
         inbound = Inbound(
             tenant="t1", user="alice", open_id="ou_alice", persona="p", chat_id=CHAT, chat_type="p2p",
             message_id=f"om_{uuid.uuid4().hex}", text="记住我喜欢喝咖啡", create_time=int(time.time() * 1000),
         )  # fmt: skip
         feishu.note_message(inbound.message_id, CHAT)
         assert Intake(redis_client).accept(inbound)
-        # The real SimpleWorker, its pub/sub listener (`subscribe`) included.
-        SimpleWorker(["chat", "memory"], connection=redis_client).work(burst=True)
+        run_worker(rt, burst=True)  # `lucid worker`: RQ's SimpleWorker, its pub/sub `subscribe` included
 
     assert [m.text for m in feishu.sent] == ["好的，我记住了你喜欢喝咖啡。"]
     assert len(ollama.chat_requests) == 3  # the tool round, the answer, the background extraction
