@@ -638,7 +638,12 @@ class FakeOllama(BackgroundServer):
         if fault is not None:
             return fault
         raw = body.get("input", "")
-        texts = [raw] if isinstance(raw, str) else [str(t) for t in raw]
+        if not isinstance(raw, str) and not (isinstance(raw, list) and all(isinstance(t, str) for t in raw)):
+            return self._refuse(400, "invalid input type: input is a string or a list of strings")
+        problem = _check_options(body.get("options"))
+        if problem:
+            return self._refuse(400, problem)
+        texts = [raw] if isinstance(raw, str) else list(raw)
         dim = int(body.get("dimensions") or self.embed_dim)
         return web.json_response(
             {
