@@ -20,12 +20,11 @@ def strip_reasoning(content: str) -> str:
 
     Closed `<think>…</think>` blocks go; so does an unclosed one (the answer was cut off mid-thought: the
     rest is all scratchpad), and everything before a lone `</think>` (templates that open the block in the
-    prompt, as deepseek-r1's does, leave only the closing tag in the output). A block between two lines
-    leaves the line break.
+    prompt, as deepseek-r1's does, leave only the closing tag in the output).
     """
     if not (_OPEN.search(content) or _CLOSE.search(content)):
         return content
-    text = _BLOCK.sub("\n", content)
+    text = _BLOCK.sub("", content)
     closes = list(_CLOSE.finditer(text))
     if closes:
         text = text[closes[-1].end() :]
@@ -33,3 +32,16 @@ def strip_reasoning(content: str) -> str:
     if opened is not None:
         text = text[: opened.start()]
     return text.strip()
+
+
+_TAGS = ("<think>", "<thinking>", "<reasoning>")
+
+
+def strip_partial(text: str) -> str:
+    """What may be shown of an answer still arriving: `strip_reasoning`, also while a block is open, and a
+    tag still arriving (`<`, `<th`, … split over stream chunks) held back until it is known not to be one."""
+    shown = strip_reasoning(text)
+    cut = shown.rfind("<")
+    if cut >= 0 and any(tag.startswith(shown[cut:].lower()) for tag in _TAGS):
+        shown = shown[:cut]
+    return shown.strip()

@@ -21,7 +21,7 @@ import httpx
 import ollama
 
 from memory_core.errors import LucidError
-from memory_core.reasoning import strip_reasoning
+from memory_core.reasoning import strip_partial, strip_reasoning
 
 log = logging.getLogger(__name__)
 
@@ -203,24 +203,28 @@ class LLM:
             parts: list[str] = []
             calls: list[ToolCall] = []
             prompt = completion = 0
+            shown = ""
             for chunk in client.chat(
                 model=model, messages=list(messages), tools=list(tools) if tools else None, stream=True
             ):
                 if time.monotonic() > deadline:
                     raise TimeoutError("the model's stream outran the turn's budget")
                 msg = chunk.message
-                if msg.content:
+                if msg.content:  # `msg.thinking` chunks are never shown
                     parts.append(msg.content)
-                    try:
-                        on_text("".join(parts))
-                    except Exception:  # showing progress must never cost the answer
-                        log.warning("streaming hook failed", exc_info=True)
+                    now = strip_partial("".join(parts))  # no scratchpad, not even a tag arriving
+                    if now and now != shown:
+                        shown = now
+                        try:
+                            on_text(now)
+                        except Exception:  # showing progress must never cost the answer
+                            log.warning("streaming hook failed", exc_info=True)
                 for tc in msg.tool_calls or ():
                     args = tc.function.arguments
                     calls.append(ToolCall(tc.function.name, dict(args) if isinstance(args, dict) else {}))
                 if chunk.done:
                     prompt, completion = int(chunk.prompt_eval_count or 0), int(chunk.eval_count or 0)
-            return ChatResult("".join(parts), tuple(calls), prompt, completion, model)
+            return ChatResult(strip_reasoning("".join(parts)), tuple(calls), prompt, completion, model)
 
         try:
             result: ChatResult = self._call(f"chat with {model}", budget, run)

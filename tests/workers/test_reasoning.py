@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,15 +24,18 @@ from memory_core.dream_replay import parse_facts
 from memory_core.lineformat import format_time
 from memory_core.namespace import Namespace
 from memory_core.ops import Put, Record
-from memory_core.reasoning import strip_reasoning
+from memory_core.reasoning import strip_partial, strip_reasoning
 from memory_core.store import MEMORY, PROFILE
 from tests.fakes.feishu import FakeFeishu
-from tests.fakes.ollama import SCRATCHPAD, FakeOllama
+from tests.fakes.feishu_cards import FakeFeishuCards
+from tests.fakes.ollama import SCRATCHPAD, FakeOllama, Paced
 from workers.dreaming import run_phase
 from workers.inbound import Inbound
+from workers.llm import LLM
 from workers.mailbox import Intake
 from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
+from workers.turn import feishu_turn
 from workers.worker import run_worker
 
 MODEL = "qwen3:4b"
@@ -49,7 +53,7 @@ def both(content: str, thought: str = THOUGHT, **extra: Any) -> dict[str, Any]:
     [
         ("<think>\nplan\n</think>\n\n你好！", "你好！"),
         ("<think></think>你好", "你好"),  # qwen3 with /no_think still writes an empty block
-        ("<think>a</think>x<think>b</think>y", "x\ny"),  # a block between two lines leaves the break
+        ("<think>a</think>x<think>b</think>y", "xy"),
         ("<THINKING>plan</THINKING>ok", "ok"),
         ("<reasoning>plan</reasoning>ok", "ok"),
         ("plan the deepseek-r1 template opened for it\n</think>\n\nok", "ok"),  # only the closing tag
@@ -153,3 +157,44 @@ def test_a_fact_drafted_in_the_scratchpad_is_not_parsed_as_one() -> None:
     reply = "<think>\n[爱好] 我喜欢爬山\n</think>\nNONE"
     assert parse_facts(reply, "记住我喜欢爬山") == []
     assert [f.text for f in parse_facts("[爱好] 我喜欢爬山", "记住我喜欢爬山")] == ["我喜欢爬山"]
+
+
+@pytest.mark.parametrize(
+    ("partial", "shown"),
+    [
+        ("<", ""),  # a tag's first token: it may be a scratchpad opening
+        ("<th", ""),
+        ("<think>\n还在想", ""),
+        ("<think>想好了</think>\n\n西湖", "西湖"),
+        ("西湖不要门票<", "西湖不要门票"),  # held back until it is known not to be a tag
+        ("1 < 2", "1 < 2"),
+    ],
+)
+def test_strip_partial(partial: str, shown: str) -> None:
+    assert strip_partial(partial) == shown
+
+
+def test_a_streamed_answer_shows_no_scratchpad_not_even_a_tag_arriving(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    # qwen3's stream starts "<", "think", ">", …: each token a chunk (Paced), as a real model streams.
+    with FakeFeishuCards(bot_open_id="ou_bot") as feishu, FakeOllama() as ollama:
+        persona = Persona("p", app_id="cli_stream_r", app_secret="s", domain=feishu.url)
+        settings = Settings(data_dir=data_dir, personas={"p": persona}, chat_model=MODEL)
+        rt = replace(build(settings, redis_url, git=False), llm=LLM(ollama.url, timeout=20.0, retries=0))
+        ollama.script(Paced({"content": "西湖不要门票，春天去最好。", "thinking": SCRATCHPAD}, 200))
+        ollama.script(Paced("西湖不要门票，春天去最好。", 200))  # think unset: the scratchpad in content
+        for _ in range(2):
+            message = Inbound(
+                tenant="t", user="alice", open_id="ou_alice", persona="p", chat_id="oc_alice", chat_type="p2p",
+                message_id=f"om_{uuid.uuid4().hex}", text="春天去西湖怎么样？", create_time=int(time.time() * 1000),
+            )  # fmt: skip
+            feishu.note_message(message.message_id, message.chat_id)
+            feishu_turn(rt, message)
+
+    cards = [feishu.card_of(m.message_id) for m in feishu.sent]
+    assert len(cards) == 2 and all(c is not None and c.text == "西湖不要门票，春天去最好。" for c in cards)
+    seen = [
+        t for c in cards if c for t in (c.data["body"]["elements"][0]["content"], *(u[2] for u in c.updates))
+    ]
+    assert seen and not any("<" in t or "think" in t or "Okay" in t for t in seen), seen
