@@ -198,3 +198,15 @@ def test_a_streamed_answer_shows_no_scratchpad_not_even_a_tag_arriving(
         t for c in cards if c for t in (c.data["body"]["elements"][0]["content"], *(u[2] for u in c.updates))
     ]
     assert seen and not any("<" in t or "think" in t or "Okay" in t for t in seen), seen
+
+
+def test_chat_stream_hands_on_no_scratchpad() -> None:
+    """The adapter's own promise, whoever listens (the card applies the same rule again)."""
+    shown: list[str] = []
+    with FakeOllama() as ollama:
+        ollama.script(Paced("西湖不要门票。", 400))
+        answer = LLM(ollama.url, retries=0).chat_stream(
+            MODEL, [{"role": "user", "content": "西湖"}], shown.append
+        )
+    assert answer.content == "西湖不要门票。" and shown and shown[-1] == answer.content
+    assert not any("<" in t or "Okay" in t for t in shown), shown
