@@ -455,7 +455,7 @@ def bench_deep(n: int, http: bool, clauses: list[str] | None) -> dict[str, Any]:
         from tests.fakes.ollama import FakeOllama
         from workers.llm import LLM
 
-        fake = FakeOllama(responder=lambda body: answer(body["messages"])).start()
+        fake = FakeOllama(models=["stub"], responder=lambda body: answer(body["messages"])).start()
         llm = LLM(fake.url, retries=0)
 
         def ask(messages: list[dict[str, str]]) -> str:

@@ -150,7 +150,10 @@ def main() -> None:
         "turns": args.turns,
     }
     try:
-        with FakeOllama(default_reply="好的，我明白了。") as ollama, FakeFeishu() as feishu:
+        with (
+            FakeOllama(models=["bench-model"], default_reply="好的，我明白了。") as ollama,
+            FakeFeishu() as feishu,
+        ):
             persona = Persona("bench", app_id=f"cli_bench{uuid.uuid4().hex[:8]}", app_secret="s")
             settings = Settings(data_dir=tmp / "data", feishu_domain=feishu.url, personas={"bench": persona})
 

@@ -23,6 +23,7 @@ from .dream_guard import coverage, is_refusal, new_instructions, one_line
 from .intents import classify_type, is_memorable
 from .lineformat import RawMessage, format_time
 from .ops import Remember
+from .reasoning import strip_reasoning
 from .secretscan import contains_secret
 from .similarity import bigrams
 from .subjects import canonical_subject
@@ -34,7 +35,6 @@ MAX_FACTS = 10  # per reply; more is a model listing everything
 MAX_FACT_CHARS = 300
 _NO_SUBJECT = frozenset({"user", "用户", "me", "i", "self", "general", "other", "misc", "-", "none", "我"})
 _LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)、])?\s*(?:\[([^\]\n]{1,60})\]|【([^】\n]{1,60})】)?\s*(.*?)\s*$")
-_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S | re.I)  # a reasoning model's scratchpad, even unclosed
 MIN_GROUNDING = 0.3  # share of a fact's content bigrams that must occur in the user's text
 _NONE = re.compile(r"^(?:none|nothing|n/a|无|没有)[.。!！]?$", re.I)
 
@@ -94,7 +94,7 @@ def parse_facts(reply: str, source_text: str = "") -> list[Fact]:
     lines not grounded in the user's own text (chatter) and instruction-like lines that the user's text does
     not contain are dropped; a third party's fact is typed `fact` whatever its wording."""
     facts: list[Fact] = []
-    for raw in _THINK.sub("\n", reply).splitlines():
+    for raw in strip_reasoning(reply).splitlines():
         m = _LINE.match(raw)
         if m is None:
             continue

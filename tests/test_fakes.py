@@ -36,6 +36,7 @@ from lark_oapi.core.utils import AESCipher
 
 from tests.fakes import feishu_events as fe
 from tests.fakes.feishu import (
+    RECEIVE_ID_TYPES,
     FakeFeishu,
     chat_rate_limited,
     delay,
@@ -46,6 +47,7 @@ from tests.fakes.feishu import (
     token_invalid,
 )
 from tests.fakes.ollama import (
+    SCRATCHPAD,
     BrokenBody,
     Delay,
     FakeOllama,
@@ -68,7 +70,8 @@ USER_MSG = [{"role": "user", "content": "记住我喜欢咖啡"}]
 
 @pytest.fixture
 def fake_ollama() -> Iterator[FakeOllama]:
-    with FakeOllama(models=["qwen3:4b", "nomic-embed-text"]) as fake:
+    """Protocol tests assert exact content: the reasoning scratchpad has tests of its own below."""
+    with FakeOllama(models=["qwen3:4b", "nomic-embed-text"], reasoning=False) as fake:
         yield fake
 
 
@@ -173,7 +176,7 @@ def test_model_not_found_is_a_response_error_404(fake_ollama: FakeOllama) -> Non
 
 
 def test_strict_models_rejects_unlisted_models() -> None:
-    with FakeOllama(models=["qwen3:4b"], strict_models=True, default_reply="ok") as fake:
+    with FakeOllama(models=["qwen3:4b"], default_reply="ok", reasoning=False) as fake:
         client = ollama.Client(host=fake.url)
         assert client.chat(model="qwen3:4b", messages=USER_MSG).message.content == "ok"
         with pytest.raises(ollama.ResponseError) as chat_err:
@@ -362,6 +365,7 @@ def test_reactions_create_and_delete(fake_feishu: FakeFeishu) -> None:
         .build()
     )
 
+    fake_feishu.note_message("om_in_2", "oc_chat_2")
     made = client.im.v1.message_reaction.create(create)
     reaction_id = made.data.reaction_id
     delete = DeleteMessageReactionRequest.builder().message_id("om_in_2").reaction_id(reaction_id).build()
@@ -396,6 +400,7 @@ def test_sdk_keeps_an_invalid_token_until_the_caller_drops_it(fake_feishu: FakeF
     app_id = "cli_token_test_0001"
     forget_token(app_id)
     client = make_client(fake_feishu, app_id=app_id)
+    fake_feishu.note_message("om_a", "oc_a")
     assert client.im.v1.message.reply(_reply("om_a", "1")).success()
 
     fake_feishu.expire_tokens()
@@ -413,6 +418,7 @@ def test_sdk_keeps_an_invalid_token_until_the_caller_drops_it(fake_feishu: FakeF
 def test_scripted_token_invalid_hits_one_request(fake_feishu: FakeFeishu) -> None:
     client = make_client(fake_feishu)
     fake_feishu.fail("reply", token_invalid())
+    fake_feishu.note_message("om_b", "oc_b")
 
     assert client.im.v1.message.reply(_reply("om_b", "x")).code == 99991663
     assert client.im.v1.message.reply(_reply("om_b", "x")).success()
@@ -451,6 +457,7 @@ def test_timed_out_send_retried_with_its_uuid_posts_once(fake_feishu: FakeFeishu
         .build()
     )
     fake_feishu.fail("reply", delay(0.5))
+    fake_feishu.note_message("om_e", "oc_e")
 
     with pytest.raises(requests.exceptions.Timeout):
         client.im.v1.message.reply(_reply("om_e", "answer", uuid="om_e:0"))
@@ -472,6 +479,7 @@ def test_chat_qps_limit_answers_230020() -> None:
 async def test_async_sdk_call_against_the_threaded_fake(fake_feishu: FakeFeishu) -> None:
     # The fake has its own loop, so even a cold-cache `areply` (blocking token fetch) cannot deadlock.
     client = make_client(fake_feishu)
+    fake_feishu.note_message("om_g", "oc_g")
 
     resp = await client.im.v1.message.areply(_reply("om_g", "async"))
 
@@ -551,3 +559,316 @@ def test_crypto_matches_the_documented_vector_and_the_sdk() -> None:
     blob = fe.encrypt("你好 world", ENCRYPT_KEY)
     assert AESCipher(ENCRYPT_KEY).decrypt_str(blob) == "你好 world"
     assert fe.encrypt("same", ENCRYPT_KEY) != fe.encrypt("same", ENCRYPT_KEY)  # random IV
+
+
+# -- conformance: FakeOllama refuses what Ollama refuses ----------------------------------------
+# Source: Ollama's API docs (github.com/ollama/ollama docs/api.md: /api/chat, /api/generate,
+# /api/embed, /api/tags, /api/show) and its server's answers for the same requests.
+
+
+def _refusal(url: str, **kwargs: Any) -> tuple[int, str]:
+    """POST /api/chat as raw JSON (the client would reject some of these bodies before sending)."""
+    body = {"model": "qwen3:4b", "messages": USER_MSG, "think": False, "stream": False, **kwargs}
+    resp = httpx.post(f"{url}/api/chat", json=body)
+    return resp.status_code, resp.json().get("error", "")
+
+
+def test_ollama_refuses_a_model_that_is_not_pulled_with_404() -> None:
+    # docs/api.md: a model that is not present answers 404 {"error": "model \"x\" not found, try
+    # pulling it first"}; a name without a tag means ":latest", so "qwen3" is not "qwen3:4b".
+    with FakeOllama(default_reply="ok") as fake:
+        client = ollama.Client(host=fake.url)
+        fake.script("scripted")
+        assert _refusal(fake.url, model="llama3") == (404, 'model "llama3" not found, try pulling it first')
+        assert _refusal(fake.url, model="qwen3")[0] == 404
+        with pytest.raises(ollama.ResponseError) as embed_err:
+            client.embed(model="bge-m3", input="x")
+        with pytest.raises(ollama.ResponseError) as show_err:
+            client.show("llama3")
+        assert fake.pending == 1  # a refused request consumes no scripted reply
+        assert client.chat(model="qwen3:4b", messages=USER_MSG, think=False).message.content == "scripted"
+    assert embed_err.value.status_code == show_err.value.status_code == 404
+
+
+def test_ollama_refuses_chat_with_an_embedding_model() -> None:
+    with FakeOllama(default_reply="ok") as fake:
+        status, error = _refusal(fake.url, model="nomic-embed-text")
+    assert status == 400 and "does not support chat" in error
+
+
+def test_ollama_refuses_malformed_tools_and_tools_for_a_model_without_them() -> None:
+    # docs/api.md "Chat request (with tools)": tools = [{"type": "function", "function": {"name",
+    # "description", "parameters": <JSON schema object>}}]; a model without the "tools" capability
+    # answers 400 "<model> does not support tools".
+    good = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    bad_tools = [
+        [{"function": {"name": "f"}}],  # no "type": "function"
+        [{"type": "function", "function": {"parameters": {"type": "object"}}}],  # no name
+        [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+        [
+            {
+                "type": "function",
+                "function": {"name": "f", "parameters": {"type": "object", "required": ["x"]}},
+            }
+        ],
+        {"name": "f"},  # not a list
+    ]
+    with FakeOllama(models=["qwen3:4b", "gemma3:1b"], default_reply="ok") as fake:
+        client = ollama.Client(host=fake.url)
+        answers = [_refusal(fake.url, tools=tools) for tools in bad_tools]
+        gemma = _refusal(fake.url, model="gemma3:1b", tools=[good])
+        accepted = client.chat(model="qwen3:4b", messages=USER_MSG, tools=[good], think=False)
+    assert [status for status, _ in answers] == [400] * len(bad_tools)
+    assert gemma == (400, "registry.ollama.ai/library/gemma3:1b does not support tools")
+    assert accepted.message.content == "ok"
+
+
+def test_ollama_format_is_json_or_a_json_schema() -> None:
+    # docs/api.md "Parameters": format is "json" or a JSON schema (structured outputs).
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    with FakeOllama(default_reply="{}", reasoning=False) as fake:
+        client = ollama.Client(host=fake.url)
+        refused = [_refusal(fake.url, format=fmt)[0] for fmt in ("yaml", 42, {"type": "map"})]
+        fine = [client.chat(model="qwen3:4b", messages=USER_MSG, format=fmt) for fmt in ("json", schema)]
+    assert refused == [400, 400, 400]
+    assert [r.message.content for r in fine] == ["{}", "{}"]
+
+
+def test_ollama_options_must_be_known_and_typed() -> None:
+    # docs/api.md "Generate request (With options)" lists the options; a value of the wrong type is
+    # refused. (An unknown name Ollama ignores with the warning "invalid option provided"; the fake
+    # refuses it so a misspelt option cannot pass unnoticed.)
+    with FakeOllama(default_reply="ok", reasoning=False) as fake:
+        client = ollama.Client(host=fake.url)
+        refused = [
+            _refusal(fake.url, options=opts)
+            for opts in ({"temperature": "hot"}, {"num_ctx": 1.5}, {"stop": "x"}, {"temprature": 0})
+        ]
+        fine = client.chat(
+            model="qwen3:4b",
+            messages=USER_MSG,
+            options={"temperature": 0, "num_ctx": 2048, "stop": ["\n\n"], "seed": 7, "top_p": 1},
+        )
+    assert [status for status, _ in refused] == [400] * 4
+    assert "invalid option provided" in refused[-1][1]
+    assert fine.message.content == "ok"
+
+
+def test_ollama_embed_input_is_a_string_or_a_list_of_strings() -> None:
+    # docs/api.md "Generate Embeddings": input is text or a list of text.
+    with FakeOllama() as fake:
+        url = f"{fake.url}/api/embed"
+        refused = [httpx.post(url, json={"model": "nomic-embed-text", "input": bad}) for bad in (5, [1, "a"])]
+        fine = httpx.post(url, json={"model": "nomic-embed-text", "input": ["a", "b"]})
+    assert [r.status_code for r in refused] == [400, 400]
+    assert fine.status_code == 200 and len(fine.json()["embeddings"]) == 2
+
+
+def test_ollama_think_needs_a_thinking_model() -> None:
+    # docs/api.md "think": for thinking models only; others answer 400 "... does not support thinking".
+    with FakeOllama(models=["llama3.2:latest"], default_reply="ok") as fake:
+        status, error = _refusal(fake.url, model="llama3.2", think=True)
+    assert (status, error) == (400, '"llama3.2" does not support thinking')
+
+
+def test_qwen3_answers_with_a_scratchpad_in_content_or_in_thinking() -> None:
+    # qwen3 writes <think>…</think> before its answer; with "think": true Ollama returns it in
+    # message.thinking (docs/api.md "Chat request (with thinking)", ollama.com/blog/thinking),
+    # streamed before the content; "think": false turns it off.
+    with FakeOllama(default_reply="你好！") as fake:
+        client = ollama.Client(host=fake.url)
+        unset = client.chat(model="qwen3:4b", messages=USER_MSG)
+        thinking = client.chat(model="qwen3:4b", messages=USER_MSG, think=True)
+        off = client.chat(model="qwen3:4b", messages=USER_MSG, think=False)
+        streamed = list(client.chat(model="qwen3:4b", messages=USER_MSG, think=True, stream=True))
+        generated = client.generate(model="qwen3:4b", prompt="你好", think=True)
+        show = client.show("qwen3:4b")
+
+    assert unset.message.content == f"<think>\n{SCRATCHPAD}\n</think>\n\n你好！"
+    assert (thinking.message.thinking, thinking.message.content) == (SCRATCHPAD, "你好！")
+    assert (off.message.thinking, off.message.content) == (None, "你好！")
+    thought = [p.message.thinking or "" for p in streamed]
+    first_content = next(i for i, p in enumerate(streamed) if p.message.content)
+    assert "".join(thought) == SCRATCHPAD and not any(thought[first_content:])
+    assert (generated.thinking, generated.response) == (SCRATCHPAD, "你好！")
+    assert "thinking" in (show.capabilities or []) and "tools" in (show.capabilities or [])
+
+
+# -- conformance: FakeFeishu refuses what Feishu refuses -----------------------------------------
+# Sources: research/feishu.md §3 (IM v1 reply/create docs: uuid "最大长度 50 字符", receive_id_type
+# enum, "发送消息内容" content formats, 230001; rate limits: 5 QPS per user or group, 50/s and
+# 1000/min per app, 230020 / 429 99991400); the reaction docs (表情文案说明 emoji_type list,
+# 231001 invalid reaction type, 231003 message not found); the unknown reply target answers 400
+# 99992354 "…not a valid {open_message_id} or not exists" (observed, openclaw/openclaw#135404).
+
+
+def _send(client: lark.Client, message_id: str, msg_type: str, content: Any, uuid: str | None = None) -> Any:
+    body = ReplyMessageRequestBody.builder().msg_type(msg_type)
+    body = body.content(content if isinstance(content, str) else json.dumps(content, ensure_ascii=False))
+    if uuid is not None:
+        body = body.uuid(uuid)
+    req = ReplyMessageRequest.builder().message_id(message_id).request_body(body.build()).build()
+    return client.im.v1.message.reply(req)
+
+
+def _react(client: lark.Client, message_id: str, emoji: str) -> Any:
+    body = CreateMessageReactionRequestBody.builder().reaction_type(Emoji.builder().emoji_type(emoji).build())
+    req = CreateMessageReactionRequest.builder().message_id(message_id).request_body(body.build()).build()
+    return client.im.v1.message_reaction.create(req)
+
+
+def _create(client: lark.Client, receive_id_type: str, receive_id: str, text: str) -> Any:
+    body = CreateMessageRequestBody.builder().receive_id(receive_id).msg_type("text")
+    body = body.content(json.dumps({"text": text}))
+    req = CreateMessageRequest.builder().receive_id_type(receive_id_type).request_body(body.build()).build()
+    return client.im.v1.message.create(req)
+
+
+def test_feishu_refuses_a_reply_or_reaction_to_an_unknown_message(fake_feishu: FakeFeishu) -> None:
+    client = make_client(fake_feishu)
+
+    reply = _send(client, "om_nobody_sent_this", "text", {"text": "hi"})
+    reaction = _react(client, "om_nobody_sent_this", "THUMBSUP")
+    fake_feishu.note_message("om_real", "oc_real")
+    ok = _send(client, "om_real", "text", {"text": "hi"})
+    to_own_reply = _send(client, ok.data.message_id, "text", {"text": "again"})
+
+    assert (reply.code, reply.raw.status_code) == (99992354, 400)
+    assert "not exists" in reply.msg
+    assert reaction.code == 231003
+    assert ok.success() and to_own_reply.success()  # messages the bot sent are known too
+    assert [m.text for m in fake_feishu.sent] == ["hi", "again"] and fake_feishu.reactions == []
+
+
+def test_feishu_uuid_is_at_most_50_characters(fake_feishu: FakeFeishu) -> None:
+    client = make_client(fake_feishu)
+    fake_feishu.note_message("om_u", "oc_u")
+
+    long = _send(client, "om_u", "text", {"text": "long"}, uuid="u" * 51)
+    exact = _send(client, "om_u", "text", {"text": "exact"}, uuid="u" * 50)
+
+    assert long.code == 99992402 and "uuid" in long.msg
+    assert exact.success()
+    assert [m.text for m in fake_feishu.sent] == ["exact"]
+
+
+def test_feishu_receive_id_type_is_one_of_the_documented_five(fake_feishu: FakeFeishu) -> None:
+    client = make_client(fake_feishu)
+
+    answers = {kind: _create(client, kind, "x_1", kind).code for kind in ("chat", "openid", "OPEN_ID")}
+    fine = [_create(client, kind, f"{kind}_1", kind) for kind in sorted(RECEIVE_ID_TYPES)]
+
+    assert answers == {"chat": 99992402, "openid": 99992402, "OPEN_ID": 99992402}
+    assert all(r.success() for r in fine)
+    assert sorted(m.receive_id_type or "" for m in fake_feishu.sent) == sorted(RECEIVE_ID_TYPES)
+
+
+def test_feishu_emoji_type_is_from_the_documented_list(fake_feishu: FakeFeishu) -> None:
+    client = make_client(fake_feishu)
+    fake_feishu.note_message("om_r", "oc_r")
+
+    codes = {emoji: _react(client, "om_r", emoji).code for emoji in ("THINKING", "thinking", "🤔", "LIKE")}
+
+    assert codes == {"THINKING": 0, "thinking": 231001, "🤔": 231001, "LIKE": 231001}
+    assert [r.emoji_type for r in fake_feishu.reactions] == ["THINKING"]
+
+
+def test_feishu_post_content_must_follow_the_post_schema(fake_feishu: FakeFeishu) -> None:
+    client = make_client(fake_feishu)
+    fake_feishu.note_message("om_p", "oc_p")
+    valid = {
+        "zh_cn": {
+            "title": "t",
+            "content": [
+                [{"tag": "text", "text": "a"}, {"tag": "a", "text": "l", "href": "https://x"}],
+                [{"tag": "md", "text": "**b**"}],
+                [{"tag": "at", "user_id": "ou_1"}, {"tag": "emotion", "emoji_type": "SMILE"}],
+            ],
+        }
+    }
+    invalid = [
+        {"anything": "goes"},  # any JSON object used to pass
+        {},  # no locale
+        {"zh_cn": {"title": "", "content": [[{"tag": "bold", "text": "x"}]]}},  # unknown tag
+        {"zh_cn": {"content": [[{"tag": "text"}]]}},  # text node without text
+        {"zh_cn": {"content": [[{"tag": "a", "text": "l"}]]}},  # link without href
+        {"zh_cn": {"content": [{"tag": "text", "text": "x"}]}},  # a paragraph must be a list
+        {"zh_cn": {"content": [[{"tag": "md", "text": "x"}, {"tag": "text", "text": "y"}]]}},  # md not alone
+        {"title": "t", "content": [[{"tag": "text", "text": "x"}]]},  # the received form, no locale
+    ]
+
+    codes = [_send(client, "om_p", "post", post).code for post in invalid]
+    ok = _send(client, "om_p", "post", valid)
+
+    assert codes == [230001] * len(invalid)
+    assert ok.success() and [m.msg_type for m in fake_feishu.sent] == ["post"]
+
+
+def test_feishu_content_must_match_msg_type(fake_feishu: FakeFeishu) -> None:
+    client = make_client(fake_feishu)
+    fake_feishu.note_message("om_t", "oc_t")
+    post = {"zh_cn": {"title": "", "content": [[{"tag": "md", "text": "x"}]]}}
+    card = {"elements": [{"tag": "markdown", "content": "x"}]}
+    mismatched = [
+        ("text", post),
+        ("text", {"text": 5}),
+        ("post", {"text": "x"}),
+        ("interactive", {"text": "x"}),
+        ("image", {"file_key": "f"}),
+        ("share_chat", {}),
+        ("markdown", {"text": "x"}),  # not a msg_type
+        ("text", "not json"),
+    ]
+
+    codes = [_send(client, "om_t", kind, content).code for kind, content in mismatched]
+    fine = [
+        _send(client, "om_t", kind, content)
+        for kind, content in [("interactive", card), ("image", {"image_key": "k"})]
+    ]
+
+    assert codes == [230001] * len(mismatched)
+    assert all(r.success() for r in fine)
+
+
+class FrozenClock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_feishu_rate_limits_are_on_by_default() -> None:
+    # 5 QPS per chat or user (230020) and 50/s per app (HTTP 429, 99991400), without a test asking.
+    clock = FrozenClock()
+    with FakeFeishu(clock=clock) as fake:
+        client = make_client(fake)
+        fake.note_message("om_q", "oc_q")
+        one_chat = [_send(client, "om_q", "text", {"text": str(i)}).code for i in range(6)]
+        one_user = [_create(client, "open_id", "ou_same", str(i)).code for i in range(6)]
+        clock.now += 1.0
+        after_a_second = _send(client, "om_q", "text", {"text": "later"}).code
+        clock.now += 1.0
+        spread = [_create(client, "chat_id", f"oc_{i}", "x") for i in range(51)]
+
+    assert (fake.chat_qps, fake.app_limits) == (5.0, ((50, 1.0), (1000, 60.0)))
+    assert one_chat == one_user == [0, 0, 0, 0, 0, 230020]
+    assert after_a_second == 0
+    assert [r.code for r in spread[:50]] == [0] * 50
+    assert (spread[50].code, spread[50].raw.status_code) == (99991400, 429)
+
+
+def test_feishu_app_limit_of_1000_per_minute_is_on_by_default() -> None:
+    clock = FrozenClock()
+    with FakeFeishu(clock=clock) as fake:
+        token = requests.post(f"{fake.url}/open-apis/auth/v3/tenant_access_token/internal", json={}).json()
+        headers = {"Authorization": f"Bearer {token['tenant_access_token']}"}
+        codes = []
+        with requests.Session() as session:
+            for i in range(1001):
+                if i and i % 50 == 0:
+                    clock.now += 1.0  # 50 a second: under the per-second limit, over 1000 a minute
+                body = {"receive_id": f"oc_{i}", "msg_type": "text", "content": json.dumps({"text": "x"})}
+                url = f"{fake.url}/open-apis/im/v1/messages?receive_id_type=chat_id"
+                codes.append(session.post(url, json=body, headers=headers).json()["code"])
+    assert codes[:1000] == [0] * 1000 and codes[1000] == 99991400

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import time
 from collections.abc import Callable
 
@@ -34,6 +33,8 @@ from lark_oapi.api.cardkit.v1 import (
     SettingsCardRequestBody,
 )
 
+from memory_core.reasoning import strip_partial
+
 from .feishu_send import FeishuError, FeishuSender
 from .inbound import Inbound
 from .markup import neutralize
@@ -45,13 +46,12 @@ MIN_INTERVAL = 0.2  # seconds between content updates: 5/s, half of CardKit's pe
 CARD_TEXT_LIMIT = 9000  # characters; a card holds 30 KB of JSON in all
 STATE_TTL = 24 * 3600
 REFUSAL_TTL = 600  # an app refused CardKit (scope missing): plain replies for 10 minutes, then ask again
-_THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.S)
 
 
 def visible(text: str) -> str:
     """What a person may see of a model's text so far: no reasoning, also while a <think> is still open, and
     no mention or link it echoed (`markup.neutralize`, as for every plain reply)."""
-    return neutralize(_THINK.sub("", text).strip())
+    return neutralize(strip_partial(text))
 
 
 def card_json(text: str, streaming: bool) -> str:

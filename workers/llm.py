@@ -2,6 +2,10 @@
 
 Callers see `LLMUnavailable` (server down, timeout, 5xx after retries), `LLMError` (the server refused:
 unknown model, bad request) and plain results; no `ollama` or `httpx` exception leaks past this module.
+
+Reasoning models (qwen3, deepseek-r1, …) write a scratchpad: `<think>…</think>` in the content, or a
+`thinking` field. `ChatResult.content` never holds it (`memory_core.reasoning`), so no reply, stored fact,
+dream merge or profile built from a model's answer can carry it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import httpx
 import ollama
 
 from memory_core.errors import LucidError
+from memory_core.reasoning import strip_partial, strip_reasoning
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +176,7 @@ class LLM:
             args = tc.function.arguments
             calls.append(ToolCall(tc.function.name, dict(args) if isinstance(args, dict) else {}))
         result = ChatResult(
-            content=msg.content or "",
+            content=strip_reasoning(msg.content or ""),  # `msg.thinking` is never read
             tool_calls=tuple(calls),
             prompt_tokens=int(resp.prompt_eval_count or 0),
             completion_tokens=int(resp.eval_count or 0),
@@ -198,24 +203,28 @@ class LLM:
             parts: list[str] = []
             calls: list[ToolCall] = []
             prompt = completion = 0
+            shown = ""
             for chunk in client.chat(
                 model=model, messages=list(messages), tools=list(tools) if tools else None, stream=True
             ):
                 if time.monotonic() > deadline:
                     raise TimeoutError("the model's stream outran the turn's budget")
                 msg = chunk.message
-                if msg.content:
+                if msg.content:  # `msg.thinking` chunks are never shown
                     parts.append(msg.content)
-                    try:
-                        on_text("".join(parts))
-                    except Exception:  # showing progress must never cost the answer
-                        log.warning("streaming hook failed", exc_info=True)
+                    now = strip_partial("".join(parts))  # no scratchpad, not even a tag arriving
+                    if now and now != shown:
+                        shown = now
+                        try:
+                            on_text(now)
+                        except Exception:  # showing progress must never cost the answer
+                            log.warning("streaming hook failed", exc_info=True)
                 for tc in msg.tool_calls or ():
                     args = tc.function.arguments
                     calls.append(ToolCall(tc.function.name, dict(args) if isinstance(args, dict) else {}))
                 if chunk.done:
                     prompt, completion = int(chunk.prompt_eval_count or 0), int(chunk.eval_count or 0)
-            return ChatResult("".join(parts), tuple(calls), prompt, completion, model)
+            return ChatResult(strip_reasoning("".join(parts)), tuple(calls), prompt, completion, model)
 
         try:
             result: ChatResult = self._call(f"chat with {model}", budget, run)

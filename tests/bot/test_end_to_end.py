@@ -46,11 +46,7 @@ BOT = "ou_e2e_bot_0000000000000000000000"
 ClientFactory = Callable[..., Any]
 
 
-class Worker(SimpleWorker):
-    """A burst worker in this process, without the pub/sub listener thread tests do not need."""
-
-    def subscribe(self) -> None:
-        pass
+Worker = SimpleWorker  # the real one: its pub/sub listener (`subscribe`) runs, as in `lucid worker`
 
 
 @pytest.fixture

@@ -14,6 +14,20 @@ call needs a token the fake issued; `expire_tokens()` invalidates all of them, s
 seen before creates nothing and answers with the first message. Every request lands in `requests`,
 every message created in `sent`, every reaction in `reactions`.
 
+The fake refuses what Feishu refuses (research/feishu.md §3; the IM v1 create/reply and reaction docs;
+each rule has a conformance test in tests/test_fakes.py):
+
+- a reply to, or a reaction on, a message it does not know: 99992354 / 231003. It knows the messages
+  it created and the inbound ones a test announces with `note_message(message_id, chat_id)`;
+- a `uuid` over 50 characters, a `receive_id_type` other than open_id/union_id/user_id/email/chat_id:
+  99992402 (field validation);
+- content that does not fit its `msg_type`: `text` needs {"text": str}, `post` the post schema
+  ({"zh_cn": {"title", "content": [[node, …], …]}} with known tags and their fields, an `md` node alone in
+  its paragraph), `interactive` a card, `image` an image_key, …: 230001;
+- an `emoji_type` not in Feishu's emoji list (`EMOJI_TYPES`): 231001;
+- the documented rate limits, always on: 5 sends per second to one chat or user (230020), and per app
+  50 per second and 1000 per minute (HTTP 429, 99991400). A test may pass other limits, never none.
+
 Faults are scripted per endpoint and consumed one per request, in order:
 
     fake.fail("reply", rate_limited(), chat_rate_limited(), server_error(502), delay(2.0))
@@ -32,7 +46,7 @@ import itertools
 import json
 import time
 import uuid as uuidlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +57,9 @@ from lark_oapi.core.token import TokenManager
 from tests.fakes.ollama import BackgroundServer
 
 __all__ = [
+    "EMOJI_TYPES",
     "ENDPOINTS",
+    "RECEIVE_ID_TYPES",
     "ApiCall",
     "FakeFeishu",
     "Fault",
@@ -70,6 +86,54 @@ MESSAGE_RECALLED = 230011
 MESSAGE_TOO_LONG = 230025
 FIELD_VALIDATION = 99992402
 APP_SECRET_INVALID = 10014
+
+MESSAGE_NOT_FOUND = 99992354  # "…is not a valid {open_message_id} or not exists" (openclaw/openclaw#135404)
+REACTION_TYPE_INVALID = 231001
+REACTION_MESSAGE_NOT_FOUND = 231003
+UUID_MAX = 50  # reply/create docs: uuid, 最大长度 50 字符
+CHAT_QPS = 5.0  # per user and per group (shared by every bot in it)
+APP_LIMITS = ((50, 1.0), (1000, 60.0))  # per app: 50/s and 1000/min
+RECEIVE_ID_TYPES = frozenset({"open_id", "union_id", "user_id", "email", "chat_id"})
+# The emoji_type column of Feishu's "表情文案说明" (im-v1/message-reaction/emojis-introduce); case matters.
+_EMOJI_TABLE = """OK THUMBSUP THANKS MUSCLE FINGERHEART APPLAUSE FISTBUMP JIAYI DONE SMILE BLUSH LAUGH SMIRK LOL FACEPALM
+    LOVE WINK PROUD WITTY SMART SCOWL THINKING SOB CRY ERROR NOSEPICK HAUGHTY SLAP SPITBLOOD TOASTED GLANCE
+    DULL INNOCENTSMILE JOYFUL WOW TRICK YEAH ENOUGH TEARS EMBARRASSED KISS SMOOCH DROOL OBSESSED MONEY TEASE
+    SHOWOFF COMFORT CLAP PRAISE STRIVE XBLUSH SILENT WAVE WHAT FROWN SHY DIZZY LOOKDOWN CHUCKLE WAIL CRAZY
+    WHIMPER HUG BLUBBER WRONGED HUSKY SHHH SMUG ANGRY HAMMER SHOCKED TERROR PETRIFIED SKULL SWEAT SPEECHLESS
+    SLEEP DROWSY YAWN SICK PUKE BETRAYED HEADSET EatingFood MeMeMe Sigh Typing Lemon Get LGTM OnIt OneSecond
+    VRHeadset YouAreTheBest SALUTE SHAKE HIGHFIVE UPPERLEFT ThumbsDown SLIGHT TONGUE EYESCLOSED RoarForYou
+    CALF BEAR BULL RAINBOWPUKE ROSE HEART PARTY LIPS BEER CAKE GIFT CUCUMBER Drumstick Pepper CANDIEDHAWS
+    BubbleTea Coffee Yes No OKR CheckMark CrossMark MinusOne Hundred AWESOMEN Pin Alarm Loudspeaker Trophy
+    Fire BOMB Music XmasTree Snowman XmasHat FIREWORKS 2022 REDPACKET FORTUNE LUCK FIRECRACKER
+    StickyRiceBalls HEARTBROKEN POOP StatusFlashOfInspiration 18X CLEAVER Soccer Basketball
+    GeneralDoNotDisturb Status_PrivateMessage GeneralInMeetingBusy StatusReading StatusInFlight
+    GeneralBusinessTrip GeneralWorkFromHome StatusEnjoyLife GeneralTravellingCar StatusBus GeneralSun
+    GeneralMoonRest MoonRabbit Mooncake JubilantRabbit TV Movie Pumpkin BeamingFace Delighted ColdSweat
+    FullMoonFace Partying GoGoGo ThanksFace SaluteFace Shrug ClownFace HappyDragon"""
+EMOJI_TYPES = frozenset(_EMOJI_TABLE.split())
+# Post nodes (发送消息内容 → 富文本): tag -> the fields it requires.
+_POST_TAGS: dict[str, tuple[str, ...]] = {
+    "text": ("text",),
+    "a": ("text", "href"),
+    "at": ("user_id",),
+    "img": ("image_key",),
+    "media": ("file_key",),
+    "emotion": ("emoji_type",),
+    "hr": (),
+    "code_block": ("text",),
+    "md": ("text",),
+}
+# msg_type -> the string fields its content requires (text, post and interactive are checked in full).
+_KEYED_CONTENT: dict[str, tuple[str, ...]] = {
+    "image": ("image_key",),
+    "file": ("file_key",),
+    "audio": ("file_key",),
+    "media": ("file_key",),
+    "sticker": ("file_key",),
+    "share_chat": ("chat_id",),
+    "share_user": ("user_id",),
+    "system": ("type",),
+}
 
 _TEXT_LIMIT = 150 * 1024  # request body bytes for text; post and cards get 30 KB
 _RICH_LIMIT = 30 * 1024
@@ -184,9 +248,10 @@ class FakeFeishu(BackgroundServer):
 
     app_secret: if set, a token request with another secret gets code 10014.
     token_expire: seconds reported to the SDK; at 600 or less the SDK refetches on every call.
-    chat_qps: if set, more than this many sends to one chat within a second get 230020.
+    chat_qps: more than this many sends to one chat (or one user) within a second get 230020.
     app_limits: (count, seconds) pairs: more than `count` sends of the app within any `seconds` get the
-        gateway limit (HTTP 429, 99991400), as Feishu's "1000 per minute and 50 per second" does.
+        gateway limit (HTTP 429, 99991400). Both default to Feishu's documented limits.
+    clock: seconds, for the rate windows, the uuid TTL and the times recorded (tests may freeze it).
     """
 
     def __init__(
@@ -197,10 +262,12 @@ class FakeFeishu(BackgroundServer):
         app_secret: str | None = None,
         token_expire: int = 7200,
         uuid_ttl: float = 3600.0,
-        chat_qps: float | None = None,
-        app_limits: Sequence[tuple[int, float]] = (),
+        chat_qps: float = CHAT_QPS,
+        app_limits: Sequence[tuple[int, float]] = APP_LIMITS,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__()
+        self.clock = clock
         self.bot_open_id = bot_open_id
         self.bot_name = bot_name
         self.app_secret = app_secret
@@ -237,7 +304,7 @@ class FakeFeishu(BackgroundServer):
             self._valid_tokens.clear()
 
     def note_message(self, message_id: str, chat_id: str) -> None:
-        """Tell the fake which chat an inbound message is in, so replies to it record `chat_id`."""
+        """Announce an inbound message: replies and reactions to it are then accepted (and record `chat_id`)."""
         with self.lock:
             self._chat_of[message_id] = chat_id
 
@@ -291,7 +358,7 @@ class FakeFeishu(BackgroundServer):
                 query=dict(request.query),
                 headers=dict(request.headers),
                 body=body,
-                time=time.time(),
+                time=self.clock(),
             )
             with self.lock:
                 self.requests.append(call)
@@ -337,9 +404,15 @@ class FakeFeishu(BackgroundServer):
         parent_id = request.match_info["message_id"]
         with self.lock:
             recalled = parent_id in self._recalled
+            known = parent_id in self._chat_of
             chat_id = self._chat_of.get(parent_id)
         if recalled:
             return _fail(MESSAGE_RECALLED, "The message was withdrawn.")
+        if not known:
+            return _fail(
+                MESSAGE_NOT_FOUND,
+                f"The request you send is not a valid {{open_message_id}} or not exists, message_id={parent_id}",
+            )
         return self._send(
             body,
             kind="reply",
@@ -353,6 +426,8 @@ class FakeFeishu(BackgroundServer):
         receive_id_type = request.query.get("receive_id_type")
         if not receive_id_type:
             return _fail(FIELD_VALIDATION, "field validation failed: receive_id_type is required")
+        if receive_id_type not in RECEIVE_ID_TYPES:
+            return _field_violation("receive_id_type", f"must be one of {sorted(RECEIVE_ID_TYPES)}")
         receive_id = body.get("receive_id")
         if not receive_id:
             return _fail(FIELD_VALIDATION, "field validation failed: receive_id is required")
@@ -379,16 +454,19 @@ class FakeFeishu(BackgroundServer):
         msg_type, content, uid = body.get("msg_type"), body.get("content"), body.get("uuid")
         if not isinstance(msg_type, str) or not isinstance(content, str):
             return _fail(FIELD_VALIDATION, "field validation failed: msg_type and content are required")
+        if uid is not None and (not isinstance(uid, str) or len(uid) > UUID_MAX):
+            return _field_violation("uuid", f"the max len is {UUID_MAX}")
         try:
             parsed = json.loads(content)
         except json.JSONDecodeError:
             parsed = None
-        if not isinstance(parsed, dict):
-            return _fail(INVALID_PARAMS, "invalid message content")
+        problem = content_problem(msg_type, parsed)
+        if problem is not None:
+            return _fail(INVALID_PARAMS, f"invalid message content: {problem}")
         limit = _TEXT_LIMIT if msg_type == "text" else _RICH_LIMIT
         if len(json.dumps(body, ensure_ascii=False).encode()) > limit:
             return _fail(MESSAGE_TOO_LONG, "The message is too long.")
-        now = time.time()
+        now = self.clock()
         with self.lock:
             if uid:
                 first = self._by_uuid.get(uid)
@@ -407,8 +485,9 @@ class FakeFeishu(BackgroundServer):
                             headers={"x-ogw-ratelimit-limit": str(count), "x-ogw-ratelimit-reset": "1"},
                         )
                 self._app_sends.append(now)
-            if chat_id and self.chat_qps is not None:
-                window = self._chat_sends[chat_id]
+            target = chat_id or (f"{receive_id_type}:{receive_id}" if receive_id else None)
+            if target:
+                window = self._chat_sends[target]
                 while window and now - window[0] >= 1.0:
                     window.popleft()
                 if len(window) >= self.chat_qps:
@@ -438,12 +517,18 @@ class FakeFeishu(BackgroundServer):
         emoji = (body.get("reaction_type") or {}).get("emoji_type")
         if not emoji:
             return _fail(FIELD_VALIDATION, "field validation failed: reaction_type.emoji_type is required")
+        if emoji not in EMOJI_TYPES:
+            return _fail(REACTION_TYPE_INVALID, f"reaction type is invalid: {emoji}")
+        with self.lock:
+            known = request.match_info["message_id"] in self._chat_of
+        if not known:
+            return _fail(REACTION_MESSAGE_NOT_FOUND, "The message is not found, maybe not exist or deleted.")
         with self.lock:
             reaction = Reaction(
                 reaction_id=f"r_fake{next(self._ids):06d}",
                 message_id=request.match_info["message_id"],
                 emoji_type=emoji,
-                time=time.time(),
+                time=self.clock(),
             )
             self.reactions.append(reaction)
         return _ok(self._reaction_data(reaction))
@@ -483,6 +568,74 @@ class FakeFeishu(BackgroundServer):
             "open_id": self.bot_open_id,
         }
         return web.json_response({"code": 0, "msg": "ok", "bot": bot})
+
+
+def content_problem(msg_type: str, content: Any) -> str | None:
+    """Why `content` (parsed JSON) is not a valid `msg_type` message as Feishu's send API takes it, or None."""
+    if not isinstance(content, dict):
+        return "content must be a JSON object"
+    if msg_type == "text":
+        return None if isinstance(content.get("text"), str) else 'text content is {"text": "..."}'
+    if msg_type == "post":
+        return _post_problem(content)
+    if msg_type == "interactive":
+        elements = content.get("elements")
+        if isinstance(elements, list) or content.get("i18n_elements") or content.get("card_link"):
+            return None
+        if content.get("schema") == "2.0" and isinstance(content.get("body"), dict):
+            return None
+        data = content.get("data")
+        if (
+            content.get("type") in ("template", "card")
+            and isinstance(data, dict)
+            and (data.get("template_id") or data.get("card_id"))
+        ):
+            return None
+        return "a card has elements, a 2.0 body, or a template/card id"
+    fields = _KEYED_CONTENT.get(msg_type)
+    if fields is None:
+        return f"unknown msg_type {msg_type!r}"
+    missing = [f for f in fields if not isinstance(content.get(f), str) or not content[f]]
+    return f"{msg_type} content needs {missing}" if missing else None
+
+
+def _post_problem(post: dict[str, Any]) -> str | None:
+    """The send form of a post: {"zh_cn": {"title": str, "content": [[node, ...], ...]}, ...}."""
+    if not post:
+        return "a post needs at least one locale"
+    for locale, doc in post.items():
+        if not isinstance(locale, str) or len(locale) != 5 or locale[2] != "_" or not locale.islower():
+            return f"{locale!r} is not a locale such as zh_cn or en_us"
+        if not isinstance(doc, dict):
+            return f"{locale}: a post body is an object with title and content"
+        title, paragraphs = doc.get("title", ""), doc.get("content", [])
+        if not isinstance(title, str) or not isinstance(paragraphs, list):
+            return f"{locale}: title is a string and content a list of paragraphs"
+        if not title and not paragraphs:
+            return f"{locale}: an empty post"
+        for paragraph in paragraphs:
+            if not isinstance(paragraph, list):
+                return f"{locale}: each paragraph is a list of nodes"
+            for node in paragraph:
+                tag = node.get("tag") if isinstance(node, dict) else None
+                if tag not in _POST_TAGS:
+                    return f"{locale}: unknown post node {node!r}"
+                missing = [f for f in _POST_TAGS[tag] if not isinstance(node.get(f), str)]
+                if missing:
+                    return f"{locale}: a {tag} node needs {missing}"
+                if tag == "md" and len(paragraph) > 1:
+                    return f"{locale}: an md node must be alone in its paragraph"
+    return None
+
+
+def _field_violation(field_name: str, description: str) -> web.Response:
+    """Feishu's field-validation error, with the `field_violations` detail it sends."""
+    body = {
+        "code": FIELD_VALIDATION,
+        "msg": f"field validation failed: {field_name} {description}",
+        "error": {"field_violations": [{"field": field_name, "description": description}]},
+    }
+    return web.json_response(body, status=400)
 
 
 def _ok(data: dict[str, Any]) -> web.Response:

@@ -72,7 +72,13 @@ class FakeFeishuWS(BackgroundServer):
             return [c for c in self.connections if not c.socket.closed]
 
     def push(self, event: dict[str, Any], parts: int = 1) -> str:
-        """Send `event` as one event (in `parts` frames) to one live connection; returns its message_id."""
+        """Send `event` as one event (in `parts` frames) to one live connection; returns its message_id.
+
+        A message event's message becomes known to `api`, as Feishu knows what it delivers: replies to it
+        are accepted there (a reply to a message Feishu never delivered is refused)."""
+        message = (event.get("event") or {}).get("message") or {}
+        if self.api is not None and message.get("message_id"):
+            self.api.note_message(message["message_id"], message.get("chat_id", ""))
         message_id = f"frame_{uuid.uuid4().hex[:12]}"
         payload = json.dumps(event, ensure_ascii=False).encode()
         self._call(self._push(message_id, payload, parts))

@@ -19,8 +19,21 @@ fails loudly instead of getting a plausible answer). A reply is
   `ollama.ResponseError`), `Garbage(text)` (a 200 whose content is not what was asked for),
   `BrokenBody()` (a 200 whose body is not JSON), or `Delay(seconds, then)`.
 
+The fake refuses what Ollama refuses (docs/api.md of ollama/ollama; each rule has a conformance test in
+tests/test_fakes.py): a model that is not pulled gets 404 `model "x" not found, try pulling it first`
+("qwen3" means "qwen3:latest", not "qwen3:4b"); a chat with an embedding-only model, `tools` to a model
+without tool support or `think` to one without thinking gets 400; a malformed `tools` list, a `format`
+that is neither "json" nor a JSON schema object, and `options` of the wrong type get 400 (an option name
+Ollama does not know is ignored there with a warning; the fake refuses it, so a typo cannot pass).
+
+Reasoning models (qwen3, deepseek-r1, qwq, gpt-oss, magistral) answer as qwen3 does: with `think` unset
+the content starts with a `<think>…</think>` scratchpad (`SCRATCHPAD`); with `think: true` the
+scratchpad comes in `message.thinking` and the content is clean; `think: false` gives no scratchpad.
+`reasoning=False` turns this off; a scripted dict reply may carry its own `thinking`.
+
 `/api/embed` returns deterministic hashed char-bigram vectors (`embed_text`), so similar strings,
-Chinese or English, come out similar without any model. `/api/tags` lists `models`; `/api/version`
+Chinese or English, come out similar without any model. `/api/tags` lists `models`, `/api/show` a
+model's capabilities, `/api/generate` answers a prompt like `/api/chat`; `/api/version`
 answers a version string. `down()`/`up()` stop and restart the listener on the same port (the client
 then raises `ConnectionError`); `slow(seconds)` delays every request.
 
@@ -47,6 +60,7 @@ from typing import Any, Self
 from aiohttp import web
 
 __all__ = [
+    "SCRATCHPAD",
     "BackgroundServer",
     "BrokenBody",
     "Delay",
@@ -55,6 +69,7 @@ __all__ = [
     "HttpError",
     "ModelNotFound",
     "Reply",
+    "capabilities",
     "embed_text",
 ]
 
@@ -207,6 +222,75 @@ class Paced:
 Reply = str | dict[str, Any] | HttpError | ModelNotFound | Garbage | BrokenBody | Delay | Paced
 Responder = Callable[[dict[str, Any]], Reply]
 
+SCRATCHPAD = "Okay, the user wants an answer. Let me think step by step before I reply."
+_THINKING_FAMILIES = ("qwen3", "deepseek-r1", "qwq", "gpt-oss", "magistral")
+_EMBED_FAMILIES = ("nomic-embed", "mxbai-embed", "bge-", "all-minilm", "snowflake-arctic-embed", "embed")
+_NO_TOOLS_FAMILIES = ("gemma", "llava", "phi3")
+_THINK_LEVELS = ("low", "medium", "high")
+# Ollama's runner options (api/types.go `Options` + `Runner`): name -> accepted JSON types.
+_NUM = (int, float)
+_OPTIONS: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(
+        (
+            "num_keep",
+            "seed",
+            "num_predict",
+            "top_k",
+            "num_ctx",
+            "num_batch",
+            "num_gpu",
+            "main_gpu",
+            "num_thread",
+            "repeat_last_n",
+            "mirostat",
+        ),
+        (int,),
+    ),
+    **dict.fromkeys(
+        (
+            "top_p",
+            "min_p",
+            "typical_p",
+            "repeat_penalty",
+            "temperature",
+            "presence_penalty",
+            "frequency_penalty",
+            "tfs_z",
+            "mirostat_tau",
+            "mirostat_eta",
+        ),
+        _NUM,
+    ),
+    **dict.fromkeys(
+        (
+            "penalize_newline",
+            "numa",
+            "use_mmap",
+            "use_mlock",
+            "low_vram",
+            "f16_kv",
+            "vocab_only",
+            "logits_all",
+        ),
+        (bool,),
+    ),
+    "stop": (list,),
+}
+
+
+def capabilities(model: str) -> list[str]:
+    """What `/api/show` lists for `model`, from its family name (Ollama reads it from the model file)."""
+    base = model.split("/")[-1].lower()
+    if any(base.startswith(f) or f in base for f in _EMBED_FAMILIES):
+        return ["embedding"]
+    caps = ["completion"]
+    if not base.startswith(_NO_TOOLS_FAMILIES):
+        caps.append("tools")
+    if base.startswith(_THINKING_FAMILIES):
+        caps.append("thinking")
+    return caps
+
+
 _TOKEN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]|[^\W_]+|[^\w\s]", re.UNICODE)
 _STREAM_CHUNK_CHARS = 6
 _TOKEN_OR_SPACE = re.compile(r"\s*(?:[\u3400-\u9fff\uf900-\ufaff]|[^\W_]+|[^\w\s])", re.UNICODE)
@@ -238,29 +322,31 @@ def embed_text(text: str, dim: int = 64) -> list[float]:
 class FakeOllama(BackgroundServer):
     """The fake Ollama server. See the module docstring for how tests script it.
 
-    models: names listed by `/api/tags`. With `strict_models=True` a chat or embed request for a
-    model not in the list gets 404 (as an un-pulled model does); otherwise any name is accepted.
+    models: the pulled models, listed by `/api/tags`. A request for any other model gets 404, as an
+    un-pulled model does.
     responder: computes a reply from the request JSON when the script is empty.
     default_reply: the reply when neither script nor responder gives one (None: HTTP 500).
+    reasoning: reasoning models answer with a scratchpad, as qwen3 does (see the module docstring).
     """
 
     def __init__(
         self,
         *,
         models: Sequence[str] = ("qwen3:4b", "nomic-embed-text"),
-        strict_models: bool = False,
         responder: Responder | None = None,
         default_reply: Reply | None = None,
         embed_dim: int = 64,
         version: str = "0.9.0",
+        reasoning: bool = True,
     ) -> None:
         super().__init__()
         self.models = list(models)
-        self.strict_models = strict_models
         self.responder = responder
         self.default_reply = default_reply
         self.embed_dim = embed_dim
         self.version = version
+        self.reasoning = reasoning
+        self.refused: list[str] = []  # why the fake refused a request as Ollama would (4xx)
         self.chat_requests: list[dict[str, Any]] = []
         self.streamed_at: list[float] = []  # when each streamed answer finished (epoch seconds)
         self.embed_requests: list[dict[str, Any]] = []
@@ -304,6 +390,8 @@ class FakeOllama(BackgroundServer):
     def build_app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/api/chat", self._chat)
+        app.router.add_post("/api/generate", self._generate)
+        app.router.add_post("/api/show", self._show)
         app.router.add_post("/api/embed", self._embed)
         app.router.add_post("/api/embeddings", self._embeddings)
         app.router.add_get("/api/tags", self._tags)
@@ -311,13 +399,70 @@ class FakeOllama(BackgroundServer):
         app.router.add_get("/", self._root)
         return app
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    def _resolve(self, model: str) -> str | None:
+        """The pulled model `model` names ("qwen3" is "qwen3:latest"), or None."""
+        name = model if ":" in model.split("/")[-1] else model + ":latest"
+        return next((m for m in self.models if m in (model, name)), None)
+
+    def _refuse(self, status: int, why: str) -> web.Response:
+        self.refused.append(why)
+        return _error(status, why)
+
+    def _check(self, body: dict[str, Any], *, chat: bool) -> web.Response | None:
+        """Ollama's checks on a chat/generate request, in its order: shape, model, capabilities, fields."""
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            return self._refuse(400, "model is required")
+        if self._resolve(model) is None:
+            return self._refuse(404, f'model "{model}" not found, try pulling it first')
+        caps = capabilities(model)
+        if "completion" not in caps:
+            return self._refuse(400, f'"{model}" does not support {"chat" if chat else "generate"}')
+        if chat:
+            problem = _check_messages(body.get("messages"))
+            if problem:
+                return self._refuse(400, problem)
+        tools = body.get("tools")
+        if tools:
+            if "tools" not in caps:
+                return self._refuse(400, f"registry.ollama.ai/library/{model} does not support tools")
+            problem = _check_tools(tools)
+            if problem:
+                return self._refuse(400, problem)
+        think = body.get("think")
+        if think is not None:
+            if not isinstance(think, bool) and think not in _THINK_LEVELS:
+                return self._refuse(400, f"invalid think value: {think!r} (true, false or low/medium/high)")
+            if think and "thinking" not in caps:
+                return self._refuse(400, f'"{model}" does not support thinking')
+        problem = _check_format(body.get("format")) or _check_options(body.get("options"))
+        if problem:
+            return self._refuse(400, problem)
+        return None
+
+    def _think(self, body: dict[str, Any], message: dict[str, Any]) -> dict[str, Any]:
+        """Add the scratchpad a reasoning model writes (see the module docstring)."""
+        model = str(body.get("model", ""))
+        if not self.reasoning or "thinking" not in capabilities(model) or "thinking" in message:
+            return message
+        think = body.get("think")
+        if think is None:
+            if "<think>" not in message["content"]:
+                message["content"] = f"<think>\n{SCRATCHPAD}\n</think>\n\n" + message["content"]
+        elif think:
+            message["thinking"] = SCRATCHPAD
+        return message
+
+    async def _answer(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         body = await _read_json(request)
         if body is None:
             return _error(400, "invalid JSON body")
         with self.lock:  # take the reply on arrival, so replies match requests in arrival order
             self.chat_requests.append(body)
-            reply = self._script.popleft() if self._script else None
+            refused = self._check(body, chat=chat)
+            reply = None if refused is not None else (self._script.popleft() if self._script else None)
+        if refused is not None:
+            return refused
         await self.lag()
         if reply is None and self.responder is not None:
             reply = self.responder(body)
@@ -328,8 +473,6 @@ class FakeOllama(BackgroundServer):
             self.errors.append(why)
             return _error(500, why)
         model = str(body.get("model", ""))
-        if self.strict_models and model not in self.models:
-            reply = ModelNotFound()
         while isinstance(reply, Delay):
             await asyncio.sleep(reply.seconds)
             reply = reply.then
@@ -349,10 +492,62 @@ class FakeOllama(BackgroundServer):
         )
         message.setdefault("role", "assistant")
         message.setdefault("content", "")
+        message = self._think(body, message)
         stats = self._stats(body, message)
+        if not chat:
+            return await self._generated(request, body, message, stats)
         if body.get("stream", True):
             return await self._stream(request, model, message, stats, pace)
         return web.json_response({"model": model, "created_at": _now(), "message": message, **stats})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._answer(request, chat=True)
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        """`/api/generate`: the same model, the answer in `response` (and `thinking`)."""
+        return await self._answer(request, chat=False)
+
+    async def _generated(
+        self, request: web.Request, body: dict[str, Any], message: dict[str, Any], stats: dict[str, Any]
+    ) -> web.StreamResponse:
+        model = str(body.get("model", ""))
+        extra = {"thinking": message["thinking"]} if message.get("thinking") else {}
+        if not body.get("stream", True):
+            answer = {"model": model, "created_at": _now(), "response": message["content"], **extra, **stats}
+            return web.json_response(answer)
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        content: str = message["content"]
+        lines = [{"response": "", **extra, "done": False}] if extra else []
+        lines += [
+            {"response": content[i : i + _STREAM_CHUNK_CHARS], "done": False}
+            for i in range(0, len(content), _STREAM_CHUNK_CHARS)
+        ]
+        lines.append({"response": "", **stats})
+        for line in lines:
+            line = {"model": model, "created_at": _now(), **line}
+            await resp.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
+        await resp.write_eof()
+        return resp
+
+    async def _show(self, request: web.Request) -> web.Response:
+        await self.lag()
+        body = await _read_json(request)
+        model = str((body or {}).get("model") or (body or {}).get("name") or "")
+        if not model or self._resolve(model) is None:
+            return self._refuse(404, f'model "{model}" not found')
+        family = model.split(":")[0].split("/")[-1]
+        return web.json_response(
+            {
+                "modelfile": f"FROM {model}",
+                "parameters": "",
+                "template": "{{ .Prompt }}",
+                "details": {"format": "gguf", "family": family, "parameter_size": "1B"},
+                "model_info": {"general.architecture": family},
+                "capabilities": capabilities(model),
+                "modified_at": "2025-01-01T00:00:00Z",
+            }
+        )
 
     async def _stream(
         self,
@@ -362,7 +557,7 @@ class FakeOllama(BackgroundServer):
         stats: dict[str, Any],
         pace: float = 0.0,
     ) -> web.StreamResponse:
-        """NDJSON: content in small chunks, then any other message fields, then a done chunk."""
+        """NDJSON: thinking then content in small chunks, then any other message fields, then a done chunk."""
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
 
@@ -370,6 +565,12 @@ class FakeOllama(BackgroundServer):
             line = {"model": model, "created_at": _now(), **part}
             await resp.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
 
+        thinking = str(message.get("thinking") or "")
+        for i in range(0, len(thinking), _STREAM_CHUNK_CHARS):
+            chunk = thinking[i : i + _STREAM_CHUNK_CHARS]
+            await send(
+                {"message": {"role": message["role"], "content": "", "thinking": chunk}, "done": False}
+            )
         content: str = message["content"]
         chunks = (
             _TOKEN_OR_SPACE.findall(content)
@@ -381,7 +582,7 @@ class FakeOllama(BackgroundServer):
                 await asyncio.sleep(pace)
             await send({"message": {"role": message["role"], "content": chunk}, "done": False})
         self.streamed_at.append(time.time())
-        extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+        extra = {k: v for k, v in message.items() if k not in ("role", "content", "thinking")}
         if extra:
             await send({"message": {"role": message["role"], "content": "", **extra}, "done": False})
         await send({"message": {"role": message["role"], "content": ""}, **stats})
@@ -392,8 +593,10 @@ class FakeOllama(BackgroundServer):
         prompt = "\n".join(str(m.get("content") or "") for m in body.get("messages") or [])
         if body.get("tools"):
             prompt += json.dumps(body["tools"], ensure_ascii=False)
-        output = message["content"] + (
-            json.dumps(message["tool_calls"], ensure_ascii=False) if message.get("tool_calls") else ""
+        output = (
+            str(message.get("thinking") or "")
+            + message["content"]
+            + (json.dumps(message["tool_calls"], ensure_ascii=False) if message.get("tool_calls") else "")
         )
         prompt_tokens, output_tokens = count_tokens(prompt), count_tokens(output)
         return {
@@ -410,7 +613,7 @@ class FakeOllama(BackgroundServer):
     async def _embed_fault(self, model: str) -> web.Response | None:
         with self.lock:
             fault = self._embed_faults.popleft() if self._embed_faults else None
-        if fault is None and self.strict_models and model not in self.models:
+        if fault is None and self._resolve(model) is None:
             fault = ModelNotFound()
         while isinstance(fault, Delay):
             await asyncio.sleep(fault.seconds)
@@ -435,7 +638,12 @@ class FakeOllama(BackgroundServer):
         if fault is not None:
             return fault
         raw = body.get("input", "")
-        texts = [raw] if isinstance(raw, str) else [str(t) for t in raw]
+        if not isinstance(raw, str) and not (isinstance(raw, list) and all(isinstance(t, str) for t in raw)):
+            return self._refuse(400, "invalid input type: input is a string or a list of strings")
+        problem = _check_options(body.get("options"))
+        if problem:
+            return self._refuse(400, problem)
+        texts = [raw] if isinstance(raw, str) else list(raw)
         dim = int(body.get("dimensions") or self.embed_dim)
         return web.json_response(
             {
@@ -481,6 +689,86 @@ class FakeOllama(BackgroundServer):
 
     async def _root(self, request: web.Request) -> web.Response:
         return web.Response(text="Ollama is running")
+
+
+def _check_messages(messages: Any) -> str | None:
+    if not isinstance(messages, list):
+        return "messages must be a list"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            return f"messages[{i}]: a message needs a role"
+        if not isinstance(m.get("content", ""), str):
+            return (
+                f"json: cannot unmarshal {type(m['content']).__name__} into Go struct field Message.content"
+            )
+    return None
+
+
+def _check_tools(tools: Any) -> str | None:
+    """The shape Ollama's `api.Tool` unmarshals: {"type": "function", "function": {"name", "parameters"}}."""
+    if not isinstance(tools, list):
+        return "json: cannot unmarshal tools: expected an array of tools"
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+            return f'tools[{i}]: a tool is {{"type": "function", "function": {{...}}}}'
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            return f"tools[{i}]: function.name is required"
+        if not isinstance(fn.get("description", ""), str):
+            return f"tools[{i}]: function.description must be a string"
+        params = fn.get("parameters")
+        if params is None:
+            continue
+        if not isinstance(params, dict) or params.get("type") != "object":
+            return f'tools[{i}]: function.parameters must be a JSON schema with "type": "object"'
+        props = params.get("properties", {})
+        required = params.get("required", [])
+        if not isinstance(props, dict) or not isinstance(required, list):
+            return f"tools[{i}]: parameters.properties is an object and parameters.required a list"
+        missing = [r for r in required if r not in props]
+        if missing:
+            return f"tools[{i}]: required parameters {missing} are not in properties"
+    return None
+
+
+def _check_format(fmt: Any) -> str | None:
+    """`format` is "json" or a JSON schema (an object); "" and null mean none."""
+    if fmt in (None, "", "json"):
+        return None
+    if isinstance(fmt, dict):
+        kind = fmt.get("type")
+        if kind is not None and kind not in (
+            "object",
+            "array",
+            "string",
+            "number",
+            "integer",
+            "boolean",
+            "null",
+        ):
+            return f"invalid JSON schema in format: unknown type {kind!r}"
+        return None
+    return f'invalid format: {fmt!r}; expected "json" or a JSON schema'
+
+
+def _check_options(options: Any) -> str | None:
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        return "json: cannot unmarshal options: expected an object"
+    for name, value in options.items():
+        kinds = _OPTIONS.get(name)
+        if kinds is None:
+            return f"invalid option provided: {name!r}"
+        if value is None:
+            continue
+        if isinstance(value, bool) and bool not in kinds:
+            return f"invalid type for option {name!r}: {value!r}"
+        if not isinstance(value, kinds):
+            return f"invalid type for option {name!r}: {value!r}"
+        if name == "stop" and not all(isinstance(v, str) for v in value):
+            return "option 'stop' must be a list of strings"
+    return None
 
 
 async def _read_json(request: web.Request) -> dict[str, Any] | None:

@@ -58,11 +58,7 @@ class Clock:
         return self.now
 
 
-class QuietWorker(SimpleWorker):
-    """SimpleWorker without the pubsub thread, whose teardown costs ~1 s per burst."""
-
-    def subscribe(self) -> None:
-        pass
+QuietWorker = SimpleWorker  # the real one: its pub/sub listener (`subscribe`) runs, as in `lucid worker`
 
 
 @dataclass

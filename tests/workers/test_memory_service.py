@@ -126,9 +126,5 @@ def test_a_record_without_waiting_is_applied_by_the_flush_job(
     assert not (data_dir / "t1/alice/default/raw").exists()  # queued, not yet written
     install(svc.runtime)
 
-    class Burst(SimpleWorker):
-        def subscribe(self) -> None:
-            pass
-
-    Burst([svc.runtime.queue("memory")], connection=redis_client).work(burst=True)
+    SimpleWorker([svc.runtime.queue("memory")], connection=redis_client).work(burst=True)
     assert [h.id for h in svc.search(NS, "记住了")] == ["om_reply"]

@@ -72,11 +72,7 @@ def busy_workers(client: redis.Redis) -> int:
     return sum(1 for w in RQWorker.all(connection=client) if w.get_current_job_id())
 
 
-class Worker(SimpleWorker):
-    """A burst worker in this process, without the pub/sub listener thread tests do not need."""
-
-    def subscribe(self) -> None:
-        pass
+Worker = SimpleWorker  # the real one: its pub/sub listener (`subscribe`) runs, as in `lucid worker`
 
 
 def in_process(tmp_path: Path, redis_url: str, feishu: FakeFeishu) -> Runtime:

@@ -33,11 +33,7 @@ from workers.settings import Persona, Settings, parse_reply_deadline
 CHAT = "oc_p2p_delivery_chat"
 
 
-class Worker(SimpleWorker):
-    """A burst worker in this process, without the pub/sub listener thread tests do not need."""
-
-    def subscribe(self) -> None:
-        pass
+Worker = SimpleWorker  # the real one: its pub/sub listener (`subscribe`) runs, as in `lucid worker`
 
 
 @pytest.fixture

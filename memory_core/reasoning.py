@@ -1,0 +1,47 @@
+"""A reasoning model's scratchpad, and how to take it out of an answer.
+
+qwen3, deepseek-r1 and their kind write `<think>…</think>` before the answer (Ollama returns it in the
+content unless `think` asks for a separate `thinking` field). No reply, stored fact, merge or profile line
+may carry it: the adapter strips every answer once (`workers.llm`), and parsers of model text use the
+same rule.
+"""
+
+from __future__ import annotations
+
+import re
+
+_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.S | re.I)
+_OPEN = re.compile(r"<(?:think|thinking|reasoning)>", re.I)
+_CLOSE = re.compile(r"</(?:think|thinking|reasoning)>", re.I)
+
+
+def strip_reasoning(content: str) -> str:
+    """`content` without a reasoning model's scratchpad (unchanged when it has none).
+
+    Closed `<think>…</think>` blocks go; so does an unclosed one (the answer was cut off mid-thought: the
+    rest is all scratchpad), and everything before a lone `</think>` (templates that open the block in the
+    prompt, as deepseek-r1's does, leave only the closing tag in the output).
+    """
+    if not (_OPEN.search(content) or _CLOSE.search(content)):
+        return content
+    text = _BLOCK.sub("", content)
+    closes = list(_CLOSE.finditer(text))
+    if closes:
+        text = text[closes[-1].end() :]
+    opened = _OPEN.search(text)
+    if opened is not None:
+        text = text[: opened.start()]
+    return text.strip()
+
+
+_TAGS = ("<think>", "<thinking>", "<reasoning>")
+
+
+def strip_partial(text: str) -> str:
+    """What may be shown of an answer still arriving: `strip_reasoning`, also while a block is open, and a
+    tag still arriving (`<`, `<th`, … split over stream chunks) held back until it is known not to be one."""
+    shown = strip_reasoning(text)
+    cut = shown.rfind("<")
+    if cut >= 0 and any(tag.startswith(shown[cut:].lower()) for tag in _TAGS):
+        shown = shown[:cut]
+    return shown.strip()
