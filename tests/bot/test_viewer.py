@@ -72,6 +72,34 @@ async def test_api_needs_the_token_and_shows_the_chain(aiohttp_client, data_dir:
     assert missing.status == 404
 
 
+async def test_namespace_api_and_page_refuse_every_request_without_the_admin_token(
+    aiohttp_client, data_dir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """No header, a wrong bearer, a wrong cookie: 401 and not a byte of memory or of the page."""
+    client = await aiohttp_client(_story(data_dir))
+    wrong = [
+        {},
+        {"Authorization": "Bearer nope"},
+        {"Authorization": f"Bearer {TOKEN}x"},
+        {"Cookie": "lucid_admin=nope"},
+    ]
+    for headers in wrong:
+        for path in (
+            "/admin/api/ns/t1/alice/default",
+            "/admin/api/ns/t1/alice/default?q=余杭区",
+            "/admin/viewer",
+        ):
+            resp = await client.get(path, headers=headers, allow_redirects=False)
+            body = await resp.text()
+            assert resp.status == 401, (path, headers, resp.status)
+            assert "alice" not in body and "<html" not in body.lower(), (path, headers)
+    right = {"Authorization": f"Bearer {TOKEN}"}
+    page = await client.get("/admin/viewer", headers=right)
+    assert page.status == 200 and "<html" in (await page.text()).lower()
+    api = await client.get("/admin/api/ns/t1/alice/default", headers=right)
+    assert api.status == 200 and (await api.json())["namespace"] == "t1/alice/default"
+
+
 async def test_no_token_configured_means_no_viewer(aiohttp_client, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
     runtime = build(Settings(data_dir=data_dir, config_path=data_dir / "none.toml"))
     app = web.Application()
