@@ -7,6 +7,7 @@ the no-Redis path must redact a secret before it reaches raw/ or git. Real files
 from __future__ import annotations
 
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -66,11 +67,31 @@ def test_claim_fence_refuses_a_token_older_than_the_newest_and_keeps_the_newest(
     store = Store(data_dir)
     store.claim_fence(NS, 5)
     store.claim_fence(NS, 5)  # the holder of 5 claims once per batch: idempotent
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeaseLost, match="token 4 is older than 5"):
         store.claim_fence(NS, 4)
     assert store.read_fence(NS) == 5
     store.claim_fence(NS, 9)
     assert store.read_fence(NS) == 9
+
+
+def test_a_newer_claim_waits_for_the_fenced_write_in_progress(data_dir: Path) -> None:
+    """Claim and fenced write share one lock: the fence cannot move between the token check and the rename.
+    A newer holder's claim made while the old holder is inside `fenced` lands only after the write."""
+    store = Store(data_dir)
+    store.ensure_repo(NS)
+    store.claim_fence(NS, 1)
+    seen_inside: list[int] = []
+    claimer = threading.Thread(target=store.claim_fence, args=(NS, 2))
+    snap = store.snapshot(NS)
+    with store.fenced(NS, 1, lambda: True):
+        claimer.start()
+        claimer.join(0.5)  # it cannot finish while we hold the fence lock (if it could, it would have by now)
+        seen_inside.append(store.read_fence(NS))
+        store.replace_files(NS, snap, {"MEMORY.md": STALE})
+    claimer.join(10)
+    assert seen_inside == [1] and not claimer.is_alive() and store.read_fence(NS) == 2
+    with pytest.raises(LeaseLost):
+        _stale_write(store, 1, held=True)  # and from then on the old holder is fenced out
 
 
 def test_a_writer_with_a_stale_lease_applies_nothing(data_dir: Path) -> None:
