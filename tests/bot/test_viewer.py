@@ -93,10 +93,26 @@ async def test_namespace_api_and_page_refuse_every_request_without_the_admin_tok
             body = await resp.text()
             assert resp.status == 401, (path, headers, resp.status)
             assert "alice" not in body and "<html" not in body.lower(), (path, headers)
+            assert "token" in body, body  # says what is missing
     right = {"Authorization": f"Bearer {TOKEN}"}
     page = await client.get("/admin/viewer", headers=right)
     assert page.status == 200 and "<html" in (await page.text()).lower()
     api = await client.get("/admin/api/ns/t1/alice/default", headers=right)
+    assert api.status == 200 and (await api.json())["namespace"] == "t1/alice/default"
+
+
+async def test_logging_in_once_with_the_token_lets_the_cookie_open_page_and_api(
+    aiohttp_client, data_dir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The browser flow: /admin/viewer?token=… once, then the HttpOnly cookie alone opens the page and the
+    API (no bearer header); without that login the same client gets 401."""
+    client = await aiohttp_client(_story(data_dir))
+    assert (await client.get("/admin/api/ns/t1/alice/default")).status == 401
+    login = await client.get(f"/admin/viewer?token={TOKEN}", allow_redirects=False)
+    assert login.status == 302 and login.headers["Location"] == "/admin/viewer"
+    page = await client.get("/admin/viewer")
+    assert page.status == 200 and "<html" in (await page.text()).lower()
+    api = await client.get("/admin/api/ns/t1/alice/default")
     assert api.status == 200 and (await api.json())["namespace"] == "t1/alice/default"
 
 
