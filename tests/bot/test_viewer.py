@@ -94,6 +94,8 @@ async def test_namespace_api_and_page_refuse_every_request_without_the_admin_tok
             assert resp.status == 401, (path, headers, resp.status)
             assert "alice" not in body and "<html" not in body.lower(), (path, headers)
             assert "token" in body, body  # says what is missing
+            if path.startswith("/admin/api/"):
+                assert resp.headers.get("WWW-Authenticate") == "Bearer"  # and how to authenticate
     right = {"Authorization": f"Bearer {TOKEN}"}
     page = await client.get("/admin/viewer", headers=right)
     assert page.status == 200 and "<html" in (await page.text()).lower()
@@ -108,8 +110,12 @@ async def test_logging_in_once_with_the_token_lets_the_cookie_open_page_and_api(
     API (no bearer header); without that login the same client gets 401."""
     client = await aiohttp_client(_story(data_dir))
     assert (await client.get("/admin/api/ns/t1/alice/default")).status == 401
+    wrong = await client.get("/admin/viewer?token=nope", allow_redirects=False)
+    assert wrong.status == 401 and "token" in await wrong.text() and "Set-Cookie" not in wrong.headers
     login = await client.get(f"/admin/viewer?token={TOKEN}", allow_redirects=False)
     assert login.status == 302 and login.headers["Location"] == "/admin/viewer"
+    cookie = login.headers["Set-Cookie"]  # never readable by page scripts, never sent cross-site
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/admin" in cookie
     page = await client.get("/admin/viewer")
     assert page.status == 200 and "<html" in (await page.text()).lower()
     api = await client.get("/admin/api/ns/t1/alice/default")
