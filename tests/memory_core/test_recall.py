@@ -97,6 +97,17 @@ def test_another_groups_standing_kinds_stay_in_that_group() -> None:
     assert {e.id for e in resident_snapshot(entries, NOW)} == {e.id for e in entries}  # private chat
 
 
+def test_the_resident_budget_is_filled_exactly_and_never_exceeded() -> None:
+    """Entries that add up to the budget all fit; one token less and the last is left out (never cut)."""
+    entries = [Entry(id=f"r{i}", text=f"规则{i}：周五不部署第{i}个服务", type="rule") for i in range(3)]
+    cost = [estimate_tokens(e.text) for e in entries]
+    exact = sum(cost)
+    assert [e.id for e in resident_snapshot(entries, NOW, budget=exact)] == ["r0", "r1", "r2"]
+    fewer = resident_snapshot(entries, NOW, budget=exact - 1)
+    assert len(fewer) == 2 and sum(estimate_tokens(e.text) for e in fewer) <= exact - 1
+    assert len(resident_snapshot(entries, NOW, budget=cost[0] + cost[1])) == 2
+
+
 def test_as_of_answers_what_was_current_then() -> None:
     book = Book()
     t1, t2 = NOW - timedelta(days=60), NOW - timedelta(days=10)
