@@ -118,6 +118,8 @@ async def test_logging_in_once_with_the_token_lets_the_cookie_open_page_and_api(
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/admin" in cookie
     page = await client.get("/admin/viewer")
     assert page.status == 200 and "<html" in (await page.text()).lower()
+    assert page.content_type == "text/html"  # rendered, not offered as a download or sniffed
+    assert "default-src 'none'" in page.headers["Content-Security-Policy"]  # memory text never runs as code
     api = await client.get("/admin/api/ns/t1/alice/default")
     assert api.status == 200 and (await api.json())["namespace"] == "t1/alice/default"
 
