@@ -118,8 +118,8 @@ def test_commands_and_their_chinese_aliases(rt: Runtime) -> None:
     say(rt, "我叫小明")
     assert "小明" in say(rt, "/memory") and "小明" in say(rt, "记忆")
     assert "/memory" in say(rt, "帮助") and "/dream" not in say(rt, "/help")
+    assert "对话模型：未配置（仅记忆模式）" in say(rt, "/persona")  # after Chinese messages: in Chinese
     assert "chat model: none (memory-only mode)" in say(rt, "/persona please")  # asked in English
-    assert "对话模型：未配置（仅记忆模式）" in say(rt, "/persona")
     assert "ou_alice" in say(rt, "/whoami")
 
 
