@@ -22,6 +22,7 @@ from aiohttp.test_utils import TestClient
 from rq import SimpleWorker
 
 from bot.app import create_app
+from memory_core.lineformat import RawMessage, parse_raw
 from memory_core.namespace import Namespace
 from tests.fakes.feishu import FakeFeishu, rate_limited, server_error
 from tests.fakes.feishu_events import (
@@ -47,6 +48,10 @@ ClientFactory = Callable[..., Any]
 
 
 Worker = SimpleWorker  # the real one: its pub/sub listener (`subscribe`) runs, as in `lucid worker`
+
+
+def parse_raw_file(text: str) -> list[RawMessage]:
+    return [parse_raw(line) for line in text.splitlines() if line.startswith("- ")]
 
 
 @pytest.fixture
@@ -170,11 +175,19 @@ async def test_private_facts_stay_with_their_person_chat_and_persona(harness: Ha
 
     leaked = harness.replies_to(in_group + bob + other_persona)
     assert len(leaked) == 5 and not any("余杭区" in r for r in leaked)
-    assert all(
-        m.chat_id == GROUP_CHAT_ID
-        for m in harness.feishu.sent
-        if m.parent_id in {e["event"]["message"]["message_id"] for e in in_group}
-    )
+    # Where the answers went is what the product chose, not the fake's bookkeeping: each group message got
+    # exactly one reply threaded under it (so it lands in the group), and nothing was pushed to anyone's
+    # private chat (a `create` call) instead.
+    group_ids = [e["event"]["message"]["message_id"] for e in in_group]
+    to_group = [(m.kind, m.parent_id) for m in harness.feishu.sent if m.parent_id in group_ids]
+    assert to_group == [("reply", mid) for mid in group_ids]
+    assert [m for m in harness.feishu.sent if m.kind != "reply"] == []
+    # And the product itself took the question as a group message of that chat: its raw archive says so
+    # (commands such as /memory are not recorded).
+    raw = harness.worker.store.path(Namespace.of(TENANT_KEY, ALICE.union_id, "x")) / "raw"
+    recorded = {m.id: m for day in raw.glob("*.md") for m in parse_raw_file(day.read_text("utf-8"))}
+    question = recorded[group_ids[0]]
+    assert (question.text, question.chat, question.chat_type) == ("我在哪", GROUP_CHAT_ID, "group")
     assert "余杭区" not in harness.memory(ALICE, "y") and "余杭区" in harness.memory(ALICE, "x")
 
 
@@ -227,14 +240,14 @@ async def test_ollama_down_still_gets_an_answer_from_memory(
         await harness.send(first)
         harness.work()
         ollama.down()
+        asked = len(ollama.chat_requests)
         second = [harness.event("我在哪")]
         await harness.send(second)
-        started = time.monotonic()
         harness.work()
-        elapsed = time.monotonic() - started
 
     [answer] = harness.replies_to(second)
-    assert "余杭区" in answer and "暂时不可用" in answer and elapsed < 5.0
+    assert "余杭区" in answer and "暂时不可用" in answer
+    assert len(ollama.chat_requests) == asked  # nothing reached the model: no wait, no late answer
     assert "余杭区" in harness.memory(
         ALICE
     )  # saved by the safety net / statement rule, not by trust in the model

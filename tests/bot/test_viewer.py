@@ -72,6 +72,58 @@ async def test_api_needs_the_token_and_shows_the_chain(aiohttp_client, data_dir:
     assert missing.status == 404
 
 
+async def test_namespace_api_and_page_refuse_every_request_without_the_admin_token(
+    aiohttp_client, data_dir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """No header, a wrong bearer, a wrong cookie: 401 and not a byte of memory or of the page."""
+    client = await aiohttp_client(_story(data_dir))
+    wrong = [
+        {},
+        {"Authorization": "Bearer nope"},
+        {"Authorization": f"Bearer {TOKEN}x"},
+        {"Cookie": "lucid_admin=nope"},
+    ]
+    for headers in wrong:
+        for path in (
+            "/admin/api/ns/t1/alice/default",
+            "/admin/api/ns/t1/alice/default?q=余杭区",
+            "/admin/viewer",
+        ):
+            resp = await client.get(path, headers=headers, allow_redirects=False)
+            body = await resp.text()
+            assert resp.status == 401, (path, headers, resp.status)
+            assert "alice" not in body and "<html" not in body.lower(), (path, headers)
+            assert "token" in body, body  # says what is missing
+            if path.startswith("/admin/api/"):
+                assert resp.headers.get("WWW-Authenticate") == "Bearer"  # and how to authenticate
+    right = {"Authorization": f"Bearer {TOKEN}"}
+    page = await client.get("/admin/viewer", headers=right)
+    assert page.status == 200 and "<html" in (await page.text()).lower()
+    api = await client.get("/admin/api/ns/t1/alice/default", headers=right)
+    assert api.status == 200 and (await api.json())["namespace"] == "t1/alice/default"
+
+
+async def test_logging_in_once_with_the_token_lets_the_cookie_open_page_and_api(
+    aiohttp_client, data_dir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The browser flow: /admin/viewer?token=… once, then the HttpOnly cookie alone opens the page and the
+    API (no bearer header); without that login the same client gets 401."""
+    client = await aiohttp_client(_story(data_dir))
+    assert (await client.get("/admin/api/ns/t1/alice/default")).status == 401
+    wrong = await client.get("/admin/viewer?token=nope", allow_redirects=False)
+    assert wrong.status == 401 and "token" in await wrong.text() and "Set-Cookie" not in wrong.headers
+    login = await client.get(f"/admin/viewer?token={TOKEN}", allow_redirects=False)
+    assert login.status == 302 and login.headers["Location"] == "/admin/viewer"
+    cookie = login.headers["Set-Cookie"]  # never readable by page scripts, never sent cross-site
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/admin" in cookie
+    page = await client.get("/admin/viewer")
+    assert page.status == 200 and "<html" in (await page.text()).lower()
+    assert page.content_type == "text/html"  # rendered, not offered as a download or sniffed
+    assert "default-src 'none'" in page.headers["Content-Security-Policy"]  # memory text never runs as code
+    api = await client.get("/admin/api/ns/t1/alice/default")
+    assert api.status == 200 and (await api.json())["namespace"] == "t1/alice/default"
+
+
 async def test_no_token_configured_means_no_viewer(aiohttp_client, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
     runtime = build(Settings(data_dir=data_dir, config_path=data_dir / "none.toml"))
     app = web.Application()

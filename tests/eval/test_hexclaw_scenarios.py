@@ -1,5 +1,7 @@
 """HexClaw's recall scenarios (data nobody here wrote): every want id in, every must-not id out.
 
+The data is a copy in tests/data/ (source and licence in tests/data/SOURCE.md).
+
 Seeds are loaded through `lucid import`'s path (facts as given), per user namespace, and queried through
 the product's recall with the scenario's clock.
 """
@@ -21,7 +23,7 @@ from workers.memory_service import MemoryService
 from workers.runtime import build
 from workers.settings import Settings
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "research" / "hexclaw-eval-scenarios.json"
+DATA = Path(__file__).resolve().parents[1] / "data" / "hexclaw-eval-scenarios.json"
 SCENARIOS = json.loads(DATA.read_text("utf-8"))
 
 

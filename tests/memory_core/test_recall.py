@@ -79,6 +79,35 @@ def test_group_sees_only_that_groups_entries() -> None:
     assert set(private) == {"p", "g1", "g2"}
 
 
+def test_another_groups_standing_kinds_stay_in_that_group() -> None:
+    """A rule or preference learned in group oc_2 is standing memory there, and nowhere else: not in the
+    resident tier of group oc_1, not in its recall. In its own group and in the person's private chat it is."""
+    entries = [
+        Entry(id="own", text="本群规定周会不许迟到", type="rule", scope="g:oc_1"),
+        Entry(id="other-rule", text="周会不许带手机", type="rule", scope="g:oc_2"),
+        Entry(id="other-pref", text="我喜欢周会上喝美式咖啡", type="preference", scope="g:oc_2"),
+        Entry(id="other-id", text="我是周会的主持人", type="identity", scope="g:oc_2"),
+    ]
+    in_group_1 = {e.id for e in resident_snapshot(entries, NOW, chat_type="group", chat="oc_1")}
+    assert in_group_1 == {"own"}
+    recalled = recall(entries, "周会 咖啡 手机 主持人 迟到", NOW, k=10, chat_type="group", chat="oc_1")
+    assert {s.entry.id for s in recalled} <= {"own"}
+    in_group_2 = {e.id for e in resident_snapshot(entries, NOW, chat_type="group", chat="oc_2")}
+    assert in_group_2 == {"other-rule", "other-pref", "other-id"}
+    assert {e.id for e in resident_snapshot(entries, NOW)} == {e.id for e in entries}  # private chat
+
+
+def test_the_resident_budget_is_filled_exactly_and_never_exceeded() -> None:
+    """Entries that add up to the budget all fit; one token less and the last is left out (never cut)."""
+    entries = [Entry(id=f"r{i}", text=f"规则{i}：周五不部署第{i}个服务", type="rule") for i in range(3)]
+    cost = [estimate_tokens(e.text) for e in entries]
+    exact = sum(cost)
+    assert [e.id for e in resident_snapshot(entries, NOW, budget=exact)] == ["r0", "r1", "r2"]
+    fewer = resident_snapshot(entries, NOW, budget=exact - 1)
+    assert len(fewer) == 2 and sum(estimate_tokens(e.text) for e in fewer) <= exact - 1
+    assert len(resident_snapshot(entries, NOW, budget=cost[0] + cost[1])) == 2
+
+
 def test_as_of_answers_what_was_current_then() -> None:
     book = Book()
     t1, t2 = NOW - timedelta(days=60), NOW - timedelta(days=10)

@@ -726,14 +726,15 @@ def ids_of(events: Iterable[dict[str, Any]]) -> list[str]:
 
 def text_of(message: Any) -> str:
     """What a person reads in a sent message: the text of a `text` message, or every text node of a `post`
-    (Markdown replies go out as `post`)."""
+    (Markdown replies go out as `post`), or of an `interactive` card (its markdown `content` strings: the
+    `/memory` card lists the entries there)."""
     body = message.body
 
     def walk(node: Any) -> list[str]:
         if isinstance(node, dict):
-            out = [node["text"]] if isinstance(node.get("text"), str) else []
+            out = [node[k] for k in ("text", "content") if isinstance(node.get(k), str)]
             for key, value in node.items():
-                if key != "text":
+                if key not in ("text", "content") or not isinstance(value, str):
                     out += walk(value)
             return out
         if isinstance(node, list):

@@ -19,6 +19,7 @@ import os
 import string
 import time
 import uuid
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -596,16 +597,57 @@ json_values = st.recursive(
 )
 
 
+@dataclass(frozen=True)
+class Built:
+    """How a fuzzed delivery was made: what the oracle judges it by (never by running our decoder)."""
+
+    kind: str  # raw, json, event, sealed, sealed-bytes
+    key: str | None = None  # the key a sealed body was encrypted with
+    signature: str = "none"  # none (no signing headers), good, bad
+    signed_complete: bool = False  # timestamp, nonce and signature all non-empty
+    intact: bool = False  # the event kept the real shape (no part replaced)
+    text: str = ""
+    chat_type: str = "p2p"
+    utf8: bool = True  # the body is valid UTF-8
+
+
+def oracle(built: Built, persona: Persona) -> str | None:
+    """What Feishu's documented rules (research/feishu.md §1) say a delivery must come to: "rejected",
+    "ignored" or "accepted"; None where the generator cannot tell (a replaced part it does not model)."""
+    encrypted_persona = bool(persona.encrypt_key)
+    if built.kind in ("raw", "json", "sealed-bytes"):
+        return "rejected"  # not an event at all, or not decryptable to one
+    if encrypted_persona and built.signature == "bad" and built.signed_complete:
+        return "rejected"  # a wrong signature is refused before anything is parsed
+    if built.kind == "sealed":
+        if not encrypted_persona or built.key != KEY:
+            return "rejected"  # no key to open it with, or the wrong key
+        if not built.signed_complete:
+            return "rejected"  # an encrypted persona expects signed deliveries
+    elif encrypted_persona or not built.utf8:
+        return "rejected"  # plaintext to an encrypted persona, or a body that is not UTF-8
+    if not built.intact:
+        return None
+    if built.chat_type != "p2p":
+        return "ignored"  # a group message without an @mention of the bot
+    if not built.text.split():
+        return "ignored"  # nothing to answer
+    if "@" not in built.text and any(c.isalnum() for c in built.text):
+        return "accepted"
+    return None
+
+
 @st.composite
-def events(draw: Any) -> dict[str, Any]:
-    """Events near the real shape, with any part replaced by something else."""
-    base = message_event(
-        draw(st.text(max_size=60)),
-        sender=user(draw(st.sampled_from(["a", "b"]))),
-        chat_type=draw(st.sampled_from(["p2p", "group", "topic", ""])),
-    )
-    if draw(st.booleans()):
+def events(draw: Any) -> tuple[dict[str, Any], Built]:
+    """Events near the real shape, with any part replaced by something else (and how they were made)."""
+    text = draw(st.text(max_size=60))
+    chat_type = draw(st.sampled_from(["p2p", "p2p", "group", "topic", ""]))
+    base = message_event(text, sender=user(draw(st.sampled_from(["a", "b"]))), chat_type=chat_type)
+    intact = True
+    damage = draw(st.sampled_from(["none", "none", "mentions", "parts", "both"]))
+    if damage in ("mentions", "both"):
         base["event"]["message"]["mentions"] = draw(st.lists(json_values, max_size=3))
+        intact = False
     if draw(st.booleans()):
         base["token"] = (
             VERIFICATION_TOKEN  # the v1 / challenge place of the token: a mutated header may not carry it
@@ -626,26 +668,65 @@ def events(draw: Any) -> dict[str, Any]:
         ("event", "message", "message_type"),
         ("event", "sender", "sender_id"),
     ]
-    for path in draw(st.lists(st.sampled_from(paths), max_size=3)):
+    for path in (
+        draw(st.lists(st.sampled_from(paths), min_size=1, max_size=3)) if damage in ("parts", "both") else ()
+    ):
         node = base
         for key in path[:-1]:
             node = node.get(key) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node[path[-1]] = draw(json_values | st.text(max_size=200))
-    return base
+            intact = False
+    return base, Built(kind="event", intact=intact, text=text, chat_type=chat_type)
 
 
 @st.composite
-def deliveries(draw: Any) -> tuple[dict[str, str], bytes]:
-    kind = draw(st.sampled_from(["raw", "json", "event", "sealed", "sealed", "sealed", "sealed-bytes"]))
+def deliveries(draw: Any) -> tuple[dict[str, str], bytes, Built]:
+    kind = draw(
+        st.sampled_from(
+            ["raw", "json", "event", "sealed", "sealed", "sealed", "sealed-bytes", "genuine", "genuine"]
+        )
+    )
+    built = Built(kind=kind)
+    if kind == "genuine":  # what Feishu really sends, sealed and signed or plain: the oracle's yes-cases
+        text = draw(st.text(alphabet="记住我喜欢咖啡 hello 123", min_size=1, max_size=30))
+        chat_type = draw(st.sampled_from(["p2p", "group"]))
+        event = message_event(text, sender=user(draw(st.sampled_from(["a", "b"]))), chat_type=chat_type)
+        ts, nonce = str(int(time.time())), uuid.uuid4().hex[:16]
+        seal = draw(st.booleans())
+        body = sealed(json.dumps(event), KEY) if seal else json.dumps(event).encode()
+        signature = hashlib.sha256((ts + nonce + KEY).encode() + body).hexdigest()
+        headers = {
+            "X-Lark-Request-Timestamp": ts,
+            "X-Lark-Request-Nonce": nonce,
+            "X-Lark-Signature": signature,
+        }
+        built = Built(
+            kind="sealed" if seal else "event",
+            key=KEY,
+            signature="good",
+            signed_complete=True,
+            intact=True,
+            text=text,
+            chat_type=chat_type,
+        )
+        return headers, body, built
     if kind == "raw":
         body = draw(st.binary(max_size=600))
     elif kind == "json":
         body = json.dumps(draw(json_values)).encode()
     elif kind == "event":
-        body = json.dumps(draw(events()), ensure_ascii=draw(st.booleans())).encode("utf-8", "surrogatepass")
+        event, built = draw(events())
+        body = json.dumps(event, ensure_ascii=draw(st.booleans())).encode("utf-8", "surrogatepass")
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            built = replace(built, utf8=False)
     elif kind == "sealed":
-        body = sealed(json.dumps(draw(events())), draw(st.sampled_from([KEY, KEY, "other"])))
+        event, built = draw(events())
+        key = draw(st.sampled_from([KEY, KEY, "other"]))
+        body = sealed(json.dumps(event), key)
+        built = replace(built, kind="sealed", key=key)
     else:
         body = sealed_bytes(draw(st.binary(max_size=200)))
     header_text = st.text(alphabet=string.ascii_letters + string.digits + "-_:.", max_size=16)
@@ -659,7 +740,12 @@ def deliveries(draw: Any) -> tuple[dict[str, str], bytes]:
             if good
             else draw(st.text(max_size=70))
         )
-    return headers, body
+        built = replace(
+            built,
+            signature="good" if good else "bad",
+            signed_complete=all(headers.values()),
+        )
+    return headers, body, built
 
 
 def _decode_and_route(headers: dict[str, str], body: bytes, persona: Persona) -> tuple[str, str]:
@@ -675,8 +761,11 @@ def _decode_and_route(headers: dict[str, str], body: bytes, persona: Persona) ->
     return "accepted", routed.message_id
 
 
-def _fuzz_webhook(budget: int) -> dict[str, int]:
+def _fuzz_webhook(budget: int) -> dict[str, Any]:
+    """Every delivery the oracle can judge must get its verdict; the counts are returned as figures."""
     outcomes: dict[str, int] = {}
+    judged: dict[str, int] = {}
+    wrong: list[tuple[str, str, Built]] = []
 
     @settings(
         max_examples=budget,
@@ -686,12 +775,22 @@ def _fuzz_webhook(budget: int) -> dict[str, int]:
         suppress_health_check=list(HealthCheck),
     )
     @given(deliveries(), st.sampled_from(PERSONAS))
-    def run(delivery: tuple[dict[str, str], bytes], persona: Persona) -> None:
-        result, _ = _decode_and_route(*delivery, persona)
+    def run(delivery: tuple[dict[str, str], bytes, Built], persona: Persona) -> None:
+        headers, body, built = delivery
+        result, _ = _decode_and_route(headers, body, persona)
         outcomes[result] = outcomes.get(result, 0) + 1
+        expected = oracle(built, persona)
+        if expected is not None:
+            judged[expected] = judged.get(expected, 0) + 1
+            if result != expected:
+                wrong.append((result, expected, built))
 
     run()
-    return outcomes
+    assert wrong == [], f"{len(wrong)} verdicts against the oracle, e.g. {wrong[:3]}"
+    # The oracle judged enough of each kind for the comparison to mean something.
+    assert all(judged.get(v, 0) >= max(1, budget // 100) for v in ("accepted", "ignored", "rejected")), judged
+    assert sum(judged.values()) >= budget // 2, judged
+    return {**outcomes, "judged_by_oracle": judged}
 
 
 lines = st.one_of(
@@ -768,6 +867,7 @@ async def test_fuzzed_deliveries_to_a_live_bot_never_reply(shared: Shared, figur
     mark = log_mark(stack)
     url = stack.bots_by_index(0).url + "/feishu/x/events"
     statuses: dict[int, int] = {}
+    judged: dict[str, int] = {}
     accepted: set[str] = set()
 
     @settings(
@@ -778,8 +878,8 @@ async def test_fuzzed_deliveries_to_a_live_bot_never_reply(shared: Shared, figur
         suppress_health_check=list(HealthCheck),
     )
     @given(deliveries())
-    def run(delivery: tuple[dict[str, str], bytes]) -> None:
-        headers, body = delivery
+    def run(delivery: tuple[dict[str, str], bytes, Built]) -> None:
+        headers, body, built = delivery
         safe = {k: v for k, v in headers.items() if v.isascii() and v.isprintable()}
         verdict, mid = _decode_and_route(safe, body, PERSONAS[0])
         if verdict == "accepted":
@@ -793,6 +893,10 @@ async def test_fuzzed_deliveries_to_a_live_bot_never_reply(shared: Shared, figur
             status = exc.code
         statuses[status] = statuses.get(status, 0) + 1
         assert status < 500, (status, headers, body[:200])
+        expected = oracle(built, PERSONAS[0])  # the live bot's persona "x" has PERSONAS[0]'s keys
+        if expected is not None:
+            judged[expected] = judged.get(expected, 0) + 1
+            assert (400 <= status < 500) == (expected == "rejected"), (status, expected, built)
 
     await asyncio.get_running_loop().run_in_executor(None, run)
     await await_for(lambda: accepted <= set(replies_by_parent(feishu)), timeout=60)
@@ -804,6 +908,13 @@ async def test_fuzzed_deliveries_to_a_live_bot_never_reply(shared: Shared, figur
     by_parent: dict[str, int] = {}
     for m in sent:
         by_parent[str(m.parent_id)] = by_parent.get(str(m.parent_id), 0) + 1
-    figures.update(deliveries=budget, statuses=statuses, genuine=len(accepted), replies=len(sent))
+    figures.update(
+        deliveries=budget,
+        statuses=statuses,
+        genuine=len(accepted),
+        replies=len(sent),
+        judged_by_oracle=judged,
+    )
+    assert judged.get("rejected", 0) >= budget // 4 and sum(judged.values()) >= budget // 2, judged
     assert "Traceback" not in logs
     assert set(by_parent) == accepted and all(n == 1 for n in by_parent.values())

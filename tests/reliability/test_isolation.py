@@ -86,6 +86,8 @@ class World:
     plants: dict[str, Plant] = field(default_factory=dict)
     checks: Counter[str] = field(default_factory=Counter)
     leaks: list[tuple[str, str, str]] = field(default_factory=list)
+    misses: list[tuple[str, str, str]] = field(default_factory=list)
+    shown_as_required: Counter[str] = field(default_factory=Counter)
 
     def mark(self, owner: Owner, chat: str, group: bool, kind: str) -> str:
         marker = f"MARK-{self.rng.getrandbits(48):012x}"
@@ -107,6 +109,26 @@ class World:
             plant = self.plants.get(marker)
             origin = f"{plant.owner} {plant.kind} in {plant.chat}" if plant else "unknown"
             self.leaks.append((surface, f"{owner} in {chat}", f"{marker} ← {origin}"))
+
+    def own(self, owner: Owner, *kinds: str, chat: str | None = None) -> set[str]:
+        """The markers `owner` planted, of these kinds (in `chat` only, if given)."""
+        return {
+            p.marker
+            for p in self.plants.values()
+            if p.owner == owner and p.kind in kinds and (chat is None or p.chat == chat)
+        }
+
+    def must_show(self, surface: str, owner: Owner, chat: str | None, shown: str, must: set[str]) -> None:
+        """Positive check: counting leaks alone would pass a read path that returns nothing, so every read
+        path must also show what it is asked for — a permitted marker (the locker fact asked for in private,
+        the raw chatter in a raw search, every remembered marker in the operator's views and files)."""
+        assert must <= self.allowed(owner, chat), (surface, "the test asks for a marker it may not see")
+        if not must:
+            return
+        self.shown_as_required[surface] += 1
+        for marker in sorted(must - set(MARK.findall(shown))):
+            plant = self.plants[marker]
+            self.misses.append((surface, f"{owner} in {chat}", f"{marker} ({plant.kind}) missing"))
 
 
 class EchoModel:
@@ -291,6 +313,13 @@ async def isolation_run(
                             for n in ("MEMORY.md", "ARCHIVE.md", "PROFILE.md", "DREAMS.md")
                         ),
                     )
+                    world.must_show(
+                        f"{phase}: files after",
+                        owner,
+                        None,
+                        "".join(rt.store.read_text(owner.ns, n) or "" for n in ("MEMORY.md", "ARCHIVE.md")),
+                        world.own(owner, "fact", "pref", "old"),  # dreaming loses nothing
+                    )
                     if phase == "profile":
                         groupish = [
                             m for m in MARK.findall(profile) if m in world.plants and world.plants[m].group
@@ -304,6 +333,19 @@ async def isolation_run(
             lap("dreams")
 
             # -- read, as the person, in every chat ----------------------------------------------
+            def required(owner: Owner, where: str, asked: str) -> set[str]:
+                """What a read must show for a question asked in chat `where`: the permitted answer."""
+                private = not where.startswith("oc_relgrp")
+                if "旧储物柜" in asked:
+                    return world.own(owner, "old", chat=where) if private else set()
+                if "储物柜" in asked:  # the locker number, stated in private
+                    return world.own(owner, "fact", chat=where) if private else set()
+                if "代号" in asked:  # the code name, stated in this group
+                    return set() if private else world.own(owner, "fact", chat=where)
+                if asked.startswith("/memory"):  # lists what this chat may see: its own facts at least
+                    return world.own(owner, "fact", chat=where)
+                return set()
+
             async def probe(round_name: str) -> None:
                 probes: dict[str, list[tuple[dict[str, Any], Owner, str]]] = {"x": [], "y": []}
                 tags: dict[str, tuple[Owner, str]] = {}
@@ -333,6 +375,17 @@ async def isolation_run(
                     assert tag is not None, asked
                     owner, where = tags[tag]
                     world.check(f"{round_name}: model prompt", owner, where, prompt)
+                for asked, prompt in zip(model.asked[start:], turns, strict=True):
+                    owner, where = next(tags[t] for t in tags if t in asked)
+                    world.must_show(
+                        f"{round_name}: model prompt", owner, where, prompt, required(owner, where, asked)
+                    )
+                for ev, owner, where in items:
+                    shown = "\n".join(text_of(m) for m in replies_by_parent(feishu)[ids_of([ev])[0]])
+                    asked = json.loads(ev["event"]["message"]["content"])["text"]
+                    world.must_show(
+                        f"{round_name}: reply in Feishu", owner, where, shown, required(owner, where, asked)
+                    )
 
             await probe("turns after dreams")
             lap("turns")
@@ -356,6 +409,17 @@ async def isolation_run(
                             owner.ns, q, chat_type=ct, chat=chat, session=f"s-{time.time()}", now=now
                         )
                         world.check("MemoryService.assemble (memory block)", owner, chat, block.block)
+                        # Private chats only for now: after replay and the probe turns, a group-learned fact
+                        # can end up struck as history (replay stores the person's "记住…" line as an
+                        # instruction, and both are closed) — a product bug reported in docs/TESTING.md; the
+                        # turn path still finds the code through the raw archive.
+                        must = required(owner, chat, q) if not group else set()
+                        world.must_show(
+                            "MemoryService.recall", owner, chat, " ".join(s.entry.text for s in hits), must
+                        )
+                        world.must_show(
+                            "MemoryService.assemble (memory block)", owner, chat, block.block, must
+                        )
                 for q in queries:
                     world.check(
                         "MemoryService.search (raw)",
@@ -363,6 +427,11 @@ async def isolation_run(
                         None,
                         " ".join(h.text for h in service.search(owner.ns, q, k=50)),
                     )
+                    if q == "牌子":
+                        raw_hits = " ".join(h.text for h in service.search(owner.ns, q, k=50))
+                        world.must_show(
+                            "MemoryService.search (raw)", owner, p2p, raw_hits, world.own(owner, "raw")
+                        )
                     snippets = service.active_recall(owner.ns, q, session="none", chat=p2p)
                     world.check("MemoryService.active_recall", owner, p2p, " ".join(s.text for s in snippets))
                     world.check(
@@ -371,6 +440,13 @@ async def isolation_run(
                         None,
                         json.dumps(view(rt, service, owner.ns, q), ensure_ascii=False),
                     )
+                world.must_show(
+                    "viewer view()",
+                    owner,
+                    None,
+                    json.dumps(view(rt, service, owner.ns, ""), ensure_ascii=False),
+                    world.own(owner, "fact", "pref", "old"),  # the operator's view shows the whole namespace
+                )
 
             lap("in-process reads")
             # -- the CLI, as an operator runs it --------------------------------------------------
@@ -408,6 +484,28 @@ async def isolation_run(
                     cli_output(stack.data, "search", "牌子 MARK 储物柜", "--k", "50", *ids),
                 )
                 world.check("lucid show --all", owner, None, cli_output(stack.data, "show", "--all", *ids))
+                private = p2p_chat_id(by_union[owner.union])
+                world.must_show(
+                    "lucid recall",
+                    owner,
+                    None,
+                    cli_output(stack.data, "recall", "我的储物柜编号是多少", "--k", "50", "--no-gate", *ids),
+                    world.own(owner, "fact", chat=private),
+                )
+                world.must_show(
+                    "lucid search",
+                    owner,
+                    None,
+                    cli_output(stack.data, "search", "牌子", "--k", "50", *ids),
+                    world.own(owner, "raw", chat=private),
+                )
+                world.must_show(
+                    "lucid show --all",
+                    owner,
+                    None,
+                    cli_output(stack.data, "show", "--all", *ids),
+                    world.own(owner, "fact", "pref", "old"),
+                )
 
         lap("cli")
     assert world.leaks == [], f"{len(world.leaks)} leaks, e.g. {world.leaks[:5]}"
@@ -425,6 +523,22 @@ async def isolation_run(
         leaks=0,
         seconds=phases,
     )
+    # Every kind of read path was also checked for what it must show, and showed it.
+    assert world.misses == [], f"{len(world.misses)} permitted markers missing, e.g. {world.misses[:5]}"
+    surfaces = {s.split(": ")[-1] for s in world.shown_as_required}
+    assert surfaces >= {
+        "files after",
+        "model prompt",
+        "reply in Feishu",
+        "MemoryService.recall",
+        "MemoryService.assemble (memory block)",
+        "MemoryService.search (raw)",
+        "viewer view()",
+        "lucid recall",
+        "lucid search",
+        "lucid show --all",
+    }, dict(world.shown_as_required)
+    figures.update(required_shown=sum(world.shown_as_required.values()), misses=0)
 
 
 async def test_isolation_fast_subset(

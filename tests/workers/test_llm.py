@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.fakes.ollama import Delay, FakeOllama, HttpError
@@ -14,16 +12,16 @@ MESSAGES = [{"role": "user", "content": "你好"}]
 
 def test_a_timeout_is_not_retried_past_the_callers_budget() -> None:
     """A request that took the whole budget is not sent again: the caller (a turn with 45 s for the model)
-    must hear "unavailable" on time, not an answer that comes after it has given up."""
+    must hear "unavailable" on time, not an answer that comes after it has given up.
+
+    Checked by what the fake saw, not by a stopwatch: had the client waited past its 1.5 s budget it would
+    have got "太慢了" (no error); had it retried, the fake would have seen a second request (answered "好的。")."""
     replies = [Delay(3.0, "太慢了"), "好的。"]
     with FakeOllama(responder=lambda _body: replies.pop(0) if replies else "好的。") as fake:
         llm = LLM(fake.url, retries=1, backoff=0.0)
-        started = time.monotonic()
         with pytest.raises(LLMUnavailable):
             llm.chat("qwen3:4b", MESSAGES, timeout=1.5)
-        took = time.monotonic() - started
-        assert len(fake.chat_requests) == 1
-    assert took < 3.0
+        assert len(fake.chat_requests) == 1 and replies == ["好的。"]
 
 
 def test_a_server_error_is_retried_within_the_budget() -> None:
