@@ -373,9 +373,14 @@ class Book:
             # a model's tool call or an extraction may not put "ignore previous instructions…" in every prompt
             op = replace(op, type="fact", pinned=False)
 
+        # Only entries learned where this is said take part: what was said in group A never ends, updates
+        # or absorbs what was said in group B or in private (each stays visible where it was learned).
+        scope = op.scope or "p2p"
+
         # 1. The same text again: nothing to do.
         for e in self._dedup.same(text, now):
-            return Outcome(op.op_id, "unchanged", id=e.id)
+            if (e.scope or "p2p") == scope:
+                return Outcome(op.op_id, "unchanged", id=e.id)
 
         stated = _stated(op.valid_from, now)
         # 2. Judge every candidate: same-subject holders and entries alike in core, frame or slot.
@@ -383,7 +388,7 @@ class Book:
         alike: list[tuple[float, Entry, str]] = []
         seen: set[str] = set()
         for e, verdict in self._judged(text, subject, now):
-            if e.id in seen:
+            if e.id in seen or (e.scope or "p2p") != scope:
                 continue
             seen.add(e.id)
             if verdict.kind == "conflict":

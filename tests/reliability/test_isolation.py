@@ -409,11 +409,9 @@ async def isolation_run(
                             owner.ns, q, chat_type=ct, chat=chat, session=f"s-{time.time()}", now=now
                         )
                         world.check("MemoryService.assemble (memory block)", owner, chat, block.block)
-                        # Private chats only for now: after replay and the probe turns, a group-learned fact
-                        # can end up struck as history (replay stores the person's "记住…" line as an
-                        # instruction, and both are closed) — a product bug reported in docs/TESTING.md; the
-                        # turn path still finds the code through the raw archive.
-                        must = required(owner, chat, q) if not group else set()
+                        # Group chats too: what was said in a group stays current there (it was being struck
+                        # by what the person said in another group; fixed, see docs/TESTING.md).
+                        must = required(owner, chat, q)
                         world.must_show(
                             "MemoryService.recall", owner, chat, " ".join(s.entry.text for s in hits), must
                         )
