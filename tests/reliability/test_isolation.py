@@ -103,13 +103,25 @@ class World:
             return {p.marker for p in own}
         return {p.marker for p in own if p.chat == chat or p.kind == "instr"}
 
-    def expect(self, surface: str, owner: Owner, chat: str, shown: str, kinds: tuple[str, ...]) -> None:
-        """Positive check: the owner's markers of `kinds` permitted in `chat` must be in `shown`."""
+    def expect(
+        self,
+        surface: str,
+        owner: Owner,
+        chat: str,
+        shown: str,
+        kinds: tuple[str, ...],
+        current: str | None = None,
+    ) -> None:
+        """Positive check: the owner's markers of `kinds` permitted in `chat` must be in `shown` (with
+        `current`, the text of the namespace's current entries: only those still current there)."""
         self.checks[f"{surface} (positive)"] += 1
         wanted = {
             p.marker
             for p in self.plants.values()
-            if p.owner == owner and p.kind in kinds and (p.kind == "instr" or p.chat == chat)
+            if p.owner == owner
+            and p.kind in kinds
+            and (p.kind == "instr" or p.chat == chat)
+            and (current is None or p.marker in current)
         }
         for marker in wanted - set(MARK.findall(shown)):
             self.misses.append(
@@ -383,7 +395,8 @@ async def isolation_run(
                             owner.ns, "代号", now, k=50, chat_type=ct, chat=chat, gate=False
                         )
                         shown = " ".join(s.entry.text for s in hits)
-                        world.expect("MemoryService.recall in a group", owner, chat, shown, ("fact",))
+                        live = " ".join(e.text for e in service.book(owner.ns).current(now))
+                        world.expect("MemoryService.recall in a group", owner, chat, shown, ("fact",), live)
                 for q in queries:
                     world.check(
                         "MemoryService.search (raw)",
@@ -425,7 +438,8 @@ async def isolation_run(
                     *ids,
                 )
                 world.check("lucid recall --chat-type group", owner, group, grouped)
-                world.expect("lucid recall --chat-type group", owner, group, grouped, ("fact",))
+                live = " ".join(e.text for e in service.book(owner.ns).current(rt.clock()))
+                world.expect("lucid recall --chat-type group", owner, group, grouped, ("fact",), live)
                 world.check(
                     "lucid search",
                     owner,
