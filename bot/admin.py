@@ -3,6 +3,7 @@
     POST /admin/dream          {"namespace": "tenant/user/persona", "phase": "light", "dry_run": false}
     GET  /admin/dream/status?namespace=tenant/user/persona
     GET  /admin/stats[?namespace=tenant/user/persona]
+    POST /admin/erase          {"user": "ou_…", "tenant": "…"}  → what `lucid erase` removes (tenant optional)
 
 Every request needs `Authorization: Bearer <LUCID_ADMIN_TOKEN>`, compared in constant time. With no token
 configured the routes are not mounted at all (404): an admin API must never be open by omission. The work
@@ -22,7 +23,7 @@ from aiohttp import web
 from bot.headers import BadHeader, text_header
 from memory_core.errors import InvalidInput, LucidError
 from memory_core.namespace import Namespace
-from workers import commands
+from workers import commands, erasure
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     app.router.add_post("/admin/dream", guarded(_dream))
     app.router.add_get("/admin/dream/status", guarded(_dream_status))
     app.router.add_get("/admin/stats", guarded(_stats))
+    app.router.add_post("/admin/erase", guarded(_erase))
 
 
 def _namespace(value: Any) -> Namespace:
@@ -94,3 +96,16 @@ async def _stats(request: web.Request, runtime: Runtime) -> web.Response:
     raw = request.query.get("namespace")
     ns = _namespace(raw) if raw is not None else None
     return web.json_response(await asyncio.to_thread(commands.stats, runtime, ns))
+
+
+async def _erase(request: web.Request, runtime: Runtime) -> web.Response:
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text='{"error": "body must be JSON"}') from exc
+    user, tenant = (body.get(k) if isinstance(body, dict) else None for k in ("user", "tenant"))
+    if not isinstance(user, str) or not user.strip() or (tenant is not None and not isinstance(tenant, str)):
+        raise web.HTTPBadRequest(text='{"error": "user (and optionally tenant) must be strings"}')
+    report = await asyncio.to_thread(erasure.erase_user, runtime, user, tenant)
+    log.warning("admin API: erased %d namespace(s) of a user", len(report.namespaces))
+    return web.json_response(report.to_json(), status=200 if report.namespaces else 404)

@@ -89,15 +89,40 @@ def _entry(args: argparse.Namespace, rt: Runtime) -> tuple[Entry | None, list[En
 
 @command("forget")
 def cmd_forget(args: argparse.Namespace, rt: Runtime) -> int:
+    from workers import erasure
+    from workers.memory_service import drop_short_history
+
     entry, _ = _entry(args, rt)
     ident = entry.id if entry else args.id
-    outcome = rt.writer.submit(_ns(args), [Forget(id=ident)])[0]
+    if args.purge:
+        outcome = erasure.purge(rt, _ns(args), ident)
+    else:
+        outcome = rt.writer.submit(_ns(args), [Forget(id=ident)])[0]
+        if outcome.ok:
+            drop_short_history(rt, _ns(args))
     _emit(
         args,
         outcome.to_json(),
         f"{outcome.status} {ident}" + (f": {outcome.detail}" if outcome.detail else ""),
     )
     return 0 if outcome.ok else 3
+
+
+@command("erase")
+def cmd_erase(args: argparse.Namespace, rt: Runtime) -> int:
+    from workers import erasure
+
+    report = erasure.erase_user(rt, args.user, args.tenant)
+    data = {"user": args.user, **report.to_json()}
+    if not report.namespaces:
+        _emit(args, data, f"nothing to erase: no memory of user {args.user!r} under {rt.store.data_dir}")
+        return 3
+    text = (
+        f"erased {len(report.namespaces)} namespace(s): {', '.join(report.namespaces)}; "
+        f"{report.redis_keys} Redis key(s), {report.redis_members} member(s), {report.jobs} queued job(s)"
+    )
+    _emit(args, data, text)
+    return 0
 
 
 @command("pin")
@@ -411,9 +436,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="include superseded and archived entries")
     _common(p)
 
-    p = sub.add_parser("forget", help="delete one entry (git history keeps it)")
+    p = sub.add_parser("forget", help="delete one entry (and what drew on it: profile lines, raw lines)")
     p.add_argument("id")
+    p.add_argument("--purge", action="store_true", help="also rewrite the namespace's git history")
     _common(p)
+
+    p = sub.add_parser("erase", help="remove a person completely: files, git, vault, indexes, Redis")
+    p.add_argument("--user", required=True, help="the person's user id (union_id or open_id)")
+    p.add_argument("--tenant", help="only this tenant (default: every tenant)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _common(p, memory=False)
 
     p = sub.add_parser("pin", help="pin an entry so it is always resident")
     p.add_argument("id")

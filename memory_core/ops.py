@@ -99,8 +99,20 @@ class Record:
     op_id: str = field(default_factory=new_op_id)
 
 
-Op = Remember | Forget | Pin | Edit | Touch | Put | Record
-_KINDS: dict[str, type[Any]] = {c.kind: c for c in (Remember, Forget, Pin, Edit, Touch, Put, Record)}
+@dataclass(frozen=True)
+class Share:
+    """Show a private entry in the person's groups too (`shared=False` takes it back). `source` "user"
+    is the person's own act; any other source is automatic and may never share a sensitive entry."""
+
+    kind: ClassVar[str] = "share"
+    id: str
+    shared: bool = True
+    source: str = "user"
+    op_id: str = field(default_factory=new_op_id)
+
+
+Op = Remember | Forget | Pin | Edit | Touch | Put | Record | Share
+_KINDS: dict[str, type[Any]] = {c.kind: c for c in (Remember, Forget, Pin, Edit, Touch, Put, Record, Share)}
 
 
 def op_to_json(op: Op) -> dict[str, Any]:

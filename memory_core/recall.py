@@ -26,6 +26,7 @@ import numpy as np
 from .entry import Entry
 from .floor import evidence_query
 from .intents import is_chitchat
+from .sensitive import is_sensitive
 from .subjects import canonical_subject
 from .textindex import ENTRY_B, ENTRY_DENSE_WEIGHT, ENTRY_K1, BM25Index, minmax, tokenize
 
@@ -63,7 +64,9 @@ HINTS = (
 RESIDENT_BUDGET = 800
 #: Queries up to this many characters need word-level evidence (see RelevanceIndex.relevance).
 EVIDENCE_RULE_MAX_CHARS = 40
-GROUP_RESIDENT_TYPES = frozenset({"rule", "identity", "instruction", "preference"})
+#: What a group sees of a person's private memory unasked: how they want to be answered.
+GROUP_STANDING_TYPES = frozenset({"rule", "instruction"})
+SHARE_KEY = "share"
 
 
 def recency(entry: Entry, now: datetime) -> float:
@@ -102,14 +105,24 @@ class Scored:
         return "resident" if self.entry.resident else "recall"
 
 
+def is_shared(entry: Entry) -> bool:
+    """The person shared this private entry with their groups (`/share`, or the model's share flag)."""
+    return dict(entry.extra).get(SHARE_KEY) == "1"
+
+
 def visible_in(entry: Entry, chat_type: str, chat: str | None) -> bool:
-    """Group scope (DESIGN §5): in a group, only entries learned in that same group, plus the standing
-    resident kinds (rules, identity, instructions, preferences). Private facts never reach a group."""
+    """Group privacy (DESIGN §5), the one rule every read path uses: in a group, only entries learned in
+    that same group, the speaker's own rules and instructions about how to answer (never a sensitive
+    one), and what the person explicitly shared. Private identity, preferences, facts stay private."""
     if chat_type != "group":
         return True
     if entry.scope == f"g:{chat}":
         return True
-    return entry.type in GROUP_RESIDENT_TYPES and (entry.scope is None or entry.scope == "p2p")
+    if entry.scope not in (None, "p2p"):
+        return False  # learned in another group
+    if is_shared(entry):
+        return True
+    return entry.type in GROUP_STANDING_TYPES and not is_sensitive(entry.text)
 
 
 class RelevanceIndex:

@@ -489,6 +489,13 @@ class Store:
             atomic_write(path, zlib.compress(raw, 1), durable=False)
         return sha
 
+    def committed_text(self, ns: Namespace, name: str) -> str | None:
+        """`name` as of the namespace's last commit (None: no git, no commit, or not in it)."""
+        if not self.git_enabled or not (self.path(ns) / ".git").exists():
+            return None
+        done = self._git(ns, "show", f"HEAD:{name}", check=False)
+        return done.stdout if done.returncode == 0 else None
+
     def history(self, ns: Namespace, limit: int = 50) -> list[dict[str, str]]:
         if not (self.path(ns) / ".git").exists():
             return []

@@ -29,6 +29,7 @@ from typing import Protocol
 from .book import Book
 from .entry import utcnow
 from .errors import ConcurrentEdit, LeaseLost, LucidError
+from .forgetting import Forgotten, redact_profile, redact_raw
 from .lineformat import (
     MAX_LINE_CHARS,
     META_OPEN,
@@ -40,14 +41,28 @@ from .lineformat import (
     set_aside_note,
 )
 from .namespace import Namespace
-from .ops import Edit, Op, Outcome, Record, Remember, message_from_json, op_from_json, op_to_json
+from .ops import (
+    Edit,
+    Forget,
+    Op,
+    Outcome,
+    Record,
+    Remember,
+    Share,
+    message_from_json,
+    op_from_json,
+    op_to_json,
+)
 from .secretscan import contains_secret, redact
+from .sharing import share
 from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, TRACKED, ConcurrentChange, Snapshot, Store, version_of
 from .vault import seal
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 500
+#: state.json key: how many times raw lines were rewritten in place (a forget); readers' indexes rebuild.
+RAW_REWRITES = "raw_rewrites"
 LEAD_TIME = 0.25
 _RETRIES = 8
 
@@ -226,6 +241,17 @@ class Writer:
                 keep.append(op)
         return keep, early
 
+    def submit_then(
+        self, ns: Namespace, ops: Sequence[Op], then: Callable[[list[Outcome]], None]
+    ) -> list[Outcome]:
+        """Apply `ops` as one batch, then run `then(outcomes)` before the lease is released, so no other
+        batch lands in between (`forget --purge` rewrites git history there)."""
+        with self._lease(ns) as lease:
+            report = self._batch(ns, lease, [(None, op) for op in ops])
+            assert report is not None  # only a version check returns None
+            then(report.outcomes)
+        return report.outcomes
+
     def flush(self, ns: Namespace) -> None:
         """Apply whatever ops are queued for `ns` (ops pushed without waiting, e.g. a reply's record)."""
         if self.queue is None or not self.queue.pending(ns, 1):
@@ -292,7 +318,9 @@ class Writer:
         for _attempt in range(_RETRIES):
             snap = self.store.snapshot(ns)
             report = BatchReport()
+            before: Book | None = None
             if snap.hand_edited():
+                before = self._committed_book(ns, snap)
                 snap, report.redacted = self._commit_hand_edit(ns, lease, snap)
                 report.manual_edit = True
             if expect_version is not None and snap.version != expect_version:
@@ -309,12 +337,14 @@ class Writer:
             now = self.clock()
             if report.manual_edit:
                 _stamp_hand_lines(book, now)
-            report.outcomes, raw = self._apply(ns, book, [op for _, op in ops], now)
+            forgotten = _deleted_by_hand(before, book)
+            report.outcomes, raw = self._apply(ns, book, [op for _, op in ops], now, forgotten)
             extra = change(book, snap) if change is not None else None
             files: dict[str, str] = {}
             if book.changed:
                 files[MEMORY] = render_file(book.memory_file())
                 files[ARCHIVE] = render_file(book.archive_file())
+            rewritten = self._forget_elsewhere(ns, snap, book, forgotten, raw, files, now)
             for name, text in (extra or {}).items():
                 files[name] = redact(text) if name in (PROFILE, DREAMS) else text
             if not files and not raw:
@@ -343,6 +373,10 @@ class Writer:
                 log.info("namespace %s changed under the batch (hand edit); re-reading", ns.key)
                 continue
             self.store.record_hashes(ns, hashes)
+            if rewritten:  # raw lines changed in place: every process's search index must rebuild
+                self.store.set_state_value(
+                    ns, RAW_REWRITES, int(self.store.state_value(ns, RAW_REWRITES) or 0) + 1
+                )
             exact: dict[str, bytes | None] = {
                 name: files[name].encode("utf-8", errors="surrogateescape")
                 if name in files
@@ -360,7 +394,7 @@ class Writer:
         raise ConcurrentEdit(f"{ns} kept changing during the write; nothing was applied")
 
     def _apply(
-        self, ns: Namespace, book: Book, ops: list[Op], now: datetime
+        self, ns: Namespace, book: Book, ops: list[Op], now: datetime, forgotten: list[Forgotten]
     ) -> tuple[list[Outcome], dict[str, str]]:
         outcomes: list[Outcome] = []
         by_day: dict[str, list[RawMessage]] = {}
@@ -370,7 +404,13 @@ class Writer:
             if isinstance(op, Record):
                 outcomes.append(self._record(ns, op, by_day, known))
                 continue
+            if isinstance(op, Share):
+                outcomes.append(share(book, op))
+                continue
+            gone = book.get(op.id) if isinstance(op, Forget) else None
             outcome = book.apply(op, now)
+            if gone is not None and outcome.status == "forgotten":
+                forgotten.append(Forgotten.of(gone))
             if (
                 outcome.status == "rejected:secret"
                 and self.vault_key is not None
@@ -386,6 +426,32 @@ class Writer:
         for day, messages in by_day.items():
             raw[day] = self.store.append_raw_lines(self.store.read_text_raw(ns, day), messages)
         return outcomes, raw
+
+    def _forget_elsewhere(
+        self,
+        ns: Namespace,
+        snap: Snapshot,
+        book: Book,
+        forgotten: Sequence[Forgotten],
+        raw: dict[str, str],
+        files: dict[str, str],
+        now: datetime,
+    ) -> bool:
+        """Forget means forget: the profile and the raw archive lose what drew on a forgotten entry, in
+        the same batch (memory_core.forgetting). Returns whether raw lines were rewritten in place."""
+        if not forgotten:
+            return False
+        profile = redact_profile(snap.text(PROFILE), book.entries(), forgotten, now)
+        if profile is not None:
+            files[PROFILE] = profile
+        rewritten = False
+        for day in sorted(set(self.store.raw_days(ns)) | set(raw)):
+            text = raw.get(day) if day in raw else self.store.read_text_raw(ns, day)
+            new, touched = redact_raw(text or "", forgotten)
+            if touched:
+                raw[day] = new
+                rewritten = True
+        return rewritten
 
     def _record(
         self, ns: Namespace, op: Record, by_day: dict[str, list[RawMessage]], known: dict[str, set[str]]
@@ -435,6 +501,15 @@ class Writer:
             if len(outcomes) >= len(raw_ops):
                 self.queue.finish(ns, raw_ops, outcomes[: len(raw_ops)])
         self.store.clear_journal(ns)
+
+    def _committed_book(self, ns: Namespace, snap: Snapshot) -> Book | None:
+        """The book as last committed (before a hand edit), if MEMORY.md or ARCHIVE.md was edited."""
+        if not {MEMORY, ARCHIVE} & set(snap.hand_edited()):
+            return None
+        mem, arc = self.store.committed_text(ns, MEMORY), self.store.committed_text(ns, ARCHIVE)
+        if mem is None and arc is None:
+            return None
+        return Book(parse_file(mem) if mem else None, parse_file(arc) if arc else None)
 
     def _commit_hand_edit(self, ns: Namespace, lease: Lease, snap: Snapshot) -> tuple[Snapshot, int]:
         """Commit a person's edit as `manual edit` before anything is applied on top of it.
@@ -488,6 +563,18 @@ def _book(snap: Snapshot) -> Book:
     mem = snap.text(MEMORY)
     arc = snap.text(ARCHIVE)
     return Book(parse_file(mem) if mem else None, parse_file(arc) if arc else None)
+
+
+def _deleted_by_hand(before: Book | None, book: Book) -> list[Forgotten]:
+    """Entries a person deleted from MEMORY.md and ARCHIVE.md by hand: a forget like any other, so the
+    profile and the raw archive lose them too. An entry whose text lives on (a line whose comment was
+    removed gets a new id) is not one."""
+    if before is None:
+        return []
+    now = [*book.entries(), *book.archived()]
+    ids, texts = {e.id for e in now}, {e.text for e in now}
+    gone = [e for e in [*before.entries(), *before.archived()] if e.id not in ids and e.text not in texts]
+    return [Forgotten.of(e) for e in gone]
 
 
 def _hashes(snap: Snapshot) -> dict[str, str]:

@@ -24,7 +24,7 @@ from memory_core.intents import (
     parse_intent,
 )
 from memory_core.namespace import Namespace
-from memory_core.ops import Edit, Forget, Op, Outcome, Pin, Remember
+from memory_core.ops import Edit, Forget, Op, Outcome, Pin, Remember, Share
 from memory_core.recall import asked_subject, visible_in
 from memory_core.store import DREAMS
 from memory_core.subjects import canonical_subject, recognise
@@ -33,6 +33,7 @@ from . import dreaming
 from .inbound import Inbound
 from .memory_card import visible_entries
 from .memory_service import Assembly, MemoryService, service_for
+from .memory_switch import ChatSwitch
 from .runtime import Runtime
 from .settings import Persona
 
@@ -104,9 +105,28 @@ _T = {
     "empty": ("我还没有记住关于你的任何事。", "I don't remember anything about you yet."),
     "listing": ("我记得关于你的 {n} 件事：", "I remember {n} things about you:"),
     "group_listing": (
-        "（群聊里只显示常驻记忆和在本群学到的）",
-        "(in a group: standing memories and what I learned here)",
+        "（群聊里只显示你的回答要求、你分享过的，以及在本群学到的；私聊里的其余记忆不在这里显示）",
+        "(in a group: your instructions, what you shared, and what I learned here; the rest stays private)",
     ),
+    "nomem": (
+        "好的，这句我不记，也不会用到记忆。",
+        "Okay: I won't remember this one, and I didn't use memory for it.",
+    ),
+    "not_learning": (
+        "这个聊天的记忆已关闭，所以我没有记下来（发 /memory on 重新开启）。",
+        "Memory is off in this chat, so I didn't store that (send /memory on to turn it back on).",
+    ),
+    "memory_off": (
+        "好的，从现在起我不再从这个聊天里学习新记忆（已有的记忆不变；/memory on 恢复）。",
+        "Okay: from now on I learn nothing from this chat (existing memory stays; /memory on resumes).",
+    ),
+    "memory_on": ("好的，这个聊天的记忆已重新开启。", "Okay, memory is back on in this chat."),
+    "memory_is_off": (
+        "（这个聊天的记忆目前是关闭的：/memory on 开启）",
+        "(memory is off in this chat: /memory on)",
+    ),
+    "shared": ("已分享到你的群聊：{text}", "Shared with your groups: {text}"),
+    "unshared": ("已取消分享：{text}", "No longer shared with your groups: {text}"),
     "more": ("……还有 {n} 条", "… and {n} more"),
     "list_hint": ("用 /forget 编号 删除，/pin 编号 置顶。", "Use /forget ID to delete, /pin ID to pin."),
     "which": ("是哪一条？用 /{verb} 编号 指定：", "Which one? Use /{verb} ID:"),
@@ -195,6 +215,8 @@ _ALIASES = {
     "forget": ("forget", "忘记", "忘掉"),
     "pin": ("pin", "置顶"),
     "unpin": ("unpin", "取消置顶"),
+    "share": ("share", "分享", "共享"),
+    "unshare": ("unshare", "取消分享"),
     "profile": ("profile", "画像"),
     "dream": ("dream", "做梦"),
     "stats": ("stats", "状态", "统计"),
@@ -203,13 +225,17 @@ _ALIASES = {
 }
 _BY_WORD = {alias: name for name, aliases in _ALIASES.items() for alias in aliases}
 ADMIN_COMMANDS = frozenset({"dream", "stats"})
+_SWITCH_WORDS = {"off": "off", "关": "off", "关闭": "off", "on": "on", "开": "on", "开启": "on", "打开": "on"}
 PHASES = dict(
     light="light", deep="deep", replay="replay", profile="profile", 浅="light", 深="deep", 回放="replay"
 )
 _HELP = (
     "/memory 记忆 — 查看我记得的 · what I remember",
+    "/memory off|on — 这个聊天停止/恢复学习（群里仅管理员） · stop/resume learning here (admins in groups)",
+    "/nomem …、这句别记 — 这一句不用也不记记忆 · this message: no memory at all",
     "/forget 忘记 <编号|文字> — 删除一条 · delete one",
     "/pin 置顶 <编号|文字>, /unpin — 一直生效 · always keep in mind",
+    "/share 分享 <编号>, /unshare — 私聊记忆也给群聊看 · show a private memory in your groups",
     "/profile 画像 — 你的画像 · your profile",
     "/persona 人格 — 当前人格和模型 · persona and model",
     "/whoami — open_id",
@@ -253,11 +279,20 @@ def run_command(
         if not allowed:
             return say(inbound, "admin_only")
     if name == "memory":
-        return _list_memory(runtime, mem, inbound)
+        switch = _SWITCH_WORDS.get(args.strip().lower())
+        if switch is None:
+            return _list_memory(runtime, mem, inbound)
+        if inbound.group and not is_admin(persona, inbound):
+            return say(inbound, "admin_only")
+        ChatSwitch(runtime.redis).turn(inbound.tenant, inbound.persona, inbound.chat_id, off=switch == "off")
+        log.warning("memory %s in chat=%s by open_id=%s", switch, inbound.chat_id, inbound.open_id)
+        return say(inbound, f"memory_{switch}")
     if name == "forget":
         return _forget(runtime, mem, inbound, args, [])
     if name in ("pin", "unpin"):
         return _pin(runtime, mem, inbound, args, name == "pin")
+    if name in ("share", "unshare"):
+        return _share(runtime, mem, inbound, args, name == "share")
     if name == "profile":
         if inbound.group:
             return say(inbound, "profile_private")
@@ -283,8 +318,9 @@ def _visible(inbound: Inbound, entries: Sequence[Entry]) -> list[Entry]:
 
 def _list_memory(runtime: Runtime, mem: MemoryService, inbound: Inbound) -> str:
     ordered = visible_entries(runtime, inbound.ns, inbound.chat_type, inbound.chat_id)
+    off = ChatSwitch(runtime.redis).state(inbound.tenant, inbound.persona, inbound.chat_id).off
     if not ordered:
-        return say(inbound, "empty")
+        return say(inbound, "empty") + ("\n" + say(inbound, "memory_is_off") if off else "")
     lines = [say(inbound, "listing", n=len(ordered))]
     if inbound.group:
         lines.append(say(inbound, "group_listing"))
@@ -292,6 +328,8 @@ def _list_memory(runtime: Runtime, mem: MemoryService, inbound: Inbound) -> str:
     if len(ordered) > LIST_LIMIT:
         lines.append(say(inbound, "more", n=len(ordered) - LIST_LIMIT))
     lines.append(say(inbound, "list_hint"))
+    if off:
+        lines.append(say(inbound, "memory_is_off"))
     return "\n".join(lines)
 
 
@@ -347,6 +385,29 @@ def _pin(runtime: Runtime, mem: MemoryService, inbound: Inbound, target: str, pi
 
 def _pin_refusal(runtime: Runtime, mem: MemoryService, inbound: Inbound, entry: Entry) -> str | None:
     return pin_refusal(entry, runtime.clock(), successor_of(mem.book(inbound.ns).entries(), entry.id))
+
+
+def _share_target(
+    runtime: Runtime, mem: MemoryService, inbound: Inbound, target: str, verb: str
+) -> Entry | str:
+    """What /share names: in a private chat any entry (id or text); in a group only an exact id, so
+    that probing by words never reveals a private memory there."""
+    if not inbound.group:
+        return _resolve(runtime, mem, inbound, target, verb)
+    found = [e for e in mem.find(inbound.ns, target) if target.strip() and e.id.startswith(target.strip())]
+    if len(found) != 1:
+        return say(inbound, "usage", verb=verb)
+    return found[0]
+
+
+def _share(runtime: Runtime, mem: MemoryService, inbound: Inbound, target: str, shared: bool) -> str:
+    entry = _share_target(runtime, mem, inbound, target, "share" if shared else "unshare")
+    if isinstance(entry, str):
+        return entry
+    outcome = mem.apply(inbound.ns, [Share(id=entry.id, shared=shared)])[0]
+    if not outcome.ok:
+        return say(inbound, "failed", why=outcome.detail or outcome.status)
+    return say(inbound, "shared" if shared else "unshared", text=entry.text)
 
 
 def _dream_command(runtime: Runtime, inbound: Inbound, args: str) -> str:
@@ -412,13 +473,16 @@ def memory_reply(
     assembly: Assembly,
     note: str,
     outcomes: list[Outcome],
+    learning: bool = True,
 ) -> str:
     """The answer without a model: explicit requests deterministically, questions from memory. It says
     it stored something only when the write succeeded, and what; a remark it did not store, it says so."""
     if asks_about_me(inbound.text):
         return _list_memory(runtime, mem, inbound) + "\n" + say(inbound, note)
     kind, payload = deterministic_intent(inbound.text)
-    if kind == "remember":
+    if kind == "remember" and not learning:
+        text = say(inbound, "not_learning")
+    elif kind == "remember":
         outcome = mem.apply(inbound.ns, [remember_op(payload, inbound)])[0]
         outcomes.append(outcome)
         key = {
@@ -485,6 +549,7 @@ def tool_call(
     name: str,
     args: dict[str, Any],
     outcomes: list[Outcome],
+    generation: int | None = None,
 ) -> dict[str, Any]:
     """Validate one `manage_memory` call and run it through the writer; the answer goes back to the model.
 
@@ -497,6 +562,11 @@ def tool_call(
         v.strip() if isinstance(v, str) else ""
         for v in (args.get("text"), args.get("target") or args.get("id"))
     )
+    switch = ChatSwitch(runtime.redis)
+    if action in ("add", "update", "share") and not switch.learning(
+        inbound.tenant, inbound.persona, inbound.chat_id, generation
+    ):
+        return {"error": "memory is off in this chat: nothing may be added or changed (forget still works)"}
     op: Op
     if action == "add":
         if not text:
@@ -507,6 +577,11 @@ def tool_call(
             op = replace(op, type=kind)
         if isinstance(subject, str) and 0 < len(subject.strip()) <= 64:
             op = replace(op, subject=subject.strip())
+    elif action == "share":
+        found = _share_target(runtime, mem, inbound, target or text, "share")
+        if isinstance(found, str):
+            return {"error": "share needs the id of exactly one memory"}
+        op = Share(found.id, source="tool")
     elif action in ("update", "forget", "pin"):
         target = target or ("" if action == "update" else text)
         if not target or (action == "update" and not text):
@@ -533,9 +608,14 @@ def tool_call(
             else Pin(ident)
         )
     else:
-        return {"error": "action must be add, update, forget or pin"}
+        return {"error": "action must be add, update, forget, pin or share"}
     outcome = mem.apply(inbound.ns, [op])[0]
     outcomes.append(outcome)
     if outcome.status == "rejected:protected":  # the model relays this; only the person can change it
         return {"status": outcome.status, "id": outcome.id, "error": outcome.detail or policy.REFUSAL}
-    return {"status": outcome.status, "id": outcome.id, "detail": outcome.detail}
+    answer: dict[str, Any] = {"status": outcome.status, "id": outcome.id, "detail": outcome.detail}
+    if args.get("share") in (True, "true") and action in ("add", "update") and outcome.ok and outcome.id:
+        shared = mem.apply(inbound.ns, [Share(outcome.id, source="tool")])[0]
+        outcomes.append(shared)
+        answer["share"] = {"status": shared.status, "detail": shared.detail}
+    return answer

@@ -55,6 +55,7 @@ from memory_core.store import ARCHIVE, DREAMS, MEMORY, PROFILE, Snapshot
 
 from .extraction import JUNK_METRIC, answer_facts
 from .llm import LLMError, LLMUnavailable
+from .memory_switch import ChatSwitch
 from .metrics import Metrics
 from .runtime import Runtime, current
 
@@ -238,6 +239,7 @@ class _Replay:
     ops: list[Remember] = field(default_factory=list)
     watermark: datetime | None = None
     done: dict[str, str] = field(default_factory=dict)  # id → ts of messages read past the watermark
+    chats: dict[str, str] = field(default_factory=dict)  # message id → its chat (the memory switch)
     _model_rejections: dict[str, int] = field(default_factory=dict)
 
     def prepare(self, book: Book, snap: Snapshot, now: datetime) -> None:
@@ -245,7 +247,13 @@ class _Replay:
         since = parse_time(record["watermark"]) if record.get("watermark") else now - REPLAY_LOOKBACK
         done = _done_ids(record.get("done"))
         days = [d for d in self.rt.store.raw_days(self.ns) if d >= f"{since:%Y-%m-%d}.md"]
-        fresh = (m for m in self.rt.store.iter_raw(self.ns, days) if m.id not in done)
+        switch, ns = ChatSwitch(self.rt.redis), self.ns
+        self.chats = {}
+        fresh = (
+            m
+            for m in self.rt.store.iter_raw(self.ns, days)
+            if m.id not in done and switch.learning(ns.tenant, ns.persona, m.chat)
+        )
         chunks = replay_chunks(fresh, since, now)
         self.report.counts.update(messages=sum(len(c.messages) for c in chunks), chunks=len(chunks))
         self.watermark, self.done = now, {}
@@ -271,6 +279,7 @@ class _Replay:
                 Metrics(self.rt.redis).inc(JUNK_METRIC, {"path": "replay"})
                 continue
             self.ops.extend(replay_ops(facts, chunk))
+            self.chats.update({m.id: m.chat for m in chunk.messages})
         self.report.counts["facts"] = len(self.ops)
         self._model_rejections = dict(self.report.rejections)
 
@@ -278,7 +287,12 @@ class _Replay:
         counts = dict.fromkeys(("added", "updated", "superseded", "unchanged"), 0)
         self.report.rejections = dict(self._model_rejections)  # apply runs twice: count the writer's once
         added: list[str] = []
+        switch, ns = ChatSwitch(self.rt.redis), self.ns
         for op in self.ops:
+            chat = self.chats.get(op.origin or "")
+            if chat is not None and not switch.learning(ns.tenant, ns.persona, chat):
+                self.report.reject("memory_off")  # switched off while the model read the chat
+                continue
             outcome = book.apply(op, now)
             key = outcome.status.split(":", 1)
             if key[0] == "rejected":

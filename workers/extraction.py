@@ -19,6 +19,7 @@ from memory_core.ops import Remember
 from memory_core.secretscan import redact
 
 from .llm import LLM, LLMError
+from .memory_switch import ChatSwitch
 from .metrics import Metrics
 from .runtime import current
 
@@ -92,9 +93,16 @@ def extract_facts(
 
 
 def extract_turn(
-    ns: str, user_text: str, assistant_text: str = "", message_id: str | None = None, scope: str | None = None
+    ns: str,
+    user_text: str,
+    assistant_text: str = "",
+    message_id: str | None = None,
+    scope: str | None = None,
+    chat: str | None = None,
+    generation: int | None = None,
 ) -> dict[str, Any]:
-    """RQ job: extract from one turn and write the facts through the single writer."""
+    """RQ job: extract from one turn and write the facts through the single writer — unless the chat's
+    memory was switched off (or flipped) since the turn: checked after the model, just before writing."""
     rt = current()
     model = rt.settings.dream_model or rt.settings.chat_model
     if rt.llm is None or not model:
@@ -102,5 +110,8 @@ def extract_turn(
     ops = extract_facts(
         rt.llm, model, user_text, assistant_text, origin=message_id, scope=scope, metrics=Metrics(rt.redis)
     )
+    where = Namespace.parse(ns)
+    if chat is not None and not ChatSwitch(rt.redis).learning(where.tenant, where.persona, chat, generation):
+        return {"status": "skipped", "reason": "memory is off in this chat", "outcomes": []}
     outcomes = rt.writer.submit(Namespace.parse(ns), ops) if ops else []
     return {"status": "done", "outcomes": [o.to_json() for o in outcomes]}

@@ -21,10 +21,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import redis
+
 from memory_core.book import Book
 from memory_core.entry import Entry
 from memory_core.explain import Why, explain
 from memory_core.floor import evidence_query
+from memory_core.forgetting import checked_profile
 from memory_core.lineformat import LineError, RawMessage, format_time, parse_file, parse_raw
 from memory_core.namespace import Namespace
 from memory_core.ops import Op, Outcome, Record, Touch, message_to_json
@@ -42,6 +45,7 @@ from memory_core.recall import (
 )
 from memory_core.store import ARCHIVE, MEMORY, PROFILE, atomic_write, no_symlink
 from memory_core.textindex import STOP_CHARS
+from memory_core.writer import RAW_REWRITES
 
 from .embedding import Embeddings, from_settings
 from .runtime import Runtime
@@ -84,6 +88,7 @@ class _RawCache:
     index: RawIndex
     offsets: dict[str, int]
     unsaved: int = 0
+    rewrites: int = 0  # the namespace's raw-rewrite count this index was built at (a forget bumps it)
 
 
 @dataclass
@@ -124,6 +129,7 @@ class MemoryService:
         self._raw: dict[Namespace, _RawCache] = {}
         self._breakers: dict[Namespace, _Breaker] = {}
         self._frozen: dict[tuple[Namespace, str], tuple[float, list[str]]] = {}
+        self._profiles: dict[Namespace, tuple[object, str | None]] = {}
         self._lock = threading.RLock()
         self._raw_lock = threading.RLock()  # the raw-archive index: a slow search never holds up reading
         self._searching: dict[Namespace, Future[list[RawHit]]] = {}
@@ -158,7 +164,17 @@ class MemoryService:
         return self._cache(ns).book
 
     def profile(self, ns: Namespace) -> str | None:
-        return self.runtime.store.read_text(ns, PROFILE)
+        """PROFILE.md as it may be shown: its digest checked against the current facts, stale lines out."""
+        text = self.runtime.store.read_text(ns, PROFILE)
+        if not text:
+            return None
+        cache = self._cache(ns)
+        key = (cache.key, hash(text))
+        held = self._profiles.get(ns)
+        if held is None or held[0] != key:
+            held = (key, checked_profile(text, cache.entries, self.runtime.clock()))
+            self._profiles[ns] = held
+        return held[1]
 
     def recall(
         self,
@@ -222,16 +238,22 @@ class MemoryService:
         cache = self._raw.get(ns)
         store = self.runtime.store
         cache_dir = store.file(ns, ".index", "raw")  # UnsafePath if .index or raw/ is a link
+        rewrites = int(store.state_value(ns, RAW_REWRITES) or 0)
+        days = store.raw_days(ns)
         if cache is None:
             cache = self._load_raw(cache_dir)
             self._raw[ns] = cache
+        if cache.rewrites != rewrites or not set(cache.offsets) <= set(days):
+            # Lines were rewritten in place (a forget) or days removed (an erase): rebuild from the Markdown.
+            cache = _RawCache(RawIndex(), {}, rewrites=rewrites)
+            self._raw[ns] = cache
         grew = 0
-        for day in store.raw_days(ns):
+        for day in days:
             path = store.file(ns, "raw", day)
             size = path.stat().st_size
             done = cache.offsets.get(day, 0)
             if size < done:  # a day file was rewritten by hand: rebuild from the Markdown
-                cache = _RawCache(RawIndex(), {})
+                cache = _RawCache(RawIndex(), {}, rewrites=rewrites)
                 self._raw[ns] = cache
                 return self._raw_cache(ns)
             if size == done:
@@ -261,7 +283,8 @@ class MemoryService:
             offsets = json.loads(no_symlink(cache_dir, cache_dir / "offsets.json").read_text())
             if not isinstance(offsets, dict):
                 raise StaleIndex("bad offsets")
-            return _RawCache(index, {str(k): int(v) for k, v in offsets.items()})
+            rewrites = int(offsets.pop(RAW_REWRITES, 0))
+            return _RawCache(index, {str(k): int(v) for k, v in offsets.items()}, rewrites=rewrites)
         except (StaleIndex, FileNotFoundError, ValueError, OSError):
             return _RawCache(RawIndex(), {})
 
@@ -269,7 +292,11 @@ class MemoryService:
     def _save_raw(cache: _RawCache, cache_dir: Path) -> None:
         try:
             cache.index.save(cache_dir)
-            atomic_write(cache_dir / "offsets.json", json.dumps(cache.offsets).encode(), durable=False)
+            atomic_write(
+                cache_dir / "offsets.json",
+                json.dumps({**cache.offsets, RAW_REWRITES: cache.rewrites}).encode(),
+                durable=False,
+            )
             cache.unsaved = 0
         except OSError as exc:
             log.warning("could not save the search index cache: %s", exc)
@@ -415,7 +442,10 @@ class MemoryService:
     # -------------------------------------------------------------------------------------- writing
 
     def apply(self, ns: Namespace, ops: Sequence[Op]) -> list[Outcome]:
-        return self.runtime.writer.submit(ns, ops)
+        outcomes = self.runtime.writer.submit(ns, ops)
+        if any(o.status == "forgotten" for o in outcomes):
+            drop_short_history(self.runtime, ns)
+        return outcomes
 
     def record(self, ns: Namespace, message: RawMessage, wait: bool = True) -> Outcome | None:
         """Archive one message. With `wait=False` (and Redis) the op is queued and a flush job applies it
@@ -457,6 +487,19 @@ def _ids(raw: object) -> list[str] | None:
     except ValueError:
         return None
     return [str(i) for i in value] if isinstance(value, list) else None
+
+
+def drop_short_history(runtime: Runtime, ns: Namespace) -> None:
+    """Forget reaches the model's short conversation history too (`lucid:history:<ns>:<chat>`, the last
+    few turns replayed to the model): it is dropped, so a forgotten fact is not re-read from there."""
+    if runtime.redis is None:
+        return
+    try:
+        keys = list(runtime.redis.scan_iter(match=f"lucid:history:{ns.key}:*", count=500))
+        if keys:
+            runtime.redis.delete(*keys)
+    except redis.RedisError as exc:
+        log.warning("could not drop the short history of %s: %s", ns.key, type(exc).__name__)
 
 
 def schedule_flush(runtime: Runtime, ns: Namespace) -> None:

@@ -32,6 +32,7 @@ import redis
 from rq import get_current_job
 
 from memory_core.errors import LucidError
+from memory_core.forgetting import FORGOTTEN
 from memory_core.intents import asks_about_me, is_memorable
 from memory_core.lineformat import RawMessage
 from memory_core.recall import used_by_reply
@@ -59,6 +60,7 @@ from .mailbox import Mailbox
 from .memory_card import build as memory_card
 from .memory_card import last_dream, register, visible_entries
 from .memory_service import Assembly, MemoryService, service_for
+from .memory_switch import ChatSwitch, TurnMemory, per_message_off
 from .metrics import Metrics
 from .outbox import ReplyParked, send_reply
 from .redis_backend import text
@@ -96,17 +98,25 @@ def run_turn(
     after: Callable[[], None] | None = None
     try:
         inbound = _with_language(scratch, inbound)
-        command = parse_command(inbound.text) if inbound.kind == "text" else None
+        quiet, said = per_message_off(inbound.text) if inbound.kind == "text" else (False, inbound.text)
+        if quiet:
+            inbound = replace(inbound, text=said)
+        state = ChatSwitch(runtime.redis).state(inbound.tenant, inbound.persona, inbound.chat_id)
+        turn_memory = TurnMemory(quiet=quiet, chat_off=state.off, generation=state.generation)
+        command = parse_command(inbound.text) if inbound.kind == "text" and inbound.text.strip() else None
         if inbound.kind != "text":
             result.mode = "unreadable"
-            after = _unreadable(runtime, mem, scratch, persona, inbound, result)
+            after = _unreadable(runtime, mem, scratch, persona, inbound, result, turn_memory)
+        elif quiet and not inbound.text.strip():
+            result.mode = "command"
+            result.reply = say(inbound, "nomem")
         elif command is not None:
             result.mode = "command"
             result.reply = run_command(runtime, mem, persona, inbound, *command)
             if command[0] == "memory" and card_fn is not None:
                 result.card = _memory_card(runtime, persona, inbound)
         else:
-            after = _converse(runtime, mem, scratch, persona, inbound, limits, result, stream)
+            after = _converse(runtime, mem, scratch, persona, inbound, limits, result, turn_memory, stream)
             if card_fn is not None and asks_about_me(inbound.text):  # "what do you remember about me"
                 result.card = _memory_card(runtime, persona, inbound)
     except Exception:  # a bug must cost one polite answer, not the person's trust; the log has the ids
@@ -182,17 +192,25 @@ def _converse(
     inbound: Inbound,
     limits: TurnLimits,
     result: TurnResult,
+    memory: TurnMemory,
     stream: Callable[[str], None] | None = None,
 ) -> Callable[[], None]:
-    """Record, recall, answer; returns the steps that run once the answer is delivered."""
+    """Record, recall, answer; returns the steps that run once the answer is delivered.
+
+    Every memory step asks `memory` first: a quiet message (per-message switch) reads and writes
+    nothing, a chat whose memory is off reads but learns nothing (see workers.memory_switch)."""
     ns, now = inbound.ns, runtime.clock()
     session = scratch.session(f"{ns.key}:{inbound.conversation}", inbound.message_id)
-    mem.record(
-        ns, _raw(inbound.message_id, inbound.created(now), "user", inbound.text, inbound, "user", session)
-    )
-    assembly = mem.assemble(
-        ns, inbound.text, chat_type=inbound.chat_type, chat=inbound.chat_id, session=session, now=now
-    )
+    if memory.learns:
+        mem.record(
+            ns, _raw(inbound.message_id, inbound.created(now), "user", inbound.text, inbound, "user", session)
+        )
+    if memory.reads:
+        assembly = mem.assemble(
+            ns, inbound.text, chat_type=inbound.chat_type, chat=inbound.chat_id, session=session, now=now
+        )
+    else:
+        assembly = Assembly("", [], [], [])
     result.recalled = [s.entry.id for s in assembly.recalled]
     model = persona.chat_model or runtime.settings.chat_model
     history_key = f"{ns.key}:{inbound.conversation}"
@@ -203,7 +221,7 @@ def _converse(
             try:
                 history = scratch.history(history_key)
                 result.reply = _model_reply(
-                    runtime, mem, persona, inbound, assembly, model, history, limits, result, stream
+                    runtime, mem, persona, inbound, assembly, model, history, limits, result, memory, stream
                 )
                 result.mode = "model"
             except LLMError as exc:
@@ -213,31 +231,43 @@ def _converse(
                 if isinstance(exc, LLMUnavailable):
                     scratch.flag("llm-down", limits.model_cooldown)
     if result.mode == "model":
-        _safety_net(mem, inbound, result)
+        if memory.learns:
+            _safety_net(mem, inbound, result)
+    elif memory.quiet:
+        result.mode = "memory"
+        result.reply = say(inbound, "nomem") + "\n" + say(inbound, note)
     else:
         result.mode = "memory"
-        result.reply = memory_reply(runtime, mem, inbound, assembly, note, result.outcomes)
+        result.reply = memory_reply(
+            runtime, mem, inbound, assembly, note, result.outcomes, learning=memory.learns
+        )
 
     def after() -> None:
+        if not memory.learns:
+            return  # nothing of this turn is kept: no hit, no record, no history, no extraction
         # A hit is an entry the reply used (its words, or a tool call on its id), not one merely shown.
         shown = [s.entry for s in assembly.recalled] + assembly.resident
         referenced = [o.id for o in result.outcomes if o.ok and o.id and o.status != "forgotten"]
         listing = result.mode == "memory" and asks_about_me(inbound.text)  # a list uses nothing
         result.used = [] if listing else used_by_reply(result.reply, shown, referenced)
         mem.feedback(ns, result.used, now)  # queued first: it rides the reply's record batch
+        # A reply that forgot something names it ("forgotten: …"): it is archived marked, not in clear.
+        forgot = any(o.status == "forgotten" for o in result.outcomes)
         said = _raw(
             f"{inbound.message_id}:reply",
             runtime.clock(),
             persona.name,
-            result.reply,
+            FORGOTTEN if forgot else result.reply,
             inbound,
             "assistant",
             session,
         )
         mem.record(ns, said, wait=False)
-        if result.mode == "model" and model:
+        if forgot:
+            scratch.drop_history(history_key)
+        elif result.mode == "model" and model:
             scratch.add_history(history_key, inbound.text, result.reply, limits.history_turns)
-            _enqueue_extraction(runtime, inbound, result.reply)
+            _enqueue_extraction(runtime, inbound, result.reply, memory.generation)
 
     return after
 
@@ -263,17 +293,22 @@ def _unreadable(
     persona: Persona,
     inbound: Inbound,
     result: TurnResult,
+    memory: TurnMemory,
 ) -> Callable[[], None]:
-    """A message the bot cannot read: its placeholder goes to the raw archive, the reply says so plainly."""
+    """A message the bot cannot read: its placeholder goes to the raw archive (unless memory is off in
+    the chat), the reply says so plainly."""
     ns, now = inbound.ns, runtime.clock()
     session = scratch.session(f"{ns.key}:{inbound.conversation}", inbound.message_id)
-    mem.record(
-        ns, _raw(inbound.message_id, inbound.created(now), "user", inbound.text, inbound, "user", session)
-    )
+    if memory.learns:
+        mem.record(
+            ns, _raw(inbound.message_id, inbound.created(now), "user", inbound.text, inbound, "user", session)
+        )
     what, what_en = UNREADABLE.get(inbound.kind, ("这类消息", "this kind of message"))
     result.reply = say(inbound, "unreadable", what=what, what_en=what_en)
 
     def after() -> None:
+        if not memory.learns:
+            return
         said = _raw(
             f"{inbound.message_id}:reply",
             runtime.clock(),
@@ -317,7 +352,7 @@ MANAGE_MEMORY: dict[str, Any] = {
         "parameters": {
             "type": "object",
             "properties": {
-                "action": {"type": "string", "enum": ["add", "update", "forget", "pin"]},
+                "action": {"type": "string", "enum": ["add", "update", "forget", "pin", "share"]},
                 "text": {
                     "type": "string",
                     "description": "add/update: the memory, one short self-contained sentence",
@@ -333,6 +368,13 @@ MANAGE_MEMORY: dict[str, Any] = {
                 "subject": {
                     "type": "string",
                     "description": "the attribute it sets, e.g. 所在地, employer, name",
+                },
+                "share": {
+                    "type": "boolean",
+                    "description": (
+                        "only when the user explicitly asks that a private memory be known in their group "
+                        "chats too; health, money, relationships and id numbers are never shared this way"
+                    ),
                 },
             },
             "required": ["action"],
@@ -351,9 +393,11 @@ def _model_reply(
     history: list[dict[str, str]],
     limits: TurnLimits,
     result: TurnResult,
+    memory: TurnMemory,
     stream: Callable[[str], None] | None = None,
 ) -> str:
-    """Chat with the model, looping its `manage_memory` calls back at most `tool_rounds` times."""
+    """Chat with the model, looping its `manage_memory` calls back at most `tool_rounds` times (none for
+    a quiet message: it may not touch memory at all)."""
     llm = runtime.llm
     assert llm is not None
     where = "a group chat" if inbound.group else "a private chat"
@@ -367,7 +411,7 @@ def _model_reply(
         left = deadline - time.monotonic()
         if left <= 0.05:
             raise LLMUnavailable("the turn's model budget is spent")
-        tools = [MANAGE_MEMORY] if round_no < limits.tool_rounds else None
+        tools = [MANAGE_MEMORY] if round_no < limits.tool_rounds and memory.reads else None
         timeout = min(llm.timeout, left)
         if stream is not None:
             answer = llm.chat_stream(model, messages, stream, tools=tools, timeout=timeout)
@@ -385,7 +429,9 @@ def _model_reply(
         )
         for call in calls:
             result.tool_calls += 1
-            reply = tool_call(mem, runtime, inbound, call.name, call.arguments, result.outcomes)
+            reply = tool_call(
+                mem, runtime, inbound, call.name, call.arguments, result.outcomes, memory.generation
+            )
             messages.append(
                 {"role": "tool", "tool_name": call.name, "content": json.dumps(reply, ensure_ascii=False)}
             )
@@ -403,11 +449,15 @@ def _safety_net(mem: MemoryService, inbound: Inbound, result: TurnResult) -> Non
 # --------------------------------------------------------------------------------------------- extraction
 
 
-def _enqueue_extraction(runtime: Runtime, inbound: Inbound, reply: str) -> None:
-    """Background extraction on "memory" (never trust the model alone to save); text is redacted first."""
+def _enqueue_extraction(runtime: Runtime, inbound: Inbound, reply: str, generation: int) -> None:
+    """Background extraction on "memory" (never trust the model alone to save); text is redacted first.
+    It carries the chat and the memory switch's generation, re-checked before it writes."""
     if not is_memorable(inbound.text):
         return
-    args = (str(inbound.ns), redact(inbound.text), redact(reply), inbound.message_id, inbound.scope)
+    args = (
+        str(inbound.ns), redact(inbound.text), redact(reply), inbound.message_id, inbound.scope,
+        inbound.chat_id, generation,
+    )  # fmt: skip
     if runtime.redis is None:  # the terminal chat without Redis: after the reply was printed
         extract_turn(*args)
         return
@@ -496,6 +546,14 @@ class Scratch:
                 self.client.set(full, lang, ex=LANGUAGE_TTL)
             return
         self._set(full, lang, LANGUAGE_TTL)
+
+    def drop_history(self, key: str) -> None:
+        full = f"lucid:history:{key}"
+        if self.client is not None:
+            self.client.delete(full)
+        else:
+            with self._lock:
+                self._local.pop(full, None)
 
     def flag(self, name: str, ttl: float) -> None:
         if self.client is not None:

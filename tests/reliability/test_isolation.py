@@ -16,8 +16,11 @@ dreaming has clusters to fold). Then every read path is checked for a marker it 
   shown, what it wrote, and the turns after it.
 
 Allowed, per (namespace, chat): in a private chat everything of that namespace; in a group only what was
-said or learned in that group, plus the namespace's standing resident kinds (here: one preference stated
-in private) — DESIGN §5. Anything else is a leak. Target: 0 leaks; the figures count the checks made.
+said or learned in that group, plus the speaker's instructions about how to answer (here: one instruction
+stated in private) — DESIGN §5; a preference stated in private stays private. Anything else is a leak.
+Positive checks: in a group, the speaker's instruction must be in the prompt and the memory block, and what
+they learned in that group must be found by recall — so a read path that returns nothing cannot pass.
+Target: 0 leaks, 0 misses; the figures count the checks made.
 """
 
 from __future__ import annotations
@@ -99,7 +102,32 @@ class World:
         own = [p for p in self.plants.values() if p.owner == owner]
         if chat is None or not chat.startswith("oc_relgrp"):
             return {p.marker for p in own}
-        return {p.marker for p in own if p.chat == chat or p.kind == "pref"}
+        return {p.marker for p in own if p.chat == chat or p.kind == "instr"}
+
+    def expect(
+        self,
+        surface: str,
+        owner: Owner,
+        chat: str,
+        shown: str,
+        kinds: tuple[str, ...],
+        current: str | None = None,
+    ) -> None:
+        """Positive check: the owner's markers of `kinds` permitted in `chat` must be in `shown` (with
+        `current`, the text of the namespace's current entries: only those still current there)."""
+        self.checks[f"{surface} (positive)"] += 1
+        wanted = {
+            p.marker
+            for p in self.plants.values()
+            if p.owner == owner
+            and p.kind in kinds
+            and (p.kind == "instr" or p.chat == chat)
+            and (current is None or p.marker in current)
+        }
+        for marker in wanted - set(MARK.findall(shown)):
+            self.misses.append(
+                (surface, f"{owner} in {chat}", f"{marker} ({self.plants[marker].kind}) missing")
+            )
 
     def check(
         self, surface: str, owner: Owner, chat: str | None, shown: str, extra: set[str] = frozenset()
@@ -225,6 +253,7 @@ async def isolation_run(
                 texts = [
                     (f"记住我的储物柜编号是{world.mark(owner, p2p, False, 'fact')}", None),
                     (f"记住我喜欢{world.mark(owner, p2p, False, 'pref')}牌的咖啡", None),
+                    (f"记住以后回答我时先说{world.mark(owner, p2p, False, 'instr')}", None),
                     (f"今天路过一块牌子写着{world.mark(owner, p2p, False, 'raw')}", None),
                 ]
                 for chat in member[owner.union]:
@@ -375,6 +404,8 @@ async def isolation_run(
                     assert tag is not None, asked
                     owner, where = tags[tag]
                     world.check(f"{round_name}: model prompt", owner, where, prompt)
+                    if where.startswith("oc_relgrp"):
+                        world.expect(f"{round_name}: group prompt", owner, where, prompt, ("instr",))
                 for asked, prompt in zip(model.asked[start:], turns, strict=True):
                     owner, where = next(tags[t] for t in tags if t in asked)
                     world.must_show(
@@ -418,6 +449,15 @@ async def isolation_run(
                         world.must_show(
                             "MemoryService.assemble (memory block)", owner, chat, block.block, must
                         )
+                        if group:
+                            world.expect("group memory block", owner, chat, block.block, ("instr",))
+                    if group:
+                        hits = service.recall(
+                            owner.ns, "代号", now, k=50, chat_type=ct, chat=chat, gate=False
+                        )
+                        shown = " ".join(s.entry.text for s in hits)
+                        live = " ".join(e.text for e in service.book(owner.ns).current(now))
+                        world.expect("MemoryService.recall in a group", owner, chat, shown, ("fact",), live)
                 for q in queries:
                     world.check(
                         "MemoryService.search (raw)",
@@ -457,24 +497,22 @@ async def isolation_run(
                     None,
                     cli_output(stack.data, "recall", "储物柜 代号 牌子 MARK", "--k", "50", "--no-gate", *ids),
                 )
-                world.check(
-                    "lucid recall --chat-type group",
-                    owner,
+                grouped = cli_output(
+                    stack.data,
+                    "recall",
+                    "储物柜 代号 牌子 MARK",
+                    "--k",
+                    "50",
+                    "--no-gate",
+                    "--chat-type",
+                    "group",
+                    "--chat",
                     group,
-                    cli_output(
-                        stack.data,
-                        "recall",
-                        "储物柜 代号 牌子 MARK",
-                        "--k",
-                        "50",
-                        "--no-gate",
-                        "--chat-type",
-                        "group",
-                        "--chat",
-                        group,
-                        *ids,
-                    ),
+                    *ids,
                 )
+                world.check("lucid recall --chat-type group", owner, group, grouped)
+                live = " ".join(e.text for e in service.book(owner.ns).current(rt.clock()))
+                world.expect("lucid recall --chat-type group", owner, group, grouped, ("fact",), live)
                 world.check(
                     "lucid search",
                     owner,
@@ -507,6 +545,7 @@ async def isolation_run(
 
         lap("cli")
     assert world.leaks == [], f"{len(world.leaks)} leaks, e.g. {world.leaks[:5]}"
+    assert world.misses == [], f"{len(world.misses)} permitted markers missing, e.g. {world.misses[:5]}"
     figures.update(
         tenants=len(TENANTS),
         people=people,

@@ -1,0 +1,210 @@
+"""Forget means forget (DESIGN §4): what else a forgotten entry leaves behind, and how it is removed.
+
+A forgotten entry leaves MEMORY.md and ARCHIVE.md (the book does that). In the same batch:
+
+- PROFILE.md loses every line that drew on it (`redact_profile`); on every read, a profile whose digest
+  no longer matches the facts shows only the lines the current facts still support (`checked_profile`),
+  so neither a forget, a supersede nor a hand edit of MEMORY.md lets a stale line reach a prompt;
+- the raw archive keeps every line, honestly marked: the message the entry was learned from (`from=`)
+  and the reply to it have their text replaced by `FORGOTTEN`, and any other line holding the entry's
+  text has that span replaced; each touched line gets `fgt=<entry id>` (`redact_raw`).
+
+Pure functions over text; the writer applies them, `forget --purge` applies the same ones to git history.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from .dream_guard import coverage, key_terms
+from .entry import Entry
+from .lineformat import LineError, parse_raw, render_raw
+from .profile import profile_digest, profile_inputs, split_lines, stored_digest, supported
+from .similarity import normalise
+
+FORGOTTEN = "〔已按要求忘记 · forgotten on request〕"
+FORGOT_KEY = "fgt"
+#: A span shorter than this is not matched in other lines (forgetting 茶 must not blank every 茶).
+MIN_SPAN_CHARS = 4
+_DIGEST = re.compile(r"digest=[0-9a-f]{16,64}")
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What the raw archive and git history must lose: the entry's id, text and provenance."""
+
+    id: str
+    text: str
+    origin: str | None = None
+
+    @classmethod
+    def of(cls, entry: Entry) -> Forgotten:
+        return cls(entry.id, entry.text, entry.origin)
+
+
+def _spans(targets: Sequence[Forgotten]) -> list[tuple[re.Pattern[str], str]]:
+    """(pattern, entry id) for each target text long enough to match, longest first."""
+    by_text: dict[str, str] = {}
+    for t in targets:
+        if len(t.text.strip()) >= MIN_SPAN_CHARS:
+            by_text.setdefault(t.text.strip(), t.id)
+    ordered = sorted(by_text, key=len, reverse=True)
+    return [(re.compile(re.escape(text), re.I), by_text[text]) for text in ordered]
+
+
+def redact_message_text(text: str, targets: Sequence[Forgotten]) -> str:
+    """`text` with every span holding a target's text replaced by FORGOTTEN."""
+    for pattern, _ in _spans(targets):
+        text = pattern.sub(FORGOTTEN, text)
+    return text
+
+
+def redact_raw(day_text: str, targets: Sequence[Forgotten]) -> tuple[str, int]:
+    """A raw day file with the targets' lines marked and spans replaced; (new text, lines touched)."""
+    if not targets:
+        return day_text, 0
+    sources = {t.origin: t.id for t in targets if t.origin}
+    sources.update({f"{o}:reply": i for o, i in list(sources.items())})
+    spans = _spans(targets)
+    out: list[str] = []
+    touched = 0
+    for line in day_text.split("\n"):
+        new = _redact_line(line, sources, spans)
+        touched += new != line
+        out.append(new)
+    return "\n".join(out), touched
+
+
+def _redact_line(line: str, sources: dict[str, str], spans: list[tuple[re.Pattern[str], str]]) -> str:
+    if not line.startswith("- "):
+        return line
+    if not any(source in line for source in sources) and not any(p.search(line) for p, _ in spans):
+        return line  # the common case, without parsing the line
+    try:
+        msg = parse_raw(line)
+    except LineError:  # a line we cannot read: at least its text loses the spans
+        for pattern, _ in spans:
+            line = pattern.sub(FORGOTTEN, line)
+        return line
+    ident = sources.get(msg.id)
+    text = FORGOTTEN if ident is not None else msg.text
+    if ident is None:
+        for pattern, target in spans:
+            if pattern.search(text):
+                ident = ident or target
+                text = pattern.sub(FORGOTTEN, text)
+    if ident is None or (text == msg.text and FORGOT_KEY in dict(msg.extra)):
+        return line
+    marks = [i for k, v in msg.extra if k == FORGOT_KEY for i in v.split(",") if i]
+    extra = tuple((k, v) for k, v in msg.extra if k != FORGOT_KEY)
+    ids = ",".join(dict.fromkeys([*marks, ident]))
+    return render_raw(replace(msg, text=text, extra=(*extra, (FORGOT_KEY, ids))))
+
+
+# ---------------------------------------------------------------------------------------------- profile
+
+
+def _drew_on(line: str, forgotten: Sequence[str], remaining: Sequence[str]) -> bool:
+    """Did this profile line come from a forgotten fact (a key term only it had, or half its words)?"""
+    kept_terms = frozenset().union(*(key_terms(t) for t in remaining)) if remaining else frozenset()
+    low = normalise(line)
+    for text in forgotten:
+        if any(t in low for t in key_terms(text) - kept_terms):
+            return True
+        if coverage(text, line) >= 0.5 and not any(coverage(r, line) >= 0.5 for r in remaining):
+            return True
+    return False
+
+
+def _keep_lines(profile_text: str, keep: Iterable[str]) -> str:
+    """The profile with only the content lines in `keep` (headings, comments and blank lines stay)."""
+    wanted = set(keep)
+    out = []
+    for raw in profile_text.splitlines():
+        content = not raw.lstrip().startswith(("#", "<!--")) and split_lines(raw)
+        if content and content[0] not in wanted:
+            continue
+        out.append(raw)
+    return "\n".join(out) + ("\n" if profile_text.endswith("\n") else "")
+
+
+def _lines(profile_text: str) -> list[str]:
+    return [
+        line
+        for raw in profile_text.splitlines()
+        if not raw.lstrip().startswith(("#", "<!--"))
+        for line in split_lines(raw)
+    ]
+
+
+def redact_profile(
+    profile_text: str | None, entries: Iterable[Entry], forgotten: Sequence[Forgotten], now: datetime
+) -> str | None:
+    """PROFILE.md without the lines that drew on `forgotten` (None: nothing to change). Its digest is set
+    to the remaining facts', so the profile dream does not rewrite what a person just saw redacted."""
+    if not profile_text or not forgotten:
+        return None
+    inputs = profile_inputs(entries, now)
+    remaining = [e.text for e in inputs]
+    gone = [f.text for f in forgotten]
+    keep = [
+        line
+        for line in _lines(profile_text)
+        if supported(line, remaining) and not _drew_on(line, gone, remaining)
+    ]
+    text = _keep_lines(profile_text, keep)
+    text = _DIGEST.sub(f"digest={profile_digest(inputs)}", text, count=1)
+    return None if text == profile_text else text
+
+
+def checked_profile(profile_text: str | None, entries: Iterable[Entry], now: datetime) -> str | None:
+    """The profile as it may be shown: whole when its digest matches the current facts, else only the
+    lines those facts still support (a stale line never reaches a prompt)."""
+    if not profile_text or not profile_text.strip():
+        return None
+    inputs = profile_inputs(entries, now)
+    if stored_digest(profile_text) == profile_digest(inputs):
+        return profile_text
+    remaining = [e.text for e in inputs]
+    keep = [line for line in _lines(profile_text) if remaining and supported(line, remaining)]
+    if not keep:
+        return None
+    return _keep_lines(profile_text, keep)
+
+
+# ---------------------------------------------------------------------------------------------- git history
+
+_ENTRY_ID = re.compile(r"<!--m:(?:[^>]*?;)?id=([^;>]+)")
+
+
+def purge_blob(data: bytes, targets: Sequence[Forgotten]) -> bytes:
+    """One file of any past commit as `forget --purge` leaves it: the targets' entry lines gone, raw
+    lines marked as `redact_raw` does, their text replaced anywhere else, and profile lines that drew
+    on them dropped. Path-free, so git-filter-repo can run it on every blob of the history."""
+    text = data.decode("utf-8", errors="surrogateescape")
+    needles = [t.id for t in targets] + [t.origin for t in targets if t.origin]
+    if not any(n in text for n in needles) and not any(p.search(text) for p, _ in _spans(targets)):
+        return data  # most blobs of a history never held the entry
+    ids = {t.id for t in targets}
+    sources = {t.origin: t.id for t in targets if t.origin}
+    sources.update({f"{o}:reply": i for o, i in list(sources.items())})
+    spans = _spans(targets)
+    gone = [t.text for t in targets]
+    profile = "lucid:profile" in text
+    out: list[str] = []
+    for line in text.split("\n"):
+        found = _ENTRY_ID.search(line)
+        if found and found.group(1) in ids:
+            continue
+        if profile and line.lstrip().startswith(("-", "*")) and _drew_on(line, gone, []):
+            continue
+        if line.startswith("- ") and "<!--r:" in line:
+            line = _redact_line(line, sources, spans)
+        else:
+            for pattern, _ in spans:
+                line = pattern.sub(FORGOTTEN, line)
+        out.append(line)
+    return "\n".join(out).encode("utf-8", errors="surrogateescape")

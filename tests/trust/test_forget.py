@@ -1,0 +1,308 @@
+"""Forget is complete (DESIGN §4): a forgotten entry leaves MEMORY.md and ARCHIVE.md, PROFILE.md at once,
+the raw lines it was learned from or that hold its text (marked, not silently lost), and the model's short
+history; `forget --purge` also rewrites git history; `lucid erase` and POST /admin/erase remove a person
+from files, git, vault, indexes and Redis. Each check has its positive control (what must remain)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from bot.app import create_app
+from bot.cli import main as lucid
+from memory_core.forgetting import FORGOTTEN
+from tests.fakes.ollama import FakeOllama
+from tests.trust.turns import (
+    entry_id,
+    make_runtime,
+    memory_file,
+    msg,
+    new_session,
+    ns,
+    raw_text,
+    say,
+    system_prompt,
+)
+from workers.dreaming import run_phase
+from workers.mailbox import Intake
+from workers.memory_service import service_for
+from workers.runtime import Runtime
+
+
+@pytest.fixture
+def ollama() -> Iterator[FakeOllama]:
+    with FakeOllama(default_reply="好的。") as fake:
+        yield fake
+
+
+@pytest.fixture
+def rt(data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama) -> Runtime:
+    return make_runtime(data_dir, redis_url, ollama=ollama, git=True)
+
+
+@pytest.fixture
+def cli(
+    data_dir: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., tuple[int, str]]:
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    for name in ("LUCID_CHAT_MODEL", "LUCID_DREAM_MODEL", "LUCID_EMBED_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*args: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = lucid([args[0], "--data", str(data_dir), *args[1:]])
+        return code, capsys.readouterr().out
+
+    return run
+
+
+def _git_objects(runtime: Runtime, user: str = "alice") -> str:
+    """Every object of the namespace's repository, as text (what a `git` user could dig out)."""
+    done = subprocess.run(
+        ["git", "cat-file", "--batch-all-objects", "--batch"],
+        cwd=runtime.store.path(ns(user)), capture_output=True, check=True,
+    )  # fmt: skip
+    return done.stdout.decode("utf-8", "replace")
+
+
+CASES = [
+    ("记住我是糖尿病患者", "记住我住在余杭区", "- 我是糖尿病患者\n- 我住在余杭区", "糖尿病", "余杭区"),
+    (
+        "Remember that I am diabetic",
+        "Remember that I live in Berlin",
+        "- I am diabetic\n- I live in Berlin",
+        "diabetic",
+        "Berlin",
+    ),
+]
+
+
+@pytest.mark.parametrize(("gone", "kept", "profile", "word", "other"), CASES)
+def test_forget_redacts_the_profile_at_once(
+    rt: Runtime, ollama: FakeOllama, gone: str, kept: str, profile: str, word: str, other: str
+) -> None:
+    say(rt, gone)
+    say(rt, kept)
+    ollama.script(profile)
+    run_phase(rt, ns(), "profile")
+    path = rt.store.path(ns()) / "PROFILE.md"
+    assert word in path.read_text() and other in path.read_text()
+
+    done = say(rt, f"/forget {entry_id(rt, word)[:8]}")
+    assert "已忘掉" in done or "forgotten" in done
+    assert word not in path.read_text() and other in path.read_text()  # at once, in the forget's batch
+    new_session(rt)
+    say(rt, "hello there 你好呀")
+    assert word not in system_prompt(ollama) and other in system_prompt(ollama)
+
+
+def test_a_stale_profile_never_reaches_a_prompt(rt: Runtime, ollama: FakeOllama) -> None:
+    say(rt, "记住我是糖尿病患者")
+    say(rt, "记住我住在余杭区")
+    ollama.script("- 我是糖尿病患者\n- 我住在余杭区")
+    run_phase(rt, ns(), "profile")
+    say(rt, "我现在住在西湖区")  # supersedes: PROFILE.md (until the next profile dream) still says 余杭区
+    assert "余杭区" in (rt.store.path(ns()) / "PROFILE.md").read_text()
+    new_session(rt)
+    say(rt, "西湖区那边有什么好吃的")
+    profile = system_prompt(ollama).split("## Profile")[1].split("##")[0]
+    assert "余杭区" not in profile and "糖尿病" in profile  # the digest is checked; supported lines stay
+    assert "余杭区" not in say(rt, "/profile") and "糖尿病" in say(rt, "/profile")
+
+
+def test_a_line_deleted_by_hand_is_forgotten_everywhere(rt: Runtime, ollama: FakeOllama) -> None:
+    say(rt, "记住我是糖尿病患者")
+    say(rt, "记住我住在余杭区")
+    ollama.script("- 我是糖尿病患者\n- 我住在余杭区")
+    run_phase(rt, ns(), "profile")
+    memory = rt.store.path(ns()) / "MEMORY.md"
+    memory.write_text(
+        "\n".join(line for line in memory.read_text().splitlines() if "糖尿病" not in line) + "\n"
+    )
+    say(rt, "今天天气不错")  # the next batch commits the hand edit, and forgets what it removed
+    assert "糖尿病" not in (rt.store.path(ns()) / "PROFILE.md").read_text()
+    assert "糖尿病" not in raw_text(rt) and FORGOTTEN in raw_text(rt)
+    new_session(rt)
+    say(rt, "西湖区那边有什么好吃的")
+    assert "糖尿病" not in system_prompt(ollama) and "余杭区" in system_prompt(ollama)
+
+
+@pytest.mark.parametrize(
+    ("fact", "aside", "kept", "query"),
+    [
+        ("记住我对花生过敏", "顺便说一句我对花生过敏，明天见", "明天见", "花生过敏的事你还记得吗"),
+        (
+            "Remember that I am allergic to peanuts",
+            "by the way I am allergic to peanuts, see you tomorrow",
+            "see you tomorrow",
+            "peanuts allergic",
+        ),
+    ],
+)
+def test_forgotten_raw_lines_never_reach_a_prompt_or_a_search(
+    rt: Runtime,
+    ollama: FakeOllama,
+    cli: Callable[..., tuple[int, str]],
+    fact: str,
+    aside: str,
+    kept: str,
+    query: str,
+) -> None:
+    say(rt, fact)
+    say(rt, aside)
+    text = fact.replace("记住", "").replace("Remember that ", "")
+    ident = entry_id(rt, text)
+    new_session(rt)
+    say(rt, query)
+    assert aside in system_prompt(ollama).split("Earlier conversation")[-1]  # positive: active recall works
+    assert text in cli("search", query, "--user", "alice", "--tenant", "t1")[1]
+
+    code, out = cli("forget", ident, "--user", "alice", "--tenant", "t1")
+    assert code == 0 and "forgotten" in out
+    raw = raw_text(rt)
+    assert text not in raw and f"fgt={ident}" in raw and FORGOTTEN in raw
+    assert kept in raw  # the unrelated part of a line holding the text is kept
+    new_session(rt)
+    say(rt, query)
+    assert text not in system_prompt(ollama)
+    searched = cli("search", query, "--user", "alice", "--tenant", "t1", "--json")[1]
+    assert text not in searched
+    hits = json.loads(searched)["results"]
+    assert hits and all(text not in h["text"] for h in hits)
+    snippets = service_for(rt).active_recall(ns(), query, session="none", chat="oc_p2p_alice")
+    assert all(text not in s.text for s in snippets)
+
+
+def test_forget_drops_the_models_short_history(rt: Runtime, ollama: FakeOllama) -> None:
+    say(rt, "记住我对花生过敏")
+    ollama.script(
+        {
+            "content": "",
+            "tool_calls": [
+                {"function": {"name": "manage_memory", "arguments": {"action": "forget", "target": "花生"}}}
+            ],
+        },
+        "好的，忘掉了",
+    )
+    say(rt, "忘掉我对花生过敏那条")
+    say(rt, "今天吃什么好")
+    assert "花生" not in json.dumps(ollama.chat_requests[-1]["messages"], ensure_ascii=False)
+    assert "花生过敏" not in raw_text(rt) and "好的，忘掉了" not in raw_text(
+        rt
+    )  # the reply is archived marked
+    assert "今天吃什么好" in raw_text(rt)  # positive: the conversation is still recorded
+
+
+def test_purge_rewrites_the_namespaces_git_history(rt: Runtime, cli: Callable[..., tuple[int, str]]) -> None:
+    say(rt, "记住我对花生过敏")
+    say(rt, "记住我住在余杭区")
+    ident = entry_id(rt, "花生")
+    code, _ = cli("forget", ident, "--user", "alice", "--tenant", "t1")
+    assert code == 0 and "花生过敏" in _git_objects(rt)  # a plain forget: git history keeps it (documented)
+
+    say(rt, "记住我对芒果过敏")
+    mango = entry_id(rt, "芒果")
+    code, out = cli("forget", mango, "--purge", "--user", "alice", "--tenant", "t1")
+    assert code == 0 and "purged" in out
+    objects = _git_objects(rt)
+    assert "芒果" not in objects
+    assert "余杭区" in objects and "memory:" in objects  # the rest of the history is still there
+    root = rt.store.path(ns())
+    assert (
+        subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
+        == ""
+    )
+    say(rt, "记住我喜欢喝茶")  # the namespace goes on as before: no "manual edit" from the rewrite
+    log = subprocess.run(["git", "log", "--format=%s"], cwd=root, capture_output=True, text=True).stdout
+    assert "manual edit" not in log and "余杭区" in memory_file(rt) and "喝茶" in memory_file(rt)
+
+
+def _redis_dump(client: redis.Redis) -> str:
+    """Every key and value in Redis as text (RQ job arguments decoded by RQ)."""
+    from rq.job import Job
+
+    out = []
+    for raw in client.scan_iter(count=1000):
+        key = raw.decode()
+        kind = client.type(key).decode()
+        if kind == "string":
+            values = [client.get(key)]
+        elif kind == "list":
+            values = client.lrange(key, 0, -1)
+        elif kind == "set":
+            values = list(client.smembers(key))
+        elif kind == "zset":
+            values = client.zrange(key, 0, -1)
+        elif kind == "hash":
+            values = [b for pair in client.hgetall(key).items() for b in pair]
+        else:
+            values = []
+        out.append(key + " " + " ".join(v.decode("utf-8", "replace") for v in values if v is not None))
+        if key.startswith("rq:job:") and key.count(":") == 2:
+            out.append(json.dumps(Job.fetch(key.split(":")[2], connection=client).args, ensure_ascii=False))
+    return "\n".join(out)
+
+
+def _plant_a_person(rt: Runtime, user: str, exam: str) -> None:
+    say(rt, "记住我住在余杭区", user=user)
+    say(rt, f"我在准备下个月的{exam}考试", user=user)  # leaves history, session and an extraction job
+    say(rt, "记住我负责前端", user=user, group=True)
+    say(rt, "记住我的密码是 Xk9#mQ2$vL8pR4wZ", user=user)  # sealed in the vault
+    assert rt.redis is not None
+    Intake(rt.redis).accept(msg(f"还没回答的消息 from {user}", user=user))  # a pending inbox message
+
+
+def test_erase_removes_a_person_everywhere_and_nobody_else(
+    data_dir: Path,
+    redis_url: str,
+    redis_client: redis.Redis,
+    ollama: FakeOllama,
+    cli: Callable[..., tuple[int, str]],
+) -> None:
+    rt = make_runtime(data_dir, redis_url, ollama=ollama, git=True, vault_key="k" * 32)
+    who, other = "ou_alice_0123456789", "ou_bob_0123456789"
+    _plant_a_person(rt, who, "日语")
+    _plant_a_person(rt, other, "法语")
+    home = data_dir / "t1" / who
+    assert (home / "default" / ".vault").exists() and who in _redis_dump(redis_client)
+
+    code, out = cli("erase", "--user", who, "--json")
+    assert code == 0 and json.loads(out)["namespaces"] == [f"t1/{who}/default"]
+    assert not home.exists()
+    dump = _redis_dump(redis_client)
+    assert who not in dump and "日语考试" not in dump
+    assert (
+        other in dump
+        and "还没回答的消息 from ou_bob" in dump
+        and (data_dir / "t1" / other / "default" / "MEMORY.md").exists()
+    )  # bob untouched
+    assert cli("erase", "--user", who)[0] == 3  # nothing left to erase: said so, non-zero
+    assert "余杭区" not in say(rt, "我住在哪", user=who)  # a new, empty memory
+
+
+async def test_the_admin_api_erases_a_person(
+    aiohttp_client: Callable[..., Any],
+    data_dir: Path,
+    redis_url: str,
+    redis_client: redis.Redis,
+    ollama: FakeOllama,
+) -> None:
+    rt = make_runtime(data_dir, redis_url, admin_token="s3cret-admin")
+    say(rt, "记住我住在余杭区", user="ou_carol_0123456789")
+    say(rt, "记住我住在西湖区", user="ou_dave_0123456789")
+    client = await aiohttp_client(create_app(rt))
+    body = {"user": "ou_carol_0123456789"}
+    assert (await client.post("/admin/erase", json=body)).status == 401
+    auth = {"Authorization": "Bearer s3cret-admin"}
+    assert (await client.post("/admin/erase", json={"user": 7}, headers=auth)).status == 400
+    done = await client.post("/admin/erase", json=body, headers=auth)
+    assert done.status == 200 and (await done.json())["namespaces"] == ["t1/ou_carol_0123456789/default"]
+    assert not (data_dir / "t1" / "ou_carol_0123456789").exists()
+    assert (data_dir / "t1" / "ou_dave_0123456789" / "default" / "MEMORY.md").exists()
+    assert (await client.post("/admin/erase", json=body, headers=auth)).status == 404

@@ -1,0 +1,149 @@
+"""Group privacy by default (DESIGN §5): in a group the prompt holds the speaker's instructions about how
+to answer and what was learned in that group; identity, preferences, facts, profile and raw archive learned
+in private stay private unless the person shares them, and a sensitive one is never shared automatically.
+
+Through the real turn (workers.turn.run_turn) with the real `ollama` client against FakeOllama: what the
+model is shown is read from the fake's requests, what a person sees from the replies."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.fakes.ollama import FakeOllama
+from tests.trust.turns import entry_id, make_runtime, memory_file, new_session, say, system_prompt
+from workers.runtime import Runtime
+
+
+@pytest.fixture
+def ollama() -> Iterator[FakeOllama]:
+    with FakeOllama(default_reply="好的。") as fake:
+        yield fake
+
+
+@pytest.fixture
+def rt(data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama) -> Runtime:
+    return make_runtime(data_dir, redis_url, ollama=ollama)
+
+
+def _tool(**arguments: Any) -> dict[str, Any]:
+    return {"content": "", "tool_calls": [{"function": {"name": "manage_memory", "arguments": arguments}}]}
+
+
+PRIVATE_ZH = ("记住我是糖尿病患者", "记住我喜欢喝美式咖啡", "记住我住在余杭区")
+PRIVATE_EN = ("Remember that I have diabetes", "I prefer green tea", "Remember that I live in Berlin")
+
+
+@pytest.mark.parametrize(
+    ("private", "instruction", "learned_here", "question", "leaks"),
+    [
+        (
+            PRIVATE_ZH,
+            "以后回答简洁一点",
+            "记住我负责前端",
+            "我住在哪？我负责什么？",
+            ("糖尿病", "美式", "余杭区"),
+        ),
+        (
+            PRIVATE_EN,
+            "From now on answer in bullet points",
+            "Remember that I lead the frontend team",
+            "where do I live? what do I lead? and my diabetes?",
+            ("diabetes", "green tea", "Berlin"),
+        ),
+    ],
+)
+def test_a_group_prompt_holds_instructions_and_group_learning_only(
+    rt: Runtime,
+    ollama: FakeOllama,
+    private: tuple[str, ...],
+    instruction: str,
+    learned_here: str,
+    question: str,
+    leaks: tuple[str, ...],
+) -> None:
+    for text in (*private, instruction):
+        say(rt, text)
+    say(rt, learned_here, group=True)
+    new_session(rt)
+
+    say(rt, question, group=True)
+    group_prompt = system_prompt(ollama)
+    listing = say(rt, "/memory", group=True)
+    say(rt, question)
+    private_prompt = system_prompt(ollama)
+
+    for word in leaks:
+        assert word not in group_prompt and word not in listing, word
+        assert word in private_prompt, word  # the same memory is shown in private: the read path works
+    shown_instruction = instruction.split()[-1] if instruction.isascii() else "简洁"
+    learned = learned_here.split()[-2] if learned_here.isascii() else "前端"
+    assert shown_instruction in group_prompt and learned in group_prompt  # positive: not an empty prompt
+    assert shown_instruction in listing and learned in listing
+
+
+def test_share_shows_a_private_memory_in_groups_and_unshare_takes_it_back(
+    rt: Runtime, ollama: FakeOllama
+) -> None:
+    say(rt, "记住我喜欢喝美式咖啡")
+    ident = entry_id(rt, "美式")
+    assert "美式" not in say(rt, "/memory", group=True)
+
+    assert "已分享" in say(rt, f"/share {ident[:8]}")
+    new_session(rt)
+    say(rt, "我平时喝什么", group=True)
+    assert "美式" in system_prompt(ollama) and "美式" in say(rt, "/memory", group=True)
+    assert "share=1" in memory_file(rt)
+
+    assert "取消分享" in say(rt, f"/unshare {ident[:8]}")
+    assert "美式" not in say(rt, "/memory", group=True)
+
+
+def test_a_group_cannot_probe_private_memory_by_words(rt: Runtime) -> None:
+    say(rt, "记住我喜欢喝美式咖啡")
+    answer = say(rt, "/share 美式", group=True)
+    assert "美式" not in answer and "share=1" not in memory_file(rt)
+
+
+def test_the_model_shares_on_request_but_never_a_sensitive_memory(rt: Runtime, ollama: FakeOllama) -> None:
+    say(rt, "记住我喜欢喝美式咖啡")
+    say(rt, "记住我是糖尿病患者")
+    coffee, health = entry_id(rt, "美式"), entry_id(rt, "糖尿病")
+    ollama.script(_tool(action="share", target=coffee), _tool(action="share", target=health), "好的")
+    say(rt, "把我爱喝美式和我的病情都告诉群里吧")
+    answers = [m["content"] for m in ollama.chat_requests[-1]["messages"] if m["role"] == "tool"]
+    assert '"updated"' in answers[0] and "rejected:sensitive" in answers[1]
+
+    new_session(rt)
+    say(rt, "hi team, what do I drink?", group=True)
+    assert "美式" in system_prompt(ollama) and "糖尿病" not in system_prompt(ollama)
+    # The person's own explicit /share is not an automatic path: it may share what they choose.
+    assert "已分享" in say(rt, f"/share {health[:8]}")
+    assert "糖尿病" in say(rt, "/memory", group=True)
+
+
+def test_the_models_add_with_share_flag_honours_the_sensitive_rule(rt: Runtime, ollama: FakeOllama) -> None:
+    ollama.script(
+        _tool(action="add", text="I love hiking on weekends", type="preference", share=True),
+        _tool(action="add", text="My salary is 30k a month", type="fact", share=True),
+        "ok",
+    )
+    say(rt, "Tell my groups I love hiking; and my salary too")
+    new_session(rt)
+    say(rt, "what do I like?", group=True)
+    group_prompt = system_prompt(ollama)
+    assert "hiking" in group_prompt and "salary" not in group_prompt
+
+
+def test_a_sensitive_instruction_stays_private(rt: Runtime, ollama: FakeOllama) -> None:
+    say(rt, "以后回答简洁一点")
+    say(rt, "以后别在回答里提我的糖尿病")
+    new_session(rt)
+    say(rt, "帮我看看这个方案", group=True)
+    assert "简洁" in system_prompt(ollama) and "糖尿病" not in system_prompt(ollama)
+    say(rt, "帮我看看这个方案")
+    assert "糖尿病" in system_prompt(ollama)

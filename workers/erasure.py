@@ -1,0 +1,267 @@
+"""Forget for real: `forget --purge` rewrites a namespace's git history, `erase` removes a person.
+
+- `purge(runtime, ns, entry_id)`: the ordinary forget (one batch: MEMORY/ARCHIVE, PROFILE, raw lines),
+  then, under the same writer lease, every commit of the namespace's repository is rewritten with the
+  same redaction (`memory_core.forgetting.purge_blob`) by git-filter-repo, whose clean-up expires the
+  reflogs and prunes the old objects (`gc --prune=now`). git-filter-repo rather than hand-written
+  plumbing: it is the tool git's own documentation recommends for history rewriting, streams the whole
+  history once through fast-export/fast-import, and gets refs, reflogs and packing right.
+- `erase_user(runtime, user, tenant)`: every persona's directory of that person (files, git, vault,
+  indexes, state) and every Redis key holding their ids or text (see `_erase_redis`).
+
+Copies outside this data directory and its Redis (backups, pushed remotes, logs shipped elsewhere) are
+out of reach and are documented as such.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from rq.job import Job
+
+from memory_core.errors import InvalidInput, LucidError, StoreError
+from memory_core.forgetting import Forgotten
+from memory_core.namespace import Namespace, safe_component
+from memory_core.ops import Forget, Outcome
+from memory_core.store import TRACKED
+
+from .memory_service import drop_short_history
+from .runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+_FILTER = """
+import json, sys
+import git_filter_repo as fr
+from memory_core.forgetting import Forgotten, purge_blob
+targets = [Forgotten(**t) for t in json.loads(sys.stdin.read())]
+def blob(b, _meta):
+    b.data = purge_blob(b.data, targets)
+def commit(c, _meta):
+    c.message = purge_blob(c.message, targets)
+args = fr.FilteringOptions.parse_args(["--force", "--quiet"])
+fr.RepoFilter(args, blob_callback=blob, commit_callback=commit).run()
+"""
+
+
+def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
+    """Forget `entry_id` and rewrite the namespace's git history so no commit holds it."""
+    store = runtime.store
+    entry = runtime.writer.snapshot(ns)[0].get(entry_id)
+    if entry is None:
+        return Outcome("purge", "rejected:not_found", detail=f"no entry {entry_id}")
+
+    def rewrite(outcomes: list[Outcome]) -> None:
+        if outcomes[0].ok:
+            rewrite_history(store.path(ns), [Forgotten.of(entry)])
+            store.record_hashes(ns, _hashes(store.path(ns)))  # the files on disk are what HEAD holds
+
+    outcome = runtime.writer.submit_then(ns, [Forget(entry_id)], rewrite)[0]
+    if not outcome.ok:
+        return outcome
+    drop_short_history(runtime, ns)
+    return Outcome(outcome.op_id, "purged", id=entry_id, detail="forgotten, and removed from git history")
+
+
+def rewrite_history(root: Path, targets: Sequence[Forgotten]) -> None:
+    """Run git-filter-repo in the namespace's repository with the forget redaction on every blob."""
+    if not (root / ".git").exists():
+        return
+    payload = json.dumps([t.__dict__ for t in targets], ensure_ascii=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _FILTER],
+        cwd=root,
+        input=payload,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=_git_env(),
+    )
+    if done.returncode != 0:
+        raise StoreError(f"rewriting git history failed: {(done.stderr or done.stdout).strip()[-300:]}")
+
+
+def _git_env() -> dict[str, str]:
+    return {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {n: hashlib.sha256((root / n).read_bytes()).hexdigest() for n in TRACKED if (root / n).exists()}
+
+
+# ------------------------------------------------------------------------------------------ erase
+
+
+@dataclass
+class Erasure:
+    """What `erase_user` removed (counts only: no ids or text of the person are kept)."""
+
+    namespaces: list[str] = field(default_factory=list)
+    redis_keys: int = 0
+    redis_members: int = 0
+    jobs: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespaces": self.namespaces,
+            "redis_keys": self.redis_keys,
+            "redis_members": self.redis_members,
+            "jobs": self.jobs,
+        }
+
+
+def erase_user(runtime: Runtime, user: str, tenant: str | None = None) -> Erasure:
+    """Remove a person completely: every persona of theirs under the data directory (MEMORY, ARCHIVE,
+    PROFILE, raw archive, DREAMS, git, vault, indexes, state) and every Redis key with their ids or text.
+
+    Each namespace is erased under its writer lease, after its queued ops are dropped, so no batch can
+    write it back. Messages that arrive after the erase start a new, empty memory."""
+    if not user.strip():
+        raise InvalidInput("erase needs a user id")
+    data = runtime.store.data_dir
+    safe_user = safe_component(user)
+    tenants = [safe_component(tenant)] if tenant else sorted(p.name for p in data.iterdir() if p.is_dir())
+    report = Erasure()
+    for t in tenants:
+        home = data / t / safe_user
+        if not home.is_dir() or home.is_symlink():
+            continue
+        namespaces = [Namespace.of(t, safe_user, p.name) for p in sorted(home.iterdir()) if p.is_dir()]
+        needles = _needles(runtime, t, user, safe_user, namespaces)
+        leases = []
+        try:
+            for ns in namespaces:
+                if runtime.redis is not None:
+                    runtime.redis.delete(f"lucid:ops:{ns.key}")  # queued writes never land afterwards
+                lease = runtime.writer.locker.acquire(ns, runtime.writer.lease_wait, 0)
+                if lease is None:
+                    raise LucidError(f"could not take the writer lease of {ns}: try again")
+                leases.append(lease)
+            if runtime.redis is not None:
+                _erase_redis(runtime.redis, needles, report)
+            shutil.rmtree(home)
+        finally:
+            for lease in leases:
+                with contextlib.suppress(Exception):
+                    lease.release()
+        report.namespaces += [str(ns) for ns in namespaces]
+        log.warning("erased %d namespace(s) of a user in tenant %s", len(namespaces), t)
+    return report
+
+
+@dataclass(frozen=True)
+class _Needles:
+    """What marks a Redis key or value as the person's: namespace keys and paths, their user id, the ids
+    of their messages and their one-to-one chats (group chat ids are shared, so never a needle)."""
+
+    exact: frozenset[str]
+    pattern: re.Pattern[str]
+
+    def found(self, text: str) -> bool:
+        return bool(self.pattern.search(text))
+
+
+def _needles(
+    runtime: Runtime, tenant: str, user: str, safe_user: str, namespaces: Sequence[Namespace]
+) -> _Needles:
+    words: set[str] = {f"{tenant}/{safe_user}/"}
+    for ns in namespaces:
+        words.add(ns.key)
+        for msg in runtime.store.iter_raw(ns):
+            words.add(msg.id.split(":")[0])
+            if msg.chat_type == "p2p" and msg.chat:
+                words.add(msg.chat)
+            if msg.session:
+                words.add(msg.session)
+    ids = {user, safe_user}
+    words |= {i for i in ids if len(i) >= 8}  # a short id ("default", "alice") would match strangers
+    words = {w for w in words if len(w) >= 6 or "/" in w}
+    body = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+    # The person's plain id also counts inside JSON ("user": "alice") and key segments (:alice:).
+    quoted = "|".join(rf'"{re.escape(i)}"|:{re.escape(i)}(?::|$)' for i in sorted(ids) if i)
+    return _Needles(frozenset(words), re.compile("|".join(p for p in (body, quoted) if p)))
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _erase_redis(client: redis.Redis, needles: _Needles, report: Erasure) -> None:
+    """Every `lucid:*` key named after the person, or whose value holds their ids, is deleted; shared
+    collections (the inbox set, the parked-reply schedule, …) lose only the person's members; RQ jobs
+    whose call names them (turns, extraction, flushes, dreams) are deleted with their registry entries.
+    Plain dedupe markers (`lucid:seen:*`, value "1") hold only a Feishu message id and are kept until
+    they expire: deleting them would let a Feishu re-delivery record the erased message again."""
+    for raw_key in client.scan_iter(match="rq:job:*", count=1000):
+        key = _text(raw_key)
+        if key.count(":") != 2:
+            continue
+        description = _text(client.hget(key, "description") or b"")
+        if needles.found(description) or needles.found(key):
+            _delete_job(client, key.split(":", 2)[2])
+            report.jobs += 1
+    for raw_key in client.scan_iter(match="lucid:*", count=1000):
+        key = _text(raw_key)
+        if key.startswith("lucid:seen:") and _text(client.get(key) or b"") == "1":
+            continue
+        if needles.found(key):
+            report.redis_keys += client.delete(key)
+            continue
+        report.redis_members += _prune_value(client, key, needles, report)
+
+
+def _prune_value(client: redis.Redis, key: str, needles: _Needles, report: Erasure) -> int:
+    kind = _text(client.type(key))
+    removed = 0
+    if kind == "string":
+        if needles.found(_text(client.get(key) or b"")):
+            report.redis_keys += client.delete(key)
+    elif kind == "list":
+        for item in client.lrange(key, 0, -1):
+            if needles.found(_text(item)):
+                removed += int(client.lrem(key, 0, _text(item)))
+    elif kind == "set":
+        hit = [m for m in client.smembers(key) if needles.found(_text(m))]
+        removed += int(client.srem(key, *hit)) if hit else 0
+    elif kind == "zset":
+        hit = [m for m, _ in client.zscan_iter(key) if needles.found(_text(m))]
+        removed += int(client.zrem(key, *hit)) if hit else 0
+    elif kind == "hash":
+        hit = [f for f, v in client.hscan_iter(key) if needles.found(_text(f)) or needles.found(_text(v))]
+        removed += int(client.hdel(key, *hit)) if hit else 0
+    return removed
+
+
+def _delete_job(client: redis.Redis, job_id: str) -> None:
+    """Delete one RQ job and its place in every queue and registry, whatever its serializer."""
+    try:
+        Job.fetch(job_id, connection=client).delete(remove_from_queue=True)
+        return
+    except Exception:  # an unreadable payload (another serializer): remove it by hand
+        pass
+    client.delete(f"rq:job:{job_id}", f"rq:job:{job_id}:dependents", f"rq:job:{job_id}:dependencies")
+    for raw in client.scan_iter(match="rq:*", count=1000):
+        key = _text(raw)
+        kind = _text(client.type(key))
+        if kind == "list":
+            client.lrem(key, 0, job_id)
+        elif kind == "zset":
+            client.zrem(key, job_id)
+        elif kind == "set":
+            client.srem(key, job_id)

@@ -1,0 +1,110 @@
+"""Memory off, when the person says so (HexClaw §10, with its one-path-ignores-it bug closed).
+
+- Per message: `/nomem …`, 这句别记, "don't remember this" … — that turn has no memory at all: nothing
+  injected, no active recall, no tools, no extraction, nothing recorded (not even in the raw archive or
+  the model's short history).
+- Per chat: `/memory off` (admins only in a group) stops learning from that chat until `/memory on`:
+  nothing recorded, extracted, replayed or added by the model; reading and the person's own /forget,
+  /pin keep working. The switch carries a generation that every flip bumps: background work captures it
+  when it starts and re-checks it just before it writes (`learning`), so an extraction or replay already
+  in flight when the switch went off writes nothing.
+
+State lives in Redis (every worker sees it) and, without Redis (the terminal chat), in this process.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from typing import ClassVar
+
+import redis
+
+from .redis_backend import text
+
+_PER_MESSAGE = re.compile(
+    r"^\s*[/／]nomem\b[\s:：,，]*"
+    r"|[，,。.!！;；\s]*(?:这句话?|这条|这个)(?:别|不要|不用)记(?:住|下来|下)?(?:了|哦|啊)?[。.!！]?"
+    r"|[，,。.!！;；\s]*(?:别|不要)记(?:住)?这(?:句话?|条)[。.!！]?"
+    r"|[,.;!\s]*(?:please\s+)?(?:don'?t|do not)\s+remember\s+(?:this|that)(?:\s+one)?[.!]?"
+    r"|[,.;!\s]*\boff the record\b[,.:!]?",
+    re.I,
+)
+
+
+def per_message_off(message: str) -> tuple[bool, str]:
+    """(off, the message without its switch). `/nomem 我今天很累` → (True, "我今天很累")."""
+    cleaned, n = _PER_MESSAGE.subn(" ", message)
+    if not n:
+        return False, message
+    return True, " ".join(cleaned.split()).strip(" :：,，。.;；")
+
+
+@dataclass(frozen=True)
+class ChatState:
+    off: bool
+    generation: int
+
+
+@dataclass(frozen=True)
+class TurnMemory:
+    """What one turn may do with memory: `quiet` is the per-message switch, `chat_off` the per-chat one
+    as the turn started, `generation` the chat switch's generation then (background work re-checks it)."""
+
+    quiet: bool = False
+    chat_off: bool = False
+    generation: int = 0
+
+    @property
+    def reads(self) -> bool:
+        return not self.quiet
+
+    @property
+    def learns(self) -> bool:
+        return not self.quiet and not self.chat_off
+
+
+class ChatSwitch:
+    """The per-chat switch of one (tenant, persona, chat)."""
+
+    _local: ClassVar[dict[str, ChatState]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, client: redis.Redis | None) -> None:
+        self.client = client
+
+    @staticmethod
+    def key(tenant: str, persona: str, chat: str) -> str:
+        return f"lucid:memoff:{tenant}:{persona}:{chat}"
+
+    def state(self, tenant: str, persona: str, chat: str) -> ChatState:
+        key = self.key(tenant, persona, chat)
+        if self.client is None:
+            with self._lock:
+                return self._local.get(key, ChatState(False, 0))
+        off, gen = self.client.mget(key, key + ":gen")
+        return ChatState(off is not None and text(off) == "1", int(text(gen)) if gen else 0)
+
+    def turn(self, tenant: str, persona: str, chat: str, off: bool) -> ChatState:
+        """Flip the switch; the generation moves on every flip, so in-flight work sees it changed."""
+        key = self.key(tenant, persona, chat)
+        if self.client is None:
+            with self._lock:
+                old = self._local.get(key, ChatState(False, 0))
+                self._local[key] = ChatState(off, old.generation + 1)
+                return self._local[key]
+        pipe = self.client.pipeline()
+        pipe.incr(key + ":gen")
+        if off:
+            pipe.set(key, "1")
+        else:
+            pipe.delete(key)
+        gen = pipe.execute()[0]
+        return ChatState(off, int(gen))
+
+    def learning(self, tenant: str, persona: str, chat: str, since: int | None = None) -> bool:
+        """May what was said in `chat` be learned now? With `since` (the generation captured when the work
+        started), also no flip may have happened in between."""
+        state = self.state(tenant, persona, chat)
+        return not state.off and (since is None or state.generation == since)
