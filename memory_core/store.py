@@ -320,8 +320,9 @@ class Store:
             raise StoreError(_os_message(exc, root)) from exc
         return hashes
 
-    def record_hashes(self, ns: Namespace, hashes: Mapping[str, str]) -> None:
-        self._write_state(ns, hashes)
+    def record_hashes(self, ns: Namespace, hashes: Mapping[str, str], **values: Any) -> None:
+        """Record what the writer wrote (and other writer state, e.g. the commit that may be folded)."""
+        self._update_state(ns, hashes=dict(hashes), **values)
 
     # ---------------------------------------------------------------------------- journal (crash window)
 

@@ -36,11 +36,12 @@ from .lineformat import (
     Unparsed,
     format_time,
     parse_file,
+    parse_time,
     render_file,
     set_aside_note,
 )
 from .namespace import Namespace
-from .ops import Edit, Op, Outcome, Record, Remember, message_from_json, op_from_json, op_to_json
+from .ops import Edit, Op, Outcome, Record, Remember, Touch, message_from_json, op_from_json, op_to_json
 from .secretscan import contains_secret, redact
 from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, TRACKED, ConcurrentChange, Snapshot, Store, version_of
 from .vault import seal
@@ -48,6 +49,7 @@ from .vault import seal
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 500
+FOLD_WINDOW = 600.0  # seconds: messages and hit counts fold into one commit (a turn) within this window
 LEAD_TIME = 0.25
 _RETRIES = 8
 
@@ -320,7 +322,7 @@ class Writer:
             if not files and not raw:
                 self._publish(ns, ops, report.outcomes)
                 return report
-            msg = message or _describe(report.outcomes)
+            msg = message or _message(_counts(report.outcomes))
             try:
                 with self.store.fenced(ns, lease.token, lease.held):
                     self.store.write_journal(
@@ -342,7 +344,6 @@ class Writer:
                 self.store.clear_journal(ns)
                 log.info("namespace %s changed under the batch (hand edit); re-reading", ns.key)
                 continue
-            self.store.record_hashes(ns, hashes)
             exact: dict[str, bytes | None] = {
                 name: files[name].encode("utf-8", errors="surrogateescape")
                 if name in files
@@ -351,13 +352,42 @@ class Writer:
             }
             for day, text in raw.items():
                 exact[f"raw/{day}"] = text.encode("utf-8", errors="surrogateescape")
-            report.revision = self.store.commit(ns, msg, exact)
+            filler = (
+                change is None and message is None and all(isinstance(op, Record | Touch) for _, op in ops)
+            )
+            counts = _counts(report.outcomes)
+            amend, folded = self._foldable(ns, now) if change is None and message is None else (None, {})
+            if amend is not None:
+                counts.update(folded)
+                msg = _message(counts)
+            report.revision = self.store.commit(ns, msg, exact, amend=amend)
+            fold = (
+                {"rev": report.revision, "at": format_time(now), "counts": dict(counts)} if filler else None
+            )
+            self.store.record_hashes(ns, hashes, **({"fold": fold} if report.revision else {}))
             self.store.clear_journal(ns)
             if change is None:
                 self._books[ns] = (version_of(hashes), book)
             self._publish(ns, ops, report.outcomes)
             return report
         raise ConcurrentEdit(f"{ns} kept changing during the write; nothing was applied")
+
+    def _foldable(self, ns: Namespace, now: datetime) -> tuple[str | None, Counter[str]]:
+        """The commit of messages and hit counts this batch folds into its own (HEAD, if it is one made
+        within FOLD_WINDOW), and its counts: one commit per turn, not one per recorded message."""
+        fold = self.store.state_value(ns, "fold")
+        if not isinstance(fold, dict) or not fold.get("rev") or not isinstance(fold.get("counts"), dict):
+            return None, Counter()
+        try:
+            age = (now - parse_time(str(fold.get("at")))).total_seconds()
+        except (ValueError, TypeError):
+            return None, Counter()
+        if not 0 <= age <= FOLD_WINDOW:
+            return None, Counter()
+        head = self.store.head(ns)
+        if head is None or not head.startswith(str(fold["rev"])):
+            return None, Counter()  # something else was committed since (a hand edit, a dream)
+        return head, Counter({str(k): int(v) for k, v in fold["counts"].items()})
 
     def _apply(
         self, ns: Namespace, book: Book, ops: list[Op], now: datetime
@@ -521,9 +551,12 @@ class _Broken:
     kind: str = "broken"
 
 
-def _describe(outcomes: Sequence[Outcome]) -> str:
+def _counts(outcomes: Sequence[Outcome]) -> Counter[str]:
     # superseded:<why> counts as superseded: the why may quote the user's words (slot:前任), not for git
-    counts = Counter("superseded" if o.status.startswith("superseded") else o.status for o in outcomes)
+    return Counter("superseded" if o.status.startswith("superseded") else o.status for o in outcomes)
+
+
+def _message(counts: Counter[str]) -> str:
     if not counts:
         return "write"
     parts = [f"{n} {status}" for status, n in sorted(counts.items())]
