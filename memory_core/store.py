@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import signal
 import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -499,10 +500,13 @@ class Store:
             return None
         sig = pygit2.Signature(*_SIGNATURE)
         oid = repo.create_commit(None, sig, sig, message.rstrip("\n") + "\n", tree, parents)
+        _kill_point("objects")
         # The index first, then the ref: a crash between the two leaves HEAD behind the index, which the
         # next commit (built from HEAD's tree) mends; never a ref to a commit the index does not match.
         self._write_index(ns, repo, tree)
+        _kill_point("index")
         atomic_write(self.file(ns, ".git", *_branch(repo).split("/")), f"{oid}\n".encode(), durable=False)
+        _kill_point("ref")
         self._maybe_pack(ns, repo)
         return str(oid)[:7]
 
@@ -553,6 +557,7 @@ class Store:
             finally:
                 os.close(fd)
         _fsync_dir(objects / "pack")
+        _kill_point("pack")
         for oid in oids:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(objects / oid[:2] / oid[2:])
@@ -656,6 +661,12 @@ PACK_CHECK_EVERY = 8  # commits (per process and namespace) between two counts o
 LOOSE_MAX = 48  # loose objects that are packed together (one pack of deltas)
 PACKS_MAX = 8  # packs that are merged into one
 _isolated = False
+
+
+def _kill_point(name: str) -> None:
+    """The fault suite's SIGKILL inside a commit (LUCID_KILL_POINT=objects|index|ref|pack)."""
+    if os.environ.get("LUCID_KILL_POINT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _isolate_git_config() -> None:
