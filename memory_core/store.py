@@ -524,45 +524,60 @@ class Store:
             raise
 
     def _maybe_pack(self, ns: Namespace, repo: pygit2.Repository) -> None:
-        """Pack the loose objects once there are LOOSE_MAX of them, and merge the packs into one once
-        there are PACKS_MAX: the repository then grows with the deltas, not a whole file per commit."""
+        """Pack the loose objects once there are LOOSE_MAX of them or LOOSE_BYTES (under the writer lease).
+
+        While the packs are small (a person's namespace) everything reachable is repacked into one pack:
+        one whole copy of each file plus deltas, and the blobs of folded commits dropped. A large
+        namespace packs only its loose objects, and merges its packs into one once there are PACKS_MAX:
+        either way the repository grows with the deltas, not a whole file per commit."""
         key = str(ns)
         self._commits[key] = self._commits.get(key, 0) + 1
         if self._commits[key] % PACK_CHECK_EVERY:
             return
         objects = self.file(ns, ".git", "objects")
         loose = _loose_objects(objects)
-        packs = sorted((objects / "pack").glob("pack-*.pack"))
-        if len(packs) >= PACKS_MAX:
-            self._pack(repo, objects, [str(oid) for oid in repo.odb], packs)
-        elif len(loose) >= LOOSE_MAX:
-            self._pack(repo, objects, loose, [])
+        if len(loose) < LOOSE_MAX and _size(objects, loose) < LOOSE_BYTES:
+            return
+        packs = sorted((objects / "pack").glob("pack-*.pack")) if (objects / "pack").is_dir() else []
+        if len(packs) + 1 >= PACKS_MAX or sum(p.stat().st_size for p in packs) <= REPACK_ALL_BYTES:
+            self._pack(repo, objects, None, loose, packs)
+        else:
+            self._pack(repo, objects, loose, loose, [])
 
     @staticmethod
-    def _pack(repo: pygit2.Repository, objects: Path, oids: list[str], old: list[Path]) -> None:
-        """Write `oids` as one pack, make it durable, then drop the loose copies and the packs `old`.
-        Another process may hold an old pack open: it keeps reading it (POSIX), and libgit2 rescans the
-        pack folder when it misses an object."""
+    def _pack(
+        repo: pygit2.Repository, objects: Path, oids: list[str] | None, loose: list[str], old: list[Path]
+    ) -> None:
+        """Write `oids` (None: every object reachable from HEAD) as one pack, make it durable, then drop
+        the loose objects `loose` and the packs `old`. Another process may hold an old pack open: it keeps
+        reading it (POSIX), and libgit2 rescans the pack folder when it misses an object."""
         builder = pygit2.PackBuilder(repo)
         builder.set_threads(1)
-        for oid in dict.fromkeys(oids):
-            builder.add(pygit2.Oid(hex=oid))
-        before = set((objects / "pack").glob("pack-*")) if (objects / "pack").exists() else set()
-        builder.write(str(objects / "pack"))
-        made = [p for p in (objects / "pack").glob("pack-*") if p not in before]
+        if oids is None:
+            for commit in repo.walk(repo.head.target):
+                builder.add_recur(commit.id)
+        else:
+            for oid in oids:
+                builder.add(pygit2.Oid(hex=oid))
+        pack_dir = objects / "pack"
+        pack_dir.mkdir(exist_ok=True)
+        before = set(pack_dir.glob("pack-*"))
+        builder.write(str(pack_dir))
+        made = [p for p in pack_dir.glob("pack-*") if p not in before]
         for path in made:
             fd = os.open(path, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(objects / "pack")
+        _fsync_dir(pack_dir)
         _kill_point("pack")
-        for oid in oids:
+        for oid in loose:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(objects / oid[:2] / oid[2:])
+        kept = {p.with_suffix("") for p in made}
         for pack in old:
-            if pack.with_suffix(".pack") not in made:
+            if pack.with_suffix("") not in kept:
                 for suffix in (".idx", ".rev", ".pack"):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(pack.with_suffix(suffix))
@@ -657,9 +672,11 @@ class Store:
 
 
 _SIGNATURE = ("Lucid", "lucid@localhost")
-PACK_CHECK_EVERY = 8  # commits (per process and namespace) between two counts of the loose objects
-LOOSE_MAX = 48  # loose objects that are packed together (one pack of deltas)
+PACK_CHECK_EVERY = 4  # commits (per process and namespace) between two counts of the loose objects
+LOOSE_MAX = 32  # loose objects that are packed together (one pack of deltas)
 PACKS_MAX = 8  # packs that are merged into one
+LOOSE_BYTES = 1 << 20  # or once they take this much
+REPACK_ALL_BYTES = 4 << 20  # packs up to this size are repacked whole at each packing
 _isolated = False
 
 
@@ -703,6 +720,14 @@ def _entry_id(tree: pygit2.Tree | None, name: str) -> str | None:
     if tree is None or name not in tree:
         return None
     return str(tree[name].id)
+
+
+def _size(objects: Path, oids: list[str]) -> int:
+    total = 0
+    for oid in oids:
+        with contextlib.suppress(FileNotFoundError):
+            total += os.stat(objects / oid[:2] / oid[2:]).st_size
+    return total
 
 
 def _loose_objects(objects: Path) -> list[str]:
