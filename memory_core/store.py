@@ -526,10 +526,11 @@ class Store:
     def _maybe_pack(self, ns: Namespace, repo: pygit2.Repository) -> None:
         """Pack the loose objects once there are LOOSE_MAX of them or LOOSE_BYTES (under the writer lease).
 
-        While the packs are small (a person's namespace) everything reachable is repacked into one pack:
-        one whole copy of each file plus deltas, and the blobs of folded commits dropped. A large
-        namespace packs only its loose objects, and merges its packs into one once there are PACKS_MAX:
-        either way the repository grows with the deltas, not a whole file per commit."""
+        While the namespace is small (REPACK_ALL_OBJECTS) everything reachable is repacked into one pack:
+        one whole copy of each file plus deltas, the blobs of folded commits dropped. A larger one packs
+        only its loose objects, and at PACKS_MAX packs merges all but the largest: either way the
+        repository grows with the deltas, not a whole file per commit, and no packing redoes the history
+        (libgit2 does not reuse deltas)."""
         key = str(ns)
         self._commits[key] = self._commits.get(key, 0) + 1
         if self._commits[key] % PACK_CHECK_EVERY:
@@ -538,9 +539,13 @@ class Store:
         loose = _loose_objects(objects)
         if len(loose) < LOOSE_MAX and _size(objects, loose) < LOOSE_BYTES:
             return
-        packs = sorted((objects / "pack").glob("pack-*.pack")) if (objects / "pack").is_dir() else []
-        if len(packs) + 1 >= PACKS_MAX or sum(p.stat().st_size for p in packs) <= REPACK_ALL_BYTES:
+        packs = sorted((objects / "pack").glob("pack-*.pack"), key=lambda p: p.stat().st_size)
+        counts = {p: len(_pack_ids(p)) for p in packs}
+        if sum(counts.values()) + len(loose) <= REPACK_ALL_OBJECTS:
             self._pack(repo, objects, None, loose, packs)
+        elif len(packs) + 1 >= PACKS_MAX:  # geometric: the largest pack stays, the others merge
+            merged = packs[:-1]
+            self._pack(repo, objects, [*loose, *(i for p in merged for i in _pack_ids(p))], loose, merged)
         else:
             self._pack(repo, objects, loose, loose, [])
 
@@ -676,7 +681,7 @@ PACK_CHECK_EVERY = 4  # commits (per process and namespace) between two counts o
 LOOSE_MAX = 32  # loose objects that are packed together (one pack of deltas)
 PACKS_MAX = 8  # packs that are merged into one
 LOOSE_BYTES = 1 << 20  # or once they take this much
-REPACK_ALL_BYTES = 4 << 20  # packs up to this size are repacked whole at each packing
+REPACK_ALL_OBJECTS = 256  # objects up to which a namespace is repacked whole at each packing
 _isolated = False
 
 
@@ -728,6 +733,16 @@ def _size(objects: Path, oids: list[str]) -> int:
         with contextlib.suppress(FileNotFoundError):
             total += os.stat(objects / oid[:2] / oid[2:]).st_size
     return total
+
+
+def _pack_ids(pack: Path) -> list[str]:
+    """The object ids of a pack, from its index (version 2: magic, version, fan-out, sorted ids)."""
+    data = pack.with_suffix(".idx").read_bytes()
+    if data[:8] != b"\xfftOc\x00\x00\x00\x02":
+        raise StoreError(f"unsupported pack index {pack.with_suffix('.idx')}")
+    count = int.from_bytes(data[8 + 255 * 4 : 8 + 256 * 4], "big")
+    start = 8 + 256 * 4
+    return [data[start + 20 * i : start + 20 * (i + 1)].hex() for i in range(count)]
 
 
 def _loose_objects(objects: Path) -> list[str]:
