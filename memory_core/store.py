@@ -431,11 +431,10 @@ class Store:
         # Made beside and renamed into place: a half-made `.git` never looks like a repository.
         tmp = Path(tempfile.mkdtemp(prefix=".git.", suffix=".tmp", dir=root))
         repo = pygit2.init_repository(str(tmp), bare=True, initial_head="main")
-        repo.config["core.bare"] = False
-        repo.config["core.logAllRefUpdates"] = False
+        repo.config["core.bare"] = False  # made bare (no work tree inside the temp folder), used with one
         del repo
         os.replace(tmp, self.file(ns, ".git"))
-        atomic_write(self.file(ns, ".gitignore"), _GITIGNORE.encode())
+        atomic_write(self.file(ns, ".gitignore"), _GITIGNORE.encode(), durable=False)
 
     def head(self, ns: Namespace) -> str | None:
         """The full id of the newest commit, or None before the first one (or without git)."""
