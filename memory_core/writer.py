@@ -214,11 +214,19 @@ class Writer:
             batch = [*_decode(self.queue.pending(ns, MAX_BATCH)), *((None, op) for op in ops)]
             report = self._batch(ns, lease, batch)
         except LeaseLost as exc:
+            lease.release()
             log.warning("lease lost during a batch of %s (%s); queueing", ns.key, exc)
             return None
+        except BaseException:
+            lease.release()
+            raise
+        assert report is not None
+        try:  # stay the warm leader while others keep queueing (see _drain)
+            self._drain(ns, lease)
+        except LeaseLost as exc:
+            log.warning("lease lost after a batch of %s (%s)", ns.key, exc)
         finally:
             lease.release()
-        assert report is not None
         return {o.op_id: o for (raw, _), o in zip(batch, report.outcomes, strict=True) if raw is None}
 
     def _screen(self, ns: Namespace, ops: Sequence[Op]) -> tuple[list[Op], dict[str, Outcome]]:
