@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memory_core.lineformat import format_time  # noqa: E402
-from memory_core.namespace import Namespace  # noqa: E402
-from memory_core.ops import Record, Remember, Touch  # noqa: E402
-from memory_core.store import Store  # noqa: E402
-from memory_core.writer import Writer  # noqa: E402
+from memory_core.lineformat import format_time
+from memory_core.namespace import Namespace
+from memory_core.ops import Record, Remember, Touch
+from memory_core.store import Store
+from memory_core.writer import Writer
 
 
 def _bytes(path: Path) -> int:
