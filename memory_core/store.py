@@ -22,16 +22,17 @@ import json
 import logging
 import os
 import re
+import signal
 import stat
-import subprocess
 import tempfile
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
+
+import pygit2
 
 from .errors import LeaseLost, StoreError, UnsafePath
 from .lineformat import RawMessage, parse_raw, render_raw
@@ -182,6 +183,7 @@ class Store:
     def __init__(self, data_dir: Path, git: bool = True) -> None:
         self.data_dir = Path(data_dir)
         self.git_enabled = git
+        self._commits: dict[str, int] = {}  # commits made by this process, by namespace (packing)
 
     # -------------------------------------------------------------------------------------- paths
 
@@ -319,8 +321,9 @@ class Store:
             raise StoreError(_os_message(exc, root)) from exc
         return hashes
 
-    def record_hashes(self, ns: Namespace, hashes: Mapping[str, str]) -> None:
-        self._write_state(ns, hashes)
+    def record_hashes(self, ns: Namespace, hashes: Mapping[str, str], **values: Any) -> None:
+        """Record what the writer wrote (and other writer state, e.g. the commit that may be folded)."""
+        self._update_state(ns, hashes=dict(hashes), **values)
 
     # ---------------------------------------------------------------------------- journal (crash window)
 
@@ -407,157 +410,360 @@ class Store:
         return head + "".join(render_raw(m) + "\n" for m in messages)
 
     # -------------------------------------------------------------------------------------- git
+    # In-process with pygit2 (libgit2): objects are written by libgit2 (temp file + rename, never half an
+    # object at its final path); the branch ref and the index are replaced by us with `atomic_write`, so a
+    # writer killed mid-commit leaves no `.lock` file that would refuse the next commit (and no reflog that
+    # would be copied whole on every commit). Loose objects are packed as a namespace grows.
 
-    def _git(
-        self, ns: Namespace, *args: str, check: bool = True, stdin: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ)
-        env.update(
-            GIT_AUTHOR_NAME="Lucid",
-            GIT_AUTHOR_EMAIL="lucid@localhost",
-            GIT_COMMITTER_NAME="Lucid",
-            GIT_COMMITTER_EMAIL="lucid@localhost",
-            GIT_CONFIG_NOSYSTEM="1",
-            GIT_CONFIG_GLOBAL=os.devnull,
-        )
+    def _repo(self, ns: Namespace) -> pygit2.Repository:
+        _isolate_git_config()
         try:
-            return subprocess.run(
-                ["git", "-C", str(self.path(ns)), *args],
-                capture_output=True,
-                text=True,
-                env=env,
-                check=check,
-                timeout=60,
-                input=stdin,
-            )
-        except FileNotFoundError as exc:
-            raise StoreError("git is not installed: install git, or run with git disabled") from exc
-        except subprocess.CalledProcessError as exc:
-            raise StoreError(f"git {args[0]} failed: {exc.stderr.strip()[:300]}") from exc
+            return pygit2.Repository(str(self.file(ns)))
+        except pygit2.GitError as exc:
+            raise StoreError(f"cannot open the git repository of {ns}: {exc}") from exc
 
     def ensure_repo(self, ns: Namespace) -> None:
         root = self.file(ns)
         root.mkdir(parents=True, exist_ok=True)
         if not self.git_enabled or self.file(ns, ".git").exists():
             return
-        self._git(ns, "init", "-q", "-b", "main")
-        atomic_write(self.file(ns, ".gitignore"), _GITIGNORE.encode())
+        _isolate_git_config()
+        # Made beside and renamed into place: a half-made `.git` never looks like a repository.
+        tmp = Path(tempfile.mkdtemp(prefix=".git.", suffix=".tmp", dir=root))
+        repo = pygit2.init_repository(str(tmp), bare=True, initial_head="main")
+        repo.config["core.bare"] = False  # made bare (no work tree inside the temp folder), used with one
+        del repo
+        os.replace(tmp, self.file(ns, ".git"))
+        atomic_write(self.file(ns, ".gitignore"), _GITIGNORE.encode(), durable=False)
+
+    def head(self, ns: Namespace) -> str | None:
+        """The full id of the newest commit, or None before the first one (or without git)."""
+        if not self.git_enabled or not self.file(ns, ".git").exists():
+            return None
+        repo = self._repo(ns)
+        return None if repo.head_is_unborn else str(repo.head.target)
 
     def commit(
-        self, ns: Namespace, message: str, exact: Mapping[str, bytes | None] | None = None
+        self,
+        ns: Namespace,
+        message: str,
+        exact: Mapping[str, bytes | None] | None = None,
+        amend: str | None = None,
     ) -> str | None:
         """Commit the namespace; returns the new short revision, or None if nothing changed.
 
         With `exact`, the tracked files are committed with exactly those bytes (what the writer wrote),
         not whatever is on disk now: a person's edit that lands between our rename and this commit stays
-        uncommitted, so the next batch sees it and commits it as its own `manual edit`."""
+        uncommitted, so the next batch sees it and commits it as its own `manual edit`. Without it, the
+        working tree is committed as `git add -A` would. `amend`: the id of HEAD to replace (a commit of
+        messages and hit counts folded into this one); ignored if HEAD has moved."""
         if not self.git_enabled:
             return None
         self.ensure_repo(ns)
         for inside in ("objects", "refs", "index", "HEAD"):  # where git itself writes
             self.file(ns, ".git", inside)
-        if exact is None:
-            self._git(ns, "add", "-A")
-        else:
-            rows = [
-                f"100644 {self._write_blob(ns, data)}\t{name}"
-                for name, data in exact.items()
-                if data is not None
-            ]
-            if (self.path(ns) / ".gitignore").exists():
-                rows.append(f"100644 {self._write_blob(ns, _GITIGNORE.encode())}\t.gitignore")
-            if rows:
-                self._git(ns, "update-index", "--add", "--index-info", stdin="\n".join(rows) + "\n")
-        done = self._git(ns, "commit", "--no-verify", "--no-status", "-m", message, check=False)
-        if done.returncode != 0:
-            if (
-                "nothing to commit" in done.stdout
-                or "nothing added" in done.stdout
-                or "no changes added" in done.stdout
-            ):
-                return None
-            raise StoreError(f"git commit failed: {(done.stderr or done.stdout).strip()[:300]}")
-        m = re.search(r"\[[^\]]*?([0-9a-f]{7,40})\]", done.stdout)
-        return m.group(1) if m else None
+        try:
+            return self._commit(ns, message, exact, amend)
+        except (pygit2.GitError, OSError) as exc:
+            raise StoreError(f"git commit of {ns} failed: {exc}") from exc
 
-    def _write_blob(self, ns: Namespace, data: bytes) -> str:
-        """Store `data` as a loose git blob (the standard object format) and return its id."""
-        raw = b"blob %d\0" % len(data) + data
-        sha = hashlib.sha1(raw).hexdigest()
-        path = self.file(ns, ".git", "objects", sha[:2], sha[2:])
-        if not path.exists():
-            atomic_write(path, zlib.compress(raw, 1), durable=False)
-        return sha
+    def _commit(
+        self, ns: Namespace, message: str, exact: Mapping[str, bytes | None] | None, amend: str | None
+    ) -> str | None:
+        repo = self._repo(ns)
+        head = None if repo.head_is_unborn else repo[repo.head.target].peel(pygit2.Commit)
+        index = repo.index  # used in memory only: the index file is replaced below, never locked
+        if head is not None:
+            index.read_tree(head.tree)
+        else:
+            index.clear()
+        if exact is None:
+            index.add_all()
+            root = self.file(ns)
+            for gone in [e.path for e in index if not (root / e.path).exists()]:
+                index.remove(gone)  # `add -A` also records deletions
+        else:
+            files = dict(exact)
+            if self.file(ns, ".gitignore").exists():
+                files[".gitignore"] = _GITIGNORE.encode()
+            for name, data in files.items():
+                if data is not None:
+                    index.add(pygit2.IndexEntry(name, repo.create_blob(data), pygit2.enums.FileMode.BLOB))
+        tree = index.write_tree(repo)
+        parents = [] if head is None else [head.id]
+        if amend is not None and head is not None and str(head.id) == amend:
+            parents = list(head.parent_ids)
+            if parents and repo[parents[0]].peel(pygit2.Commit).tree_id == tree:
+                return None  # nothing left to fold: keep HEAD as it is
+        elif head is not None and head.tree_id == tree:
+            return None
+        sig = pygit2.Signature(*_SIGNATURE)
+        oid = repo.create_commit(None, sig, sig, message.rstrip("\n") + "\n", tree, parents)
+        _kill_point("objects")
+        # The index first, then the ref: a crash between the two leaves HEAD behind the index, which the
+        # next commit (built from HEAD's tree) mends; never a ref to a commit the index does not match.
+        self._write_index(ns, repo, tree)
+        _kill_point("index")
+        atomic_write(self.file(ns, ".git", *_branch(repo).split("/")), f"{oid}\n".encode(), durable=False)
+        _kill_point("ref")
+        self._maybe_pack(ns, repo)
+        return str(oid)[:7]
+
+    def _write_index(self, ns: Namespace, repo: pygit2.Repository, tree: pygit2.Oid) -> None:
+        path = self.file(ns, ".git", "index")
+        tmp = str(path.parent / f"index.{os.getpid()}.{os.urandom(4).hex()}.tmp")  # libgit2 makes it
+        try:
+            staged = pygit2.Index(tmp)
+            staged.read_tree(repo[tree].peel(pygit2.Tree))
+            staged.write()
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def _maybe_pack(self, ns: Namespace, repo: pygit2.Repository) -> None:
+        """Pack the loose objects once there are LOOSE_MAX of them or LOOSE_BYTES (under the writer lease).
+
+        While the namespace is small (REPACK_ALL_OBJECTS) everything reachable is repacked into one pack:
+        one whole copy of each file plus deltas, the blobs of folded commits dropped. A larger one packs
+        only its loose objects, and at PACKS_MAX packs merges all but the largest: either way the
+        repository grows with the deltas, not a whole file per commit, and no packing redoes the history
+        (libgit2 does not reuse deltas)."""
+        key = str(ns)
+        self._commits[key] = self._commits.get(key, 0) + 1
+        if self._commits[key] % PACK_CHECK_EVERY:
+            return
+        objects = self.file(ns, ".git", "objects")
+        loose = _loose_objects(objects)
+        if len(loose) < LOOSE_MAX and _size(objects, loose) < LOOSE_BYTES:
+            return
+        packs = sorted((objects / "pack").glob("pack-*.pack"), key=lambda p: p.stat().st_size)
+        counts = {p: len(_pack_ids(p)) for p in packs}
+        if sum(counts.values()) + len(loose) <= REPACK_ALL_OBJECTS:
+            self._pack(repo, objects, None, loose, packs)
+        elif len(packs) + 1 >= PACKS_MAX:  # geometric: the largest pack stays, the others merge
+            merged = packs[:-1]
+            self._pack(repo, objects, [*loose, *(i for p in merged for i in _pack_ids(p))], loose, merged)
+        else:
+            self._pack(repo, objects, loose, loose, [])
+
+    @staticmethod
+    def _pack(
+        repo: pygit2.Repository, objects: Path, oids: list[str] | None, loose: list[str], old: list[Path]
+    ) -> None:
+        """Write `oids` (None: every object reachable from HEAD) as one pack, make it durable, then drop
+        the loose objects `loose` and the packs `old`. Another process may hold an old pack open: it keeps
+        reading it (POSIX), and libgit2 rescans the pack folder when it misses an object."""
+        builder = pygit2.PackBuilder(repo)
+        builder.set_threads(1)
+        if oids is None:
+            for commit in repo.walk(repo.head.target):
+                builder.add_recur(commit.id)
+        else:
+            for oid in oids:
+                builder.add(pygit2.Oid(hex=oid))
+        pack_dir = objects / "pack"
+        pack_dir.mkdir(exist_ok=True)
+        before = set(pack_dir.glob("pack-*"))
+        builder.write(str(pack_dir))
+        made = [p for p in pack_dir.glob("pack-*") if p not in before]
+        for path in made:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(pack_dir)
+        _kill_point("pack")
+        for oid in loose:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(objects / oid[:2] / oid[2:])
+        kept = {p.with_suffix("") for p in made}
+        for pack in old:
+            if pack.with_suffix("") not in kept:
+                for suffix in (".idx", ".rev", ".pack"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(pack.with_suffix(suffix))
+
+    def _commit_of(self, repo: pygit2.Repository, rev: str) -> pygit2.Commit | None:
+        try:
+            return repo.revparse_single(rev).peel(pygit2.Commit)
+        except (KeyError, ValueError, pygit2.GitError, pygit2.InvalidSpecError):
+            return None
+
+    def _log(self, ns: Namespace) -> Iterator[pygit2.Commit]:
+        if not self.file(ns, ".git").exists():
+            return iter(())
+        repo = self._repo(ns)
+        if repo.head_is_unborn:
+            return iter(())
+        return iter(
+            repo.walk(repo.head.target, pygit2.enums.SortMode.TOPOLOGICAL | pygit2.enums.SortMode.TIME)
+        )
 
     def committed_text(self, ns: Namespace, name: str) -> str | None:
         """`name` as of the namespace's last commit (None: no git, no commit, or not in it)."""
-        if not self.git_enabled or not (self.path(ns) / ".git").exists():
+        if not self.git_enabled or not self.file(ns, ".git").exists():
             return None
-        done = self._git(ns, "show", f"HEAD:{name}", check=False)
-        return done.stdout if done.returncode == 0 else None
+        commit = self._commit_of(self._repo(ns), "HEAD")
+        if commit is None:
+            return None
+        try:
+            blob = commit.tree[name].peel(pygit2.Blob)
+        except KeyError:
+            return None
+        return str(blob.data.decode("utf-8", errors="surrogateescape"))
 
     def history(self, ns: Namespace, limit: int = 50) -> list[dict[str, str]]:
-        if not (self.path(ns) / ".git").exists():
-            return []
-        out = self._git(ns, "log", f"-n{limit}", "--format=%H%x1f%aI%x1f%s", check=False).stdout
-        rows = []
-        for line in out.splitlines():
-            rev, when, subject = ([*line.split("\x1f"), "", ""])[:3]
-            rows.append({"rev": rev, "time": when, "message": subject})
+        rows: list[dict[str, str]] = []
+        for commit in self._log(ns):
+            if len(rows) >= limit:
+                break
+            rows.append({"rev": str(commit.id), "time": _iso(commit.author), "message": _subject(commit)})
         return rows
 
     def show(self, ns: Namespace, rev: str, limit: int = 20_000) -> str:
         """The diff one commit made to the tracked files (for the viewer's dream journal)."""
         if not re.fullmatch(r"[0-9a-fA-F]{4,40}", rev):
             raise StoreError(f"not a revision: {rev!r}")
-        out = self._git(ns, "show", "--format=", "--unified=0", rev, "--", *TRACKED, check=False).stdout
+        if not self.file(ns, ".git").exists():
+            return ""
+        repo = self._repo(ns)
+        commit = self._commit_of(repo, rev)
+        if commit is None:
+            return ""
+        parent = commit.parents[0].tree if commit.parents else None
+        if parent is None:
+            diff = commit.tree.diff_to_tree(context_lines=0, swap=True)
+        else:
+            diff = parent.diff_to_tree(commit.tree, context_lines=0)
+        out = "".join(
+            p.text or ""
+            for p in diff
+            if p is not None and (p.delta.new_file.path in TRACKED or p.delta.old_file.path in TRACKED)
+        )
         return out if len(out) <= limit else out[:limit] + "\n… (diff cut)"
 
     def resolve(self, ns: Namespace, rev: str) -> str:
         """The full id of commit `rev` (a hex prefix, or HEAD / HEAD~N). Raises StoreError if none."""
         if not re.fullmatch(r"[0-9a-fA-F]{4,40}|HEAD(~\d+)?", rev):
             raise StoreError(f"not a revision: {rev!r}")
-        if not (self.path(ns) / ".git").exists():
+        if not self.file(ns, ".git").exists():
             raise StoreError(f"no history for {ns} yet")
-        found = self._git(ns, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
-        if found.returncode != 0:
+        commit = self._commit_of(self._repo(ns), rev)
+        if commit is None:
             raise StoreError(f"no commit {rev!r} in the history of {ns} (see `lucid history`)")
-        return found.stdout.strip()
+        return str(commit.id)
 
     def subject(self, ns: Namespace, rev: str) -> str:
-        return self._git(ns, "log", "-1", "--format=%s", rev).stdout.strip()
+        commit = self._commit_of(self._repo(ns), rev)
+        if commit is None:
+            raise StoreError(f"no commit {rev!r} in the history of {ns}")
+        return _subject(commit)
 
     def files_at(self, ns: Namespace, rev: str) -> dict[str, str | None]:
         """The tracked files as commit `rev` had them (None: absent, or no such commit — `root^`)."""
         out: dict[str, str | None] = dict.fromkeys(TRACKED)
-        query = "".join(f"{rev}:{name}\n" for name in TRACKED)
-        done = subprocess.run(
-            ["git", "-C", str(self.path(ns)), "cat-file", "--batch"],
-            input=query.encode(),
-            capture_output=True,
-            env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull},
-            check=False,
-            timeout=60,
-        )
-        data, pos = done.stdout, 0
+        commit = self._commit_of(self._repo(ns), rev) if self.file(ns, ".git").exists() else None
+        if commit is None:
+            return out
         for name in TRACKED:
-            end = data.index(b"\n", pos)
-            header = data[pos:end].split()
-            pos = end + 1
-            if len(header) == 3 and header[1] == b"blob":
-                size = int(header[2])
-                out[name] = data[pos : pos + size].decode("utf-8", errors="surrogateescape")
-                pos += size + 1
+            if name in commit.tree:
+                blob = commit.tree[name].peel(pygit2.Blob)
+                out[name] = blob.data.decode("utf-8", errors="surrogateescape")
         return out
 
     def revisions_touching(
         self, ns: Namespace, names: tuple[str, ...], limit: int = 200
     ) -> list[tuple[str, str]]:
         """(full id, subject) of the newest commits (at most `limit`) that changed any of `names`."""
-        if not (self.path(ns) / ".git").exists():
-            return []
-        out = self._git(ns, "log", f"-n{limit}", "--format=%H%x1f%s", "--", *names, check=False).stdout
-        return [(rev, subject) for rev, _, subject in (line.partition("\x1f") for line in out.splitlines())]
+        rows: list[tuple[str, str]] = []
+        for commit in self._log(ns):
+            if len(rows) >= limit:
+                break
+            parent = commit.parents[0].tree if commit.parents else None
+            if any(_entry_id(commit.tree, n) != _entry_id(parent, n) for n in names):
+                rows.append((str(commit.id), _subject(commit)))
+        return rows
+
+
+_SIGNATURE = ("Lucid", "lucid@localhost")
+PACK_CHECK_EVERY = 4  # commits (per process and namespace) between two counts of the loose objects
+LOOSE_MAX = 32  # loose objects that are packed together (one pack of deltas)
+PACKS_MAX = 8  # packs that are merged into one
+LOOSE_BYTES = 1 << 20  # or once they take this much
+REPACK_ALL_OBJECTS = 256  # objects up to which a namespace is repacked whole at each packing
+_isolated = False
+
+
+def _kill_point(name: str) -> None:
+    """The fault suite's SIGKILL inside a commit (LUCID_KILL_POINT=objects|index|ref|pack)."""
+    if os.environ.get("LUCID_KILL_POINT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _isolate_git_config() -> None:
+    """Read no user or system git configuration (as the CLI calls did with GIT_CONFIG_GLOBAL=/dev/null):
+    a person's `core.autocrlf` or hooks must not change what the writer commits."""
+    global _isolated
+    if not _isolated:
+        for level in (
+            pygit2.enums.ConfigLevel.GLOBAL,
+            pygit2.enums.ConfigLevel.XDG,
+            pygit2.enums.ConfigLevel.SYSTEM,
+        ):
+            pygit2.settings.search_path[level] = os.devnull
+        _isolated = True
+
+
+def _branch(repo: pygit2.Repository) -> str:
+    """The ref HEAD names (refs/heads/main), whether or not it has a commit yet."""
+    target = repo.references["HEAD"].target
+    return target if isinstance(target, str) else "refs/heads/main"
+
+
+def _subject(commit: pygit2.Commit) -> str:
+    """Git's %s: the first paragraph of the message on one line."""
+    return " ".join(commit.message.strip().split("\n\n", 1)[0].split())
+
+
+def _iso(sig: pygit2.Signature) -> str:
+    tz = timezone(timedelta(minutes=sig.offset))
+    return datetime.fromtimestamp(sig.time, tz).isoformat()
+
+
+def _entry_id(tree: pygit2.Tree | None, name: str) -> str | None:
+    if tree is None or name not in tree:
+        return None
+    return str(tree[name].id)
+
+
+def _size(objects: Path, oids: list[str]) -> int:
+    total = 0
+    for oid in oids:
+        with contextlib.suppress(FileNotFoundError):
+            total += os.stat(objects / oid[:2] / oid[2:]).st_size
+    return total
+
+
+def _pack_ids(pack: Path) -> list[str]:
+    """The object ids of a pack, from its index (version 2: magic, version, fan-out, sorted ids)."""
+    data = pack.with_suffix(".idx").read_bytes()
+    if data[:8] != b"\xfftOc\x00\x00\x00\x02":
+        raise StoreError(f"unsupported pack index {pack.with_suffix('.idx')}")
+    count = int.from_bytes(data[8 + 255 * 4 : 8 + 256 * 4], "big")
+    start = 8 + 256 * 4
+    return [data[start + 20 * i : start + 20 * (i + 1)].hex() for i in range(count)]
+
+
+def _loose_objects(objects: Path) -> list[str]:
+    out: list[str] = []
+    with os.scandir(objects) as fan:
+        for d in fan:
+            if len(d.name) == 2 and d.is_dir(follow_symlinks=False):
+                out.extend(d.name + f.name for f in os.scandir(d.path) if len(f.name) == 38)
+    return out
 
 
 class ConcurrentChange(StoreError):

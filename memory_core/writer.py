@@ -37,6 +37,7 @@ from .lineformat import (
     Unparsed,
     format_time,
     parse_file,
+    parse_time,
     render_file,
     set_aside_note,
 )
@@ -49,6 +50,7 @@ from .ops import (
     Record,
     Remember,
     Share,
+    Touch,
     message_from_json,
     op_from_json,
     op_to_json,
@@ -63,6 +65,7 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 500
 #: state.json key: how many times raw lines were rewritten in place (a forget); readers' indexes rebuild.
 RAW_REWRITES = "raw_rewrites"
+FOLD_WINDOW = 600.0  # seconds: messages and hit counts fold into one commit (a turn) within this window
 LEAD_TIME = 0.25
 _RETRIES = 8
 
@@ -190,6 +193,9 @@ class Writer:
         screened, early = self._screen(ns, ops)
         if not screened:
             return [early[op.op_id] for op in ops]
+        mine = self._lead(ns, screened)
+        if mine is not None:
+            return [mine.get(op.op_id) or early[op.op_id] for op in ops]
         ids = [op.op_id for op in screened]
         self.queue.push(ns, screened)
         done: dict[str, Outcome] = {}
@@ -211,6 +217,33 @@ class Writer:
             done.update(self.queue.results([i for i in ids if i not in done], 0.05))
             if time.monotonic() > deadline:
                 raise LucidError(f"timed out waiting for the writer of {ns} ({len(done)}/{len(ids)} done)")
+
+    def _lead(self, ns: Namespace, ops: list[Op]) -> dict[str, Outcome] | None:
+        """If the lease is free, apply the queued ops of others and then `ops` as one batch, without a
+        trip of `ops` through the queue (the common case: a namespace nobody else is writing). None: the
+        lease is taken, or was lost before the write — queue the ops instead."""
+        assert self.queue is not None
+        lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns))
+        if lease is None:
+            return None
+        try:
+            batch = [*_decode(self.queue.pending(ns, MAX_BATCH)), *((None, op) for op in ops)]
+            report = self._batch(ns, lease, batch)
+        except LeaseLost as exc:
+            lease.release()
+            log.warning("lease lost during a batch of %s (%s); queueing", ns.key, exc)
+            return None
+        except BaseException:
+            lease.release()
+            raise
+        assert report is not None
+        try:  # stay the warm leader while others keep queueing (see _drain)
+            self._drain(ns, lease)
+        except LeaseLost as exc:
+            log.warning("lease lost after a batch of %s (%s)", ns.key, exc)
+        finally:
+            lease.release()
+        return {o.op_id: o for (raw, _), o in zip(batch, report.outcomes, strict=True) if raw is None}
 
     def _screen(self, ns: Namespace, ops: Sequence[Op]) -> tuple[list[Op], dict[str, Outcome]]:
         """Ops safe to queue (raw records redacted), and the outcomes of those refused on the spot."""
@@ -350,7 +383,7 @@ class Writer:
             if not files and not raw:
                 self._publish(ns, ops, report.outcomes)
                 return report
-            msg = message or _describe(report.outcomes)
+            msg = message or _message(_counts(report.outcomes))
             try:
                 with self.store.fenced(ns, lease.token, lease.held):
                     self.store.write_journal(
@@ -372,7 +405,6 @@ class Writer:
                 self.store.clear_journal(ns)
                 log.info("namespace %s changed under the batch (hand edit); re-reading", ns.key)
                 continue
-            self.store.record_hashes(ns, hashes)
             if rewritten:  # raw lines changed in place: every process's search index must rebuild
                 self.store.set_state_value(
                     ns, RAW_REWRITES, int(self.store.state_value(ns, RAW_REWRITES) or 0) + 1
@@ -385,13 +417,42 @@ class Writer:
             }
             for day, text in raw.items():
                 exact[f"raw/{day}"] = text.encode("utf-8", errors="surrogateescape")
-            report.revision = self.store.commit(ns, msg, exact)
+            filler = (
+                change is None and message is None and all(isinstance(op, Record | Touch) for _, op in ops)
+            )
+            counts = _counts(report.outcomes)
+            amend, folded = self._foldable(ns, now) if change is None and message is None else (None, {})
+            if amend is not None:
+                counts.update(folded)
+                msg = _message(counts)
+            report.revision = self.store.commit(ns, msg, exact, amend=amend)
+            fold = (
+                {"rev": report.revision, "at": format_time(now), "counts": dict(counts)} if filler else None
+            )
+            self.store.record_hashes(ns, hashes, **({"fold": fold} if report.revision else {}))
             self.store.clear_journal(ns)
             if change is None:
                 self._books[ns] = (version_of(hashes), book)
             self._publish(ns, ops, report.outcomes)
             return report
         raise ConcurrentEdit(f"{ns} kept changing during the write; nothing was applied")
+
+    def _foldable(self, ns: Namespace, now: datetime) -> tuple[str | None, Counter[str]]:
+        """The commit of messages and hit counts this batch folds into its own (HEAD, if it is one made
+        within FOLD_WINDOW), and its counts: one commit per turn, not one per recorded message."""
+        fold = self.store.state_value(ns, "fold")
+        if not isinstance(fold, dict) or not fold.get("rev") or not isinstance(fold.get("counts"), dict):
+            return None, Counter()
+        try:
+            age = (now - parse_time(str(fold.get("at")))).total_seconds()
+        except (ValueError, TypeError):
+            return None, Counter()
+        if not 0 <= age <= FOLD_WINDOW:
+            return None, Counter()
+        head = self.store.head(ns)
+        if head is None or not head.startswith(str(fold["rev"])):
+            return None, Counter()  # something else was committed since (a hand edit, a dream)
+        return head, Counter({str(k): int(v) for k, v in fold["counts"].items()})
 
     def _apply(
         self, ns: Namespace, book: Book, ops: list[Op], now: datetime, forgotten: list[Forgotten]
@@ -608,9 +669,12 @@ class _Broken:
     kind: str = "broken"
 
 
-def _describe(outcomes: Sequence[Outcome]) -> str:
+def _counts(outcomes: Sequence[Outcome]) -> Counter[str]:
     # superseded:<why> counts as superseded: the why may quote the user's words (slot:前任), not for git
-    counts = Counter("superseded" if o.status.startswith("superseded") else o.status for o in outcomes)
+    return Counter("superseded" if o.status.startswith("superseded") else o.status for o in outcomes)
+
+
+def _message(counts: Counter[str]) -> str:
     if not counts:
         return "write"
     parts = [f"{n} {status}" for status, n in sorted(counts.items())]

@@ -886,3 +886,68 @@ async def test_feishu_down_longer_than_the_send_retries(
     assert stored == 1
     assert answered, "the person never got an answer: the reply was dropped after the send retries"
     figures.update(**exactly_once(feishu, [mid]))
+
+
+_MID_COMMIT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import redis
+    from memory_core.namespace import Namespace
+    from memory_core.ops import Record, Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+    data, url, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    client = redis.Redis.from_url(url)
+    writer = Writer(Store(Path(data)), RedisLocker(client), RedisOpQueue(client))
+    ns = Namespace.of("t", "commit", "p")
+    for i in range(n):
+        message = {"id": f"v{i}", "ts": "2026-06-01T09:00:00Z", "speaker": "u", "text": "长消息" * 200}
+        out = writer.submit(ns, [Remember(text=f"被杀的写者记下第{i}件事"), Record(message=message)])
+        print(json.dumps([i, [o.status for o in out]]), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("point", ["objects", "index", "ref", "pack"])
+def test_a_writer_sigkilled_mid_commit_leaves_a_repository_the_next_writer_commits_to(
+    point: str, tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The writer is SIGKILLed inside its in-process git commit: after the objects are written, after the
+    index is replaced, after the branch ref moved, and between writing a pack and dropping the loose
+    objects it holds. No acknowledged op is lost, the op being committed is applied once, and the next
+    writer commits on top: `git fsck` accepts the repository and `git status` is clean."""
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+
+    data = tmp_path / "data"
+    ns = Namespace.of("t", "commit", "p")
+    writer = Writer(Store(data), RedisLocker(redis_client), RedisOpQueue(redis_client))
+    assert writer.submit(ns, [Remember(text="杀之前就确认过的事")])[0].status == "added"
+    env = {**dict(__import__("os").environ), "LUCID_KILL_POINT": point}
+    victim = subprocess.run(
+        [sys.executable, "-c", _MID_COMMIT, str(data), redis_url, "60"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert victim.returncode == -signal.SIGKILL, victim.stderr[-2000:]  # it died at the kill point
+    acked = [json.loads(line)[0] for line in victim.stdout.splitlines() if line.startswith("[")]
+    killed_at = max(acked, default=-1) + 1  # the op whose commit was cut
+    assert writer.submit(ns, [Remember(text="下一个写者的第一件事")])[0].status == "added"
+    root = ns.path(data)
+    texts = Counter(e.text for e in parse_file((root / "MEMORY.md").read_text("utf-8")).entries())
+    expected = ["杀之前就确认过的事", "下一个写者的第一件事"] + [f"被杀的写者记下第{i}件事" for i in acked]
+    assert [t for t in expected if texts[t] != 1] == []  # every acknowledged op, once
+    assert texts[f"被杀的写者记下第{killed_at}件事"] <= 1  # the cut one: applied at most once
+    assert max(texts.values()) == 1
+    fsck = subprocess.run(["git", "-C", str(root), "fsck", "--strict"], capture_output=True, text=True)
+    assert fsck.returncode == 0, fsck.stderr
+    assert git(root, "status", "--porcelain").strip() == ""
+    assert git(root, "log", "-1", "--format=%s").startswith("memory: 1 added")  # (+ the cut op, unchanged)
+    assert git(root, "show", "HEAD:MEMORY.md") == (root / "MEMORY.md").read_text("utf-8")
