@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from rq.job import Job
 
 from memory_core.errors import InvalidInput, LucidError, StoreError
 from memory_core.forgetting import Forgotten
@@ -39,6 +38,7 @@ from memory_core.ops import Forget, Outcome
 from memory_core.store import TRACKED
 
 from .memory_service import drop_short_history
+from .queues import fetch
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -251,7 +251,7 @@ def _prune_value(client: redis.Redis, key: str, needles: _Needles, report: Erasu
 def _delete_job(client: redis.Redis, job_id: str) -> None:
     """Delete one RQ job and its place in every queue and registry, whatever its serializer."""
     try:
-        Job.fetch(job_id, connection=client).delete(remove_from_queue=True)
+        fetch(job_id, client).delete(remove_from_queue=True)
         return
     except Exception:  # an unreadable payload (another serializer): remove it by hand
         pass

@@ -225,7 +225,7 @@ def test_purge_rewrites_the_namespaces_git_history(rt: Runtime, cli: Callable[..
 
 def _redis_dump(client: redis.Redis) -> str:
     """Every key and value in Redis as text (RQ job arguments decoded by RQ)."""
-    from rq.job import Job
+    from workers.queues import fetch
 
     out = []
     for raw in client.scan_iter(count=1000):
@@ -245,7 +245,7 @@ def _redis_dump(client: redis.Redis) -> str:
             values = []
         out.append(key + " " + " ".join(v.decode("utf-8", "replace") for v in values if v is not None))
         if key.startswith("rq:job:") and key.count(":") == 2:
-            out.append(json.dumps(Job.fetch(key.split(":")[2], connection=client).args, ensure_ascii=False))
+            out.append(json.dumps(fetch(key.split(":")[2], client).args, ensure_ascii=False))
     return "\n".join(out)
 
 
