@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
+
 from memory_core.book import Book
 from memory_core.entry import Entry
 from memory_core.explain import Why, explain
@@ -34,6 +37,7 @@ from memory_core.recall import (
     RelevanceIndex,
     Scored,
     Snippet,
+    VectorTable,
     memory_block,
     pulls_memory,
     recall,
@@ -127,6 +131,8 @@ class MemoryService:
         self._lock = threading.RLock()
         self._raw_lock = threading.RLock()  # the raw-archive index: a slow search never holds up reading
         self._searching: dict[Namespace, Future[list[RawHit]]] = {}
+        self._tables: dict[Namespace, tuple[tuple[int, int], list[Entry], VectorTable]] = {}
+        self._embedding: dict[Namespace, threading.Thread] = {}
 
     # -------------------------------------------------------------------------------------- reading
 
@@ -177,17 +183,17 @@ class MemoryService:
         # (a fresh index: such questions are rare, the hot path keeps its own).
         pool = cache.entries if as_of is None else [*cache.entries, *cache.book.archived()]
         index = cache.index if as_of is None else RelevanceIndex()
-        qvec: list[float] | None = None
-        vectors: dict[str, Sequence[float]] | None = None
+        qvec: npt.NDArray[np.float32] | None = None
+        vectors: VectorTable | None = None
         floor: float | None = None
         reference = self.embeddings.dense_floor() if self.embeddings is not None else None
         if self.embeddings is not None and reference is not None and query.strip():
             qvec = self.embeddings.query(query)
             if qvec is not None:
-                floor = reference.floor(qvec)
-                when = as_of or now
-                by_text = self.embeddings.passages([e.text for e in pool if e.current(when)])
-                vectors = {e.id: by_text[e.text] for e in pool if e.text in by_text}
+                floor = reference.floor(qvec.astype(np.float64))
+                vectors = self._vector_table(ns, pool, cached=as_of is None)
+                if len(vectors.ids) < len(pool):
+                    self.embed_soon(ns, pool)
         with self._lock:
             return recall(
                 pool,
@@ -203,6 +209,49 @@ class MemoryService:
                 vectors=vectors,
                 dense_floor=floor,
             )
+
+    def _vector_table(self, ns: Namespace, pool: list[Entry], cached: bool) -> VectorTable:
+        """The pool's vectors as one matrix, rebuilt only when the pool or the vectors changed."""
+        assert self.embeddings is not None
+        key = (id(pool), self.embeddings.version)
+        held = self._tables.get(ns) if cached else None
+        if held is not None and held[0] == key and held[1] is pool:
+            return held[2]
+        table = self.embeddings.table([e.id for e in pool], [e.text for e in pool])
+        if cached:
+            self._tables[ns] = (key, pool, table)
+        return table
+
+    def embed_soon(self, ns: Namespace, pool: Sequence[Entry] | None = None) -> None:
+        """Embed this namespace's entries that lack a vector, on the background thread (one job at a
+        time per namespace): never on a turn's critical path."""
+        if self.embeddings is None:
+            return
+        with self._lock:
+            pending = self._embedding.get(ns)
+            if pending is not None and pending.is_alive():
+                return
+            texts = [e.text for e in (pool if pool is not None else self._cache(ns).entries)]
+            if not self.embeddings.missing(texts):
+                return
+            # A daemon thread: a CLI process exits at once, leaving the rest to later runs.
+            job = threading.Thread(
+                target=self._fill, args=(texts,), name=f"lucid-embed-{ns.key}", daemon=True
+            )
+            self._embedding[ns] = job
+            job.start()
+
+    def _fill(self, texts: list[str]) -> None:
+        assert self.embeddings is not None
+        try:
+            self.embeddings.fill(texts)
+        except Exception:
+            log.exception("background embedding failed")
+
+    def wait_for_embeddings(self, timeout: float = 30.0) -> None:
+        """Block until the queued background embedding is done (benchmarks, tests, shutdown)."""
+        for job in list(self._embedding.values()):
+            job.join(timeout)
 
     def find(self, ns: Namespace, target: str) -> list[Entry]:
         """Resolve a command or tool target: an exact id (or id prefix ≥ 6), else entries containing it."""
@@ -415,7 +464,12 @@ class MemoryService:
     # -------------------------------------------------------------------------------------- writing
 
     def apply(self, ns: Namespace, ops: Sequence[Op]) -> list[Outcome]:
-        return self.runtime.writer.submit(ns, ops)
+        outcomes = self.runtime.writer.submit(ns, ops)
+        if self.embeddings is not None and any(
+            o.status in ("added", "updated", "superseded") for o in outcomes
+        ):
+            self.embed_soon(ns)  # new or changed entries get their vectors off the turn
+        return outcomes
 
     def record(self, ns: Namespace, message: RawMessage, wait: bool = True) -> Outcome | None:
         """Archive one message. With `wait=False` (and Redis) the op is queued and a flush job applies it
