@@ -58,6 +58,8 @@ ACTIVE_RECALL_SNIPPETS = 3
 BREAKER_FAILURES = 3
 BREAKER_COOLDOWN = 60.0
 SNIPPET_CHARS = 160
+SEARCH_TOOL_HITS = 5  # the most lines one session_search call returns
+SEARCH_TOOL_POOL = 50  # searched before the p2p filter
 _SAVE_EVERY = 2000
 #: Active-recall searches run here so that the turn can stop waiting at its budget; one at a time per
 #: namespace, so a stuck index costs one thread, not one per message.
@@ -390,6 +392,26 @@ class MemoryService:
             if len(out) >= ACTIVE_RECALL_SNIPPETS:
                 break
         return out
+
+    def search_conversations(
+        self, ns: Namespace, query: str, k: int = SEARCH_TOOL_HITS, exclude: Sequence[str] = ()
+    ) -> list[RawHit]:
+        """Past one-to-one conversation lines of this namespace for the model's `session_search` tool.
+
+        Only p2p lines: a namespace's archive also holds what its person said in groups, and a group's
+        lines (others' words among them) never reach a private reply this way. At most `k` hits, and a
+        search slower than the active-recall budget returns nothing rather than holding the reply."""
+        if not query.strip():
+            return []
+        started = time.monotonic()
+        hits = self.search(ns, query, k=SEARCH_TOOL_POOL)
+        if time.monotonic() - started > self.active_budget:
+            log.warning("session search over budget for %s", ns.key)
+            return []
+        skip = set(exclude)
+        return [h for h in hits if h.chat_type == "p2p" and h.id not in skip][
+            : max(0, min(k, SEARCH_TOOL_HITS))
+        ]
 
     # -------------------------------------------------------------------------------------- a turn
 
