@@ -58,10 +58,11 @@ class Embeddings:
         self._floor: DenseFloor | None = None
         self._reference: list[list[float]] = []
 
-    def dense_floor(self) -> DenseFloor | None:
+    def dense_floor(self, embed: bool = True) -> DenseFloor | None:
         """This embedder's relevance floor (memory_core.floor), from its vectors of the reference set;
-        None while they cannot be had (then recall uses no vectors at all)."""
-        if self._floor is None and self.available():
+        None while they cannot be had (then recall uses no vectors at all). `embed=False` only reads: the
+        memory service embeds the reference set in the background, not on a turn."""
+        if self._floor is None and embed and self.available():
             done = self._reference
             chunk = list(REFERENCE[len(done) : len(done) + REFERENCE_CHUNK])  # a few per call: in budget
             got = self._call(chunk, "passage")

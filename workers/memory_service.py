@@ -27,7 +27,7 @@ import numpy.typing as npt
 from memory_core.book import Book
 from memory_core.entry import Entry
 from memory_core.explain import Why, explain
-from memory_core.floor import evidence_query
+from memory_core.floor import REFERENCE, evidence_query
 from memory_core.lineformat import LineError, RawMessage, format_time, parse_file, parse_raw
 from memory_core.namespace import Namespace
 from memory_core.ops import Op, Outcome, Record, Touch, message_to_json
@@ -188,7 +188,9 @@ class MemoryService:
         qvec: npt.NDArray[np.float32] | None = None
         vectors: VectorTable | None = None
         floor: float | None = None
-        reference = self.embeddings.dense_floor() if self.embeddings is not None else None
+        reference = self.embeddings.dense_floor(embed=False) if self.embeddings is not None else None
+        if self.embeddings is not None and reference is None and query.strip():
+            self.embed_soon(ns, pool)  # the floor's reference set, then the entries: off the turn
         if self.embeddings is not None and reference is not None and query.strip():
             qvec = self.embeddings.query(query)
             if qvec is not None:
@@ -234,7 +236,7 @@ class MemoryService:
             if pending is not None and pending.is_alive():
                 return
             texts = [e.text for e in (pool if pool is not None else self._cache(ns).entries)]
-            if not self.embeddings.missing(texts):
+            if self.embeddings.dense_floor(embed=False) is not None and not self.embeddings.missing(texts):
                 return
             # A daemon thread: a CLI process exits at once, leaving the rest to later runs.
             job = threading.Thread(
@@ -246,6 +248,9 @@ class MemoryService:
     def _fill(self, texts: list[str]) -> None:
         assert self.embeddings is not None
         try:
+            for _ in range(len(REFERENCE) + 1):  # the floor first, a few reference lines per call
+                if self.embeddings.dense_floor() is not None or not self.embeddings.available():
+                    break
             self.embeddings.fill(texts)
         except Exception:
             log.exception("background embedding failed")
