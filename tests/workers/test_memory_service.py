@@ -98,6 +98,7 @@ def test_embeddings_through_ollama_and_fallback_when_it_is_down(data_dir: Path) 
     with FakeOllama(models=["embedder"]) as fake:
         svc = _service(data_dir, ollama_host=fake.url, embed_model="embedder")
         svc.apply(NS, [Remember(text="我喜欢喝咖啡"), Remember(text="周末常去爬山")])
+        svc.wait_for_embeddings()  # entries are embedded off the turn, after the write
         with_vectors = svc.recall(NS, "我很喜欢喝咖啡吗", NOW)
         assert with_vectors[0].entry.text == "我喜欢喝咖啡"
         assert fake.embed_requests  # the real client called the fake's /api/embed
