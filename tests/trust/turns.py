@@ -16,6 +16,7 @@ from memory_core.namespace import Namespace
 from tests.fakes.ollama import FakeOllama
 from workers.inbound import Inbound, TurnResult
 from workers.llm import LLM
+from workers.queues import SERIALIZER
 from workers.runtime import Runtime, build, install
 from workers.settings import Persona, Settings
 from workers.turn import run_turn
@@ -86,7 +87,9 @@ def entry_id(runtime: Runtime, words: str, user: str = "alice") -> str:
 def run_jobs(runtime: Runtime, *queues: str) -> None:
     """Run what is queued, as a worker process does (a real RQ SimpleWorker, burst)."""
     assert runtime.redis is not None
-    SimpleWorker([runtime.queue(q) for q in queues], connection=runtime.redis).work(burst=True)
+    SimpleWorker([runtime.queue(q) for q in queues], connection=runtime.redis, serializer=SERIALIZER).work(
+        burst=True
+    )
 
 
 def system_prompt(ollama: FakeOllama, n: int = -1) -> str:

@@ -13,6 +13,7 @@ from memory_core.namespace import Namespace
 from memory_core.ops import Forget, Remember
 from tests.fakes.ollama import FakeOllama
 from workers.memory_service import MemoryService
+from workers.queues import SERIALIZER
 from workers.runtime import build
 from workers.settings import Settings
 
@@ -127,5 +128,7 @@ def test_a_record_without_waiting_is_applied_by_the_flush_job(
     assert not (data_dir / "t1/alice/default/raw").exists()  # queued, not yet written
     install(svc.runtime)
 
-    SimpleWorker([svc.runtime.queue("memory")], connection=redis_client).work(burst=True)
+    SimpleWorker([svc.runtime.queue("memory")], connection=redis_client, serializer=SERIALIZER).work(
+        burst=True
+    )
     assert [h.id for h in svc.search(NS, "记住了")] == ["om_reply"]
