@@ -38,6 +38,11 @@ from .secretscan import contains_secret, holds_redaction
 from .subjects import CANONICAL, canonical_subject, recognise
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+CHAT_BOUND = re.compile(
+    r"这个群|本群|这群|群里|咱们群|我们群|这个频道|这个话题|in this (?:group|chat|channel|thread)|"
+    r"here in (?:the|this) (?:group|chat)",
+    re.I,
+)
 
 
 def _subject_key(subject: str | None) -> str | None:
@@ -373,13 +378,18 @@ class Book:
             # a model's tool call or an extraction may not put "ignore previous instructions…" in every prompt
             op = replace(op, type="fact", pinned=False)
 
-        # Only entries learned where this is said take part: what was said in group A never ends, updates
-        # or absorbs what was said in group B or in private (each stays visible where it was learned).
+        # A statement about the chat it is said in (我在这个群的代号是…, in this group I…) concerns that chat
+        # only: it never ends, updates or absorbs what was said in another group or in private (each stays
+        # visible where it was learned). Anything else is about the person, wherever it is said.
         scope = op.scope or "p2p"
+        local = CHAT_BOUND.search(text) is not None
+
+        def here(e: Entry) -> bool:
+            return not local or (e.scope or "p2p") == scope
 
         # 1. The same text again: nothing to do.
         for e in self._dedup.same(text, now):
-            if (e.scope or "p2p") == scope:
+            if here(e):
                 return Outcome(op.op_id, "unchanged", id=e.id)
 
         stated = _stated(op.valid_from, now)
@@ -388,7 +398,7 @@ class Book:
         alike: list[tuple[float, Entry, str]] = []
         seen: set[str] = set()
         for e, verdict in self._judged(text, subject, now):
-            if e.id in seen or (e.scope or "p2p") != scope:
+            if e.id in seen or not here(e):
                 continue
             seen.add(e.id)
             if verdict.kind == "conflict":
