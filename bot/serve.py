@@ -160,9 +160,11 @@ def _serve_webhook(
 
 
 def _child(role: str, settings: Settings, url: str) -> subprocess.Popen[bytes]:
-    env = dict(
-        os.environ, REDIS_URL=url, LUCID_DATA=str(settings.data_dir), LUCID_CONFIG=str(settings.config_path)
-    )
+    env = dict(os.environ, REDIS_URL=url, LUCID_DATA=str(settings.data_dir))
+    if settings.config_path.is_file():
+        env["LUCID_CONFIG"] = str(settings.config_path.resolve())
+    else:  # no personas file: the children use the same built-in default persona (a named one must exist)
+        env.pop("LUCID_CONFIG", None)
     return subprocess.Popen([sys.executable, "-m", "bot.cli", role], env=env)
 
 

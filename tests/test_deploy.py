@@ -314,3 +314,33 @@ def test_healthchecks_tell_a_live_worker_and_cron_from_a_dead_one(tmp_path: Path
     dead = _health("worker", env)
     assert dead.returncode == 1 and "no live RQ worker" in dead.stdout
     assert _health("cron", env).returncode == 1
+
+
+def test_serve_with_no_personas_file_keeps_its_worker_and_cron(tmp_path: Path) -> None:
+    """The README's first command: a fresh clone has no lucid.toml and no LUCID_CONFIG."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "serve", "--data", str(tmp_path / "data")],
+        cwd=tmp_path,
+        env=_env(LUCID_PORT=str(port), PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/healthz")
+        ready = False
+        for _ in range(120):  # a worker registers within seconds; a child that died never does
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+                    ready = resp.status == 200
+            except OSError:
+                ready = False
+            if ready or proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        assert ready and proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert "exited with" not in out, out
