@@ -33,7 +33,8 @@ into the word list above instead.
 
 Known gaps: the old 15-digit ID format and foreign ID numbers; wallet seed phrases; all-uppercase random
 tokens standing alone, without a name or a separator; a Chinese password followed by more words in the same
-clause ("密码是芝麻开门别告诉别人"); unquoted spaced English passwords ("password is abc def").
+clause unless it goes on to talk about the value (别告诉…, 千万…, 记得…); unquoted spaced English passwords
+("password is abc def").
 
 Every pattern is linear: possessive quantifiers and look-behind anchors keep a pattern from re-scanning a long
 run, so a 10,000-character line costs milliseconds, whatever it contains.
@@ -421,9 +422,14 @@ def _contextual(
 # A password in Chinese characters ("我的密码是芝麻开门"), or of spaced words after a Chinese separator
 # ("我的密码是 abc def ghi"): taken only when it ends the clause, and never when it reads as a description of
 # the password (a question, a quality, a hint, a count) rather than the password itself.
-_CJK_PIECE = r"(?:[\u4e00-\u9fff]|[#$%*+\-/0-9=@A-Z^_a-z~]){1,32}+"
+# A value may also end where the sentence goes on to talk about it: "密码是芝麻开门别告诉别人".
+_CJK_AFTER = (
+    r"别(?:告诉|跟|让|说|外传|泄露|忘)|不要(?:告诉|跟|说|外传|泄露|忘)|千万|记得|记住|帮我|你(?:记|帮|别)"
+)
+_CJK_PIECE = rf"(?:(?!{_CJK_AFTER})[\u4e00-\u9fff]|[#$%*+\-/0-9=@A-Z^_a-z~]){{1,32}}+"
 _CJK_VALUE = re.compile(
-    rf"{_CJK_PIECE}(?:[ \u3000]{_CJK_PIECE}){{0,3}}+(?=[ \t\u3000]*+(?:[，。！？、,.!?;；)）\n]|$))"
+    rf"{_CJK_PIECE}(?:[ \u3000]{_CJK_PIECE}){{0,3}}+"
+    rf"(?=[ \t\u3000]*+(?:[，。！？、,.!?;；)）\n]|$|{_CJK_AFTER}))"
 )
 _HAN = re.compile("[\u4e00-\u9fff]")
 _SPACED_WORD = r"[!#$%*+\-./0-9=?@A-Z^_a-z~]{1,64}+"

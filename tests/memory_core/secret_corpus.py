@@ -506,6 +506,9 @@ for tpl, pw in [
     ("WiFi 密码：{s}", "blue sky 2024"),
     ("密码是：{s}", "芝麻 开门"),
     ("我的密码是{s}", "芝麻开门123"),
+    ("我的密码是{s}别告诉别人", "芝麻开门"),  # the sentence goes on after the value
+    ("银行卡密码是{s}千万别外传", "开心果子"),
+    ("门禁口令是{s}记得别忘了", "山海关"),
 ]:
     add("zh-kin", "password", pw, tpl)
 
@@ -545,6 +548,8 @@ for tpl, value, kind in [
 ORDER_NUMBER = "2024051812345678"  # fails Luhn (asserted by a test), and order numbers are not cards anyway
 
 BENIGN: list[tuple[str, str]] = [
+    ("password-question-goes-on", "密码是多少别告诉别人"),  # the sentence goes on, but it asks
+    ("password-hint-goes-on", "密码是我家狗的名字千万别忘"),
     ("password-manager-1password", "我用 1Password 管理密码"),
     ("password-manager-zh", "密码管理器很好用"),
     ("forgot-password", "忘记密码了怎么办"),
