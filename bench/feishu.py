@@ -162,7 +162,7 @@ def streaming(
     first_visible, card_whole, plain_whole, updates = [], [], [], []
     for i in range(-2, streams * 2):  # the first pair warms up and is not counted
         card_mode = i % 2 == 0
-        feishu._refuse_cards = not card_mode
+        feishu.refuse_cards(not card_mode)
         client.delete(f"lucid:flag:cards-refused:{APP}")  # the refusal memo would keep cards off
         ollama.script(Paced(answer, tokens_per_second=rate))
         event = _event(f"讲个长故事 {i}", ALICE, feishu)

@@ -115,13 +115,14 @@ def _t(lang: str, key: str, **values: Any) -> str:
     return (en if lang == "en" else zh).format(**values)
 
 
-def _button(lang: str, op: str, entry: Entry, kind: str = "default") -> dict[str, Any]:
+def _button(lang: str, op: str, ident: str, kind: str = "default") -> dict[str, Any]:
+    """A button whose press comes back as `card.action.trigger` with only the action and an id."""
     return {
         "tag": "button",
         "text": {"tag": "plain_text", "content": _t(lang, op)},
         "type": kind,
         "size": "small",
-        "behaviors": [{"type": "callback", "value": {"lucid": "memory", "op": op, "id": entry.id}}],
+        "behaviors": [{"type": "callback", "value": {"lucid": "memory", "op": op, "id": ident}}],
     }
 
 
@@ -155,9 +156,12 @@ def build(
     if not entries:
         elements.append({"tag": "markdown", "content": _t(lang, "empty")})
     for e in entries[:SHOWN]:
-        buttons = [_button(lang, "forget", e, "danger"), _button(lang, "unpin" if e.pinned else "pin", e)]
+        buttons = [
+            _button(lang, "forget", e.id, "danger"),
+            _button(lang, "unpin" if e.pinned else "pin", e.id),
+        ]
         if e.subject:
-            buttons.append(_button(lang, "history", e))
+            buttons.append(_button(lang, "history", e.id))
         text = _plain(e.text) + (" 📌" if e.pinned else "")
         elements.append(
             {
@@ -182,15 +186,7 @@ def build(
     if len(entries) > SHOWN:
         elements.append({"tag": "markdown", "content": _t(lang, "more", n=len(entries) - SHOWN)})
     if dream is not None:
-        undo = {
-            "tag": "button",
-            "text": {"tag": "plain_text", "content": _t(lang, "undo")},
-            "type": "default",
-            "size": "small",
-            "behaviors": [
-                {"type": "callback", "value": {"lucid": "memory", "op": "undo", "id": dream.rev[:16]}}
-            ],
-        }
+        undo = _button(lang, "undo", dream.rev[:16])
         elements.append({"tag": "hr"})
         elements.append(
             {

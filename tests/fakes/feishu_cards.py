@@ -65,8 +65,9 @@ class FakeFeishuCards(FakeFeishu):
         self._refuse_cards = False
         self._card_ids = itertools.count(7_400_000_000_000_000_000)
 
-    def refuse_cards(self) -> None:
-        self._refuse_cards = True
+    def refuse_cards(self, refuse: bool = True) -> None:
+        """Answer every CardKit call with 99991672 (no `cardkit:card:write`), or stop doing so."""
+        self._refuse_cards = refuse
 
     def card_of(self, message_id: str) -> Card | None:
         return next((c for c in self.cards.values() if c.message_id == message_id), None)
