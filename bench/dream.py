@@ -37,13 +37,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from memory_core.cjk import HAN
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from memory_core.book import Book
 from memory_core.dream_deep import apply_deep, merge_messages, plan_clusters, review_reply
-from memory_core.dream_light import apply_light, plan_light, untouchable
+from memory_core.dream_light import apply_light, plan_light
 from memory_core.entry import Entry
 from memory_core.lineformat import parse_file, render_file
+from memory_core.policy import protected
 from memory_core.similarity import DUPLICATE, bigrams
 
 NOW = datetime(2026, 6, 20, 9, 0, tzinfo=UTC)
@@ -254,7 +257,7 @@ def near_duplicate(text: str, rng: random.Random) -> str:
 
 ZH_SHARE = 0.85  # a Feishu bot's memories are mostly Chinese
 _SPEAKER = re.compile(r"<[^>]{1,40}>:\s*")
-_HAN = re.compile(r"[\u4e00-\u9fff]")
+_HAN = re.compile(f"[{HAN}]")
 _CLAUSE_SPLIT = re.compile(r"(?<=[，。！？；,.!?;])\s*")
 
 
@@ -365,7 +368,7 @@ def timed(fn: Any) -> tuple[float, Any]:
 
 def naive_pairs(entries: list[Entry]) -> set[tuple[str, str]]:
     """The reference system's pass: every pair of current, touchable entries, Jaccard on bigrams."""
-    pool = [e for e in entries if e.current(NOW) and not untouchable(e)]
+    pool = [e for e in entries if e.current(NOW) and not protected(e)]
     sets = [bigrams(e.text) for e in pool]
     found = set()
     for i, j in itertools.combinations(range(len(pool)), 2):
@@ -379,7 +382,7 @@ def naive_pairs(entries: list[Entry]) -> set[tuple[str, str]]:
 def fast_pairs(entries: list[Entry]) -> set[tuple[str, str]]:
     from memory_core.dream_pairs import similar_pairs
 
-    pool = [e for e in entries if e.current(NOW) and not untouchable(e)]
+    pool = [e for e in entries if e.current(NOW) and not protected(e)]
     return {(pool[i].id, pool[j].id) for i, j, _ in similar_pairs([bigrams(e.text) for e in pool], DUPLICATE)}
 
 

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from memory_core.dream import PHASES
 from memory_core.entry import TYPES, Entry
 from memory_core.errors import InvalidInput, LucidError, NotFound
 from memory_core.ids import pin_refusal, resolve_id, successor_of
@@ -471,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
 
     p = sub.add_parser("dream", help="run one dream phase now and print its report")
-    p.add_argument("--phase", required=True, choices=("light", "deep", "replay", "profile"))
+    p.add_argument("--phase", required=True, choices=PHASES)
     p.add_argument("--all", action="store_true", help="every namespace under the data directory")
     p.add_argument("--dry-run", action="store_true", help="plan and show the would-be changes; write nothing")
     _common(p)

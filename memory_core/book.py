@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from . import meaning, policy, similarity
-from .entry import MAX_TEXT_CHARS, PROMOTED, RESIDENT_TYPES, TYPES, Entry, new_id
+from .cjk import HAN
+from .entry import MAX_TEXT_CHARS, PROMOTED, TYPES, Entry, new_id
 from .injection import carries_instruction
 from .lineformat import (
     Item,
@@ -35,7 +36,7 @@ from .lineformat import (
 )
 from .ops import Edit, Forget, Op, Outcome, Pin, Put, Remember, Touch, entry_from_json
 from .secretscan import contains_secret, holds_redaction
-from .subjects import CANONICAL, canonical_subject, recognise
+from .subjects import CANONICAL, recognise, subject_key
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 CHAT_BOUND = re.compile(
@@ -45,15 +46,9 @@ CHAT_BOUND = re.compile(
 )
 
 
-def _subject_key(subject: str | None) -> str | None:
-    if not subject:
-        return None
-    return canonical_subject(subject) or None
-
-
 def _recognised_subject(text: str) -> str | None:
     found = recognise(text)
-    return _subject_key(found.subject) if found is not None else None
+    return subject_key(found.subject) if found is not None else None
 
 
 def _subject_verdict(text: str, holder: Entry, subject: str) -> meaning.Verdict:
@@ -368,13 +363,13 @@ class Book:
             return rejected
         if op.type not in TYPES:
             return Outcome(op.op_id, "rejected:bad_type", detail=f"type must be one of {', '.join(TYPES)}")
-        subject = _subject_key(op.subject)
+        subject = subject_key(op.subject)
         if subject is None:
             found = recognise(text)
             if found is not None:
-                subject = _subject_key(found.subject)
+                subject = subject_key(found.subject)
         automatic = policy.automatic(op.source)
-        if automatic and (op.type in RESIDENT_TYPES or op.pinned) and carries_instruction(text):
+        if automatic and (op.type in policy.RESIDENT_TYPES or op.pinned) and carries_instruction(text):
             # a model's tool call or an extraction may not put "ignore previous instructions…" in every prompt
             op = replace(op, type="fact", pinned=False)
 
@@ -452,7 +447,7 @@ class Book:
         """(entry, verdict) for the current holders of `subject`, then for the text's other candidates."""
         if subject is not None:
             for e in self.memory.entries.values():
-                if e.current(now) and _subject_key(e.subject) == subject:
+                if e.current(now) and subject_key(e.subject) == subject:
                     yield e, _subject_verdict(text, e, subject)
         for e in self._dedup.candidates(text, now):
             yield e, meaning.compare(text, e.text)
@@ -473,12 +468,12 @@ class Book:
         ]
         if not kept or len(kept) == len(parts):
             return
-        sep = "，" if re.search("[\u3400-\u9fff]", old.text) else ", "
+        sep = "，" if re.search(f"[{HAN}]", old.text) else ", "
         rest = sep.join([meaning.with_speaker(kept[0], old.text), *kept[1:]])
         remainder = old.with_changes(
             id=self._fresh_id(),
             text=rest,
-            subject=_subject_key(_recognised_subject(rest)),
+            subject=subject_key(_recognised_subject(rest)),
             valid_from=now,
             valid_to=None,
             at=now,
@@ -608,7 +603,7 @@ class Book:
             entry = self.memory.entries[slot.entry_id]
             if slot.section == "resident" and not entry.resident:
                 self.memory.entries[entry.id] = entry.with_changes(pinned=True)
-            elif slot.section == "recall" and entry.pinned and entry.type not in RESIDENT_TYPES:
+            elif slot.section == "recall" and entry.pinned and entry.type not in policy.RESIDENT_TYPES:
                 self.memory.entries[entry.id] = entry.with_changes(pinned=False)
             elif slot.section == "recall" and entry.promoted and not entry.pinned:
                 self.memory.entries[entry.id] = entry.with_mark(PROMOTED, None)  # moved back by hand

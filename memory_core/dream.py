@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from .dream_deep import Cluster, Merge, Rejection, apply_deep, plan_clusters, review_reply, validate_merge
-from .dream_light import LightOp, LightResult, apply_light, plan_light, untouchable
+from .dream_light import LightOp, LightResult, apply_light, plan_light
 from .lineformat import format_time
 from .profile import guard_profile, profile_digest, profile_inputs, render_profile
 
@@ -45,11 +45,11 @@ __all__ = [
     "profile_inputs",
     "render_profile",
     "review_reply",
-    "untouchable",
     "validate_merge",
 ]
 
 PHASES = ("light", "deep", "replay", "profile")
+MODEL_PHASES = frozenset({"deep", "replay", "profile"})  # the phases that call a dream model
 JOURNAL_TITLE = "# Dreams"
 JOURNAL_NOTE = (
     "<!-- Journal of dream runs, newest first. Every run is also one git commit: `lucid history`, "

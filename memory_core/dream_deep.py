@@ -30,7 +30,7 @@ from .dream_guard import (
     missing_terms,
     one_line,
 )
-from .dream_light import scope_key, stamp, subject_key
+from .dream_light import scope_key, stamp
 from .dream_pairs import similar_pairs
 from .entry import MAX_TEXT_CHARS, Entry, new_id
 from .injection import carries_instruction, instructions
@@ -38,6 +38,7 @@ from .policy import protected
 from .recall import recency
 from .secretscan import contains_secret
 from .similarity import RELATED, bigrams
+from .subjects import subject_key
 
 MAX_CLUSTERS = 4
 MAX_CLUSTER_SIZE = 8
@@ -83,7 +84,7 @@ class Cluster:
 
     @property
     def subject(self) -> str | None:
-        keys = {subject_key(e) for e in self.entries}
+        keys = {subject_key(e.subject) for e in self.entries}
         return keys.pop() if len(keys) == 1 else None
 
 
@@ -97,7 +98,7 @@ def _links(pool: Sequence[Entry]) -> dict[int, set[int]]:
             adj[j].add(i)
     by_subject: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, e in enumerate(pool):
-        key = subject_key(e)
+        key = subject_key(e.subject)
         if key:
             by_subject[(key, scopes[i])].append(i)
     for members in by_subject.values():

@@ -36,6 +36,7 @@ import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 
+from .cjk import HAN
 from .injection import instructions
 from .recall import HINTS
 from .similarity import bigrams, normalise
@@ -43,8 +44,7 @@ from .similarity import bigrams, normalise
 MIN_TEXT_CHARS = 4  # shorter than this is not a memory (spec §8.7)
 MIN_COVERAGE = 0.5  # share of a source's bigrams that must survive in the rewrite
 
-_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_HAS_CJK = re.compile(f"[{_CJK}]")
+_HAS_CJK = re.compile(f"[{HAN}]")
 _DIGITS = re.compile(r"\d+")
 _CN_NUMERAL = re.compile(r"[零〇一二两三四五六七八九十百千万]+[年月日号点岁周天次楼层]")
 _LATIN = re.compile(r"[A-Za-z][A-Za-z0-9+#]*(?:['.-][A-Za-z0-9+#]+)*")
@@ -60,7 +60,7 @@ _CUE = re.compile(
     r"(?:叫做|名叫|叫|姓|(?<![这就但还可于总只像要若真老凡也都倒正即便])是|住在|(?<![现正存实所好])在(?!于)|来自|养了|养|"
     rf"使用|(?<![费作有常信应使采])用(?!户)|对|喜欢|爱|讨厌|不吃|不喝)"
     rf"(?:[了的很也还都又最]|[一两几][个只名位条家所种件]|[个只名位条家所种件])*"
-    rf"(?:[喝吃玩看听去做打穿养用](?=[{_CJK}]{{2}}))?([{_CJK}]{{2}})"
+    rf"(?:[喝吃玩看听去做打穿养用](?=[{HAN}]{{2}}))?([{HAN}]{{2}})"
 )
 _NEGATION = re.compile(r"[不没别未勿]|\b(?:never|not|no|none|nobody|nothing)\b|n't", re.I)
 _COVERAGE_SKIP = frozenset("我的了")
@@ -79,7 +79,7 @@ _PLACE_SUFFIX = (
     "机场|车站|火车站|地铁站|港|湾|岛|大学|学院|中学|小学|医院|公司|集团|银行|酒店|总部|分部|办公室|"
     "机房|数据中心|国"
 )
-_PLACE_TERM = re.compile(rf"([{_CJK}]{{2}})({_PLACE_SUFFIX})")
+_PLACE_TERM = re.compile(rf"([{HAN}]{{2}})({_PLACE_SUFFIX})")
 _PLACE_LEAD = frozenset("在住到去从于来往是的了过和与及跟")
 _EN_PLACE = re.compile(
     r"\b(?:north|south|east|west|northern|southern|eastern|western|central|downtown|uptown|suburbs?|"
@@ -90,7 +90,7 @@ _EN_PLACE = re.compile(
 _ZH_QUALIFIER = re.compile(
     r"每(?:天|日|晚|早|周[一二三四五六日天]?|星期[一二三四五六日天]?|月|年|次|隔)|工作日|周末|节假日|"
     r"早上|早晨|上午|中午|下午|傍晚|晚上|夜里|凌晨|半夜|偶尔|经常|总是|通常|一般|很少|从不|从来|"
-    r"只(?=[\u4e00-\u9fff])|仅|唯一|不太|非常|特别|有点|稍微|大约|左右|以上|以下|至少|最多|之前|以后|"
+    rf"只(?=[{HAN}])|仅|唯一|不太|非常|特别|有点|稍微|大约|左右|以上|以下|至少|最多|之前|以后|"
     r"以前|曾经|暂时|长期|短期|永久|远程|兼职|全职|东部|西部|南部|北部|中部|东边|西边|南边|北边|"
     r"[东西南北]区|市中心|郊区|老家|本地"
 )

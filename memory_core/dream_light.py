@@ -40,7 +40,7 @@ from .injection import carries_instruction
 from .policy import protected
 from .recall import importance, recency
 from .similarity import DUPLICATE, bigrams, numbers_agree
-from .subjects import canonical_subject
+from .subjects import subject_key
 
 Action = Literal["merge", "supersede", "archive", "promote", "demote", "unpromote"]
 PROMOTE_HITS = 3
@@ -49,15 +49,6 @@ COLD_IMPORTANCE = 0.55
 STALE_RECENCY = 0.02
 UNUSED_DAYS = 90  # a promotion lapses after this long without a recall, and is not granted after it
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def untouchable(e: Entry) -> bool:
-    """No automatic path changes what only the user may change: the one rule, `policy.protected`."""
-    return protected(e)
-
-
-def subject_key(e: Entry) -> str | None:
-    return canonical_subject(e.subject) or None if e.subject else None
 
 
 def scope_key(e: Entry) -> str:
@@ -122,7 +113,7 @@ def apply_op(book: Target, op: LightOp, now: datetime) -> bool:
     """Apply one op if its rule still holds for the entry; False = skipped. The one implementation of
     each effect, used by the planner's working copy and by the Book alike."""
     e = book.current_entry(op.target)
-    if e is None or untouchable(e):
+    if e is None or protected(e):
         return False
     if op.action in ("archive", "promote", "demote", "unpromote"):
         if not SINGLE_RULES[op.rule](e, now):
@@ -137,7 +128,7 @@ def apply_op(book: Target, op: LightOp, now: datetime) -> bool:
             book.replace_entry(e.with_mark(PROMOTED, None))
         return True
     other = book.current_entry(op.into) if op.into else None
-    if other is None or other.id == e.id or untouchable(other) or not (e.current(now) and other.current(now)):
+    if other is None or other.id == e.id or protected(other) or not (e.current(now) and other.current(now)):
         return False
     book.replace_entry(e.with_changes(valid_to=now))
     if op.action == "merge":
@@ -167,8 +158,8 @@ def merge_duplicates(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
     """
     groups: dict[tuple[frozenset[str], str, str | None], list[Entry]] = defaultdict(list)
     for e in entries:
-        if e.current(now) and not untouchable(e):
-            groups[(bigrams(e.text), scope_key(e), subject_key(e))].append(e)
+        if e.current(now) and not protected(e):
+            groups[(bigrams(e.text), scope_key(e), subject_key(e.subject))].append(e)
     ops: list[LightOp] = []
     pool: list[Entry] = []
     sets: list[frozenset[str]] = []
@@ -178,7 +169,7 @@ def merge_duplicates(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
         sets.append(grams)
         ops.extend(LightOp("merge_duplicates", "merge", m.id, members[0].id) for m in members[1:])
     pairs = sorted(similar_pairs(sets, DUPLICATE), key=lambda p: (-p[2], pool[p[0]].id, pool[p[1]].id))
-    subject: dict[str, str | None] = {e.id: subject_key(e) for e in pool}
+    subject: dict[str, str | None] = {e.id: subject_key(e.subject) for e in pool}
     dead: set[str] = set()
     for i, j, _score in pairs:
         a, b = pool[i], pool[j]
@@ -198,13 +189,13 @@ def supersede_contradictions(entries: Sequence[Entry], now: datetime) -> list[Li
     """Several current holders of one attribute: the newest statement wins, the rest become history."""
     holders: dict[str, list[Entry]] = defaultdict(list)
     for e in entries:
-        key = subject_key(e)
+        key = subject_key(e.subject)
         if key and not key.startswith("person:") and e.current(now):
             holders[key].append(e)
     ops: list[LightOp] = []
     for key in sorted(holders):
         group = holders[key]
-        if len(group) < 2 or any(untouchable(e) for e in group):
+        if len(group) < 2 or any(protected(e) for e in group):
             continue
         newest = max(group, key=lambda e: (stamp(e), e.at or _EPOCH, e.id))
         ops.extend(
@@ -282,7 +273,7 @@ def _single(name: str) -> Rule:
     )
 
     def rule(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
-        return [LightOp(name, action, e.id) for e in entries if not untouchable(e) and predicate(e, now)]
+        return [LightOp(name, action, e.id) for e in entries if not protected(e) and predicate(e, now)]
 
     rule.__name__ = name
     return rule

@@ -26,7 +26,7 @@ from .ops import Remember
 from .reasoning import strip_reasoning
 from .secretscan import contains_secret
 from .similarity import bigrams
-from .subjects import canonical_subject
+from .subjects import subject_key
 
 USER_CAP = 1000  # characters of user text sent per call
 CONTEXT_CAP = 500  # characters of the assistant's reply sent as context
@@ -67,7 +67,7 @@ class Fact:
 def _subject(raw: str | None) -> str | None:
     if raw is None or raw.strip().lower() in _NO_SUBJECT:
         return None
-    return canonical_subject(raw.strip()) or None
+    return subject_key(raw.strip())
 
 
 def grounded(fact: str, source_text: str) -> bool:

@@ -10,8 +10,9 @@ import secrets as _random
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from .policy import RESIDENT_TYPES
+
 TYPES = ("rule", "identity", "instruction", "preference", "fact", "context")
-RESIDENT_TYPES = frozenset({"rule", "identity", "instruction", "preference"})
 SOURCES = ("user", "tool", "extract", "replay", "dream", "manual", "import")
 
 #: Light dreaming's own marks (extra metadata keys, value = the date): `promo` lifts a much-recalled entry

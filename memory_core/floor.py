@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from .cjk import HAN
+
 #: The frame of a request at the start of a message ("Write …", "Can you explain …", 帮我写…, 翻译…):
 #: the verb says what to do, not what about, so it is no evidence. Only the leading frame: "which
 #: languages do I write?" and "what did Melanie recommend?" keep their verbs.
@@ -39,7 +41,7 @@ _FRAME = re.compile(
 )
 _TRANSLATE = re.compile(r"translat|翻译|译成|译为", re.I)
 _QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|「[^」]*」|'[^']{3,}'|‘[^’]*’")
-_TARGET = re.compile(r"\b(?:in|into|to)\s+[A-Za-z]+\s*[:：]?|(?:成|为|到)[\u4e00-\u9fff]{1,4}(?:语|文)", re.I)
+_TARGET = re.compile(rf"\b(?:in|into|to)\s+[A-Za-z]+\s*[:：]?|(?:成|为|到)[{HAN}]{{1,4}}(?:语|文)", re.I)
 
 
 def evidence_query(query: str) -> str:

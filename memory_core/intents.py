@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from .cjk import HAN
 from .injection import carries_instruction
 from .subjects import recognise
 
@@ -28,7 +29,6 @@ class Intent:
     text: str
 
 
-_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 # Leading courtesy and fillers that do not change the request: 好的，记住… / ok so remember…
 _LEAD = re.compile(
     r"^(?:好的?|嗯+|哦|那|那么|对了|还有|另外|顺便|ok|okay|so|also|btw|and|hey|hi)(?:[\s,，。.!！:：]+|(?=[记忘删把以]))",
@@ -273,7 +273,7 @@ def is_chitchat(text: str) -> bool:
     """
     if not text.strip() or len(text) > 200:
         return False
-    units = re.findall(rf"[a-z0-9']+|[{_CJK}]|[^\W_]", text.lower().replace("’", "'"))
+    units = re.findall(rf"[a-z0-9']+|[{HAN}]|[^\W_]", text.lower().replace("’", "'"))
     if not units:
         return True
     reachable = [True] + [False] * len(units)  # reachable[i]: units[:i] splits into chat phrases

@@ -27,12 +27,12 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from . import similarity
+from .cjk import HAN
 from .subjects import EN_PLACES, ZH_PLACES, recognise
 
 SAME_FRAME = 0.75  # frames at least this alike are one statement pattern
 CANDIDATE = 0.4  # core-bigram Jaccard at which an entry is worth comparing at all
 
-_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 
 # --- negation ------------------------------------------------------------------------------------------
 _EN_CONTRACTIONS = (
@@ -55,9 +55,7 @@ _NEGATION_CUES = re.compile(r"[不没别未非戒]|\b(?:no|not|never|stopped|qui
 _ZH_SPEAKER = re.compile(r"该用户|这位用户|用户|本人")
 _EN_SPEAKER = ((re.compile(r"\b(?:the )?user's\b"), "my"), (re.compile(r"\b(?:the )?user\b"), "i"))
 _ZH_FILLER = re.compile(
-    r"(?:还|仍然?|依然|一直)在(?=["
-    + _CJK
-    + r"])|现在|目前|如今|最近|已经|一直|平时|通常|总是|经常|真的|其实|"
+    r"(?:还|仍然?|依然|一直)在(?=[" + HAN + r"])|现在|目前|如今|最近|已经|一直|平时|通常|总是|经常|真的|其实|"
     r"特别|非常|比较|依然|仍然|还是|的话|一[个辆只位台家条件本套部]|[很挺都也还又就了啦呢吧啊哦嘛]"
 )
 _EN_FILLER = re.compile(
@@ -83,16 +81,18 @@ _ZH_ENTITY = re.compile(
     "(?P<place>(?:"
     + "|".join(_PLACE_WORDS)
     + ")[区市省县]?|(?:(?<=[在住于到去来从自])|^)["
-    + _CJK
+    + HAN
     + r"]{2,3}(?:区|市|省|县|镇))"
     + "|(?P<org>"
     + "|".join(sorted(_ZH_ORGS, key=len, reverse=True))
     + "|["
-    + _CJK
+    + HAN
     + r"]{2,6}(?:集团|银行|大学|学院|研究院))"
     + "|(?P<person>[老小]["
     + _SURNAMES
-    + "](?![一-龥]{0,1}(?:时|天|朋友|孩子|狗|猫))|["
+    + "](?!["
+    + HAN
+    + "]{0,1}(?:时|天|朋友|孩子|狗|猫))|["
     + _SURNAMES
     + r"](?:总|经理|老师|先生|女士|医生|教授|博士|主任|工|姐|哥))"
 )
@@ -222,7 +222,7 @@ def _entities(raw: str) -> tuple[str, list[tuple[str, str]]]:
         return "@"
 
     text = _ZH_ENTITY.sub(zh, raw)
-    has_cjk = re.search(f"[{_CJK}]", raw) is not None
+    has_cjk = re.search(f"[{HAN}]", raw) is not None
 
     def latin(m: re.Match[str]) -> str:
         word = m.group()

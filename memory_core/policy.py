@@ -1,19 +1,24 @@
-"""The one protection rule: what only the person's own act may change.
+"""The rules of who may change and who may see a memory: the protection rule and the kinds it and the tiers use.
 
-Every automatic path — the model's `manage_memory` tool, extraction, replay, light and deep dreaming, profile
-distillation — asks `protected` before it changes or removes an entry, and `automatic` says whether a source
-is such a path. Pinned entries, rules, identities and standing instructions change only by the user: by a
-command, the CLI or a hand edit (`USER_SOURCES`).
+Every automatic path (the model's tool, extraction, replay, dreaming, profile distillation) asks `protected`
+before it changes or removes an entry; only the person (`USER_SOURCES`: a command, the CLI, a hand edit) may.
 """
 
 from __future__ import annotations
 
-from .entry import Entry
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .entry import Entry
 
 #: Sources a person speaks through; every other source is automatic.
 USER_SOURCES = frozenset({"user", "manual"})
 #: Types no automatic path may change (besides pinned entries).
 PROTECTED_TYPES = frozenset({"rule", "identity", "instruction"})
+#: Types that live in the resident tier (in every prompt); `Entry.resident` adds pinned and promoted entries.
+RESIDENT_TYPES = frozenset({"rule", "identity", "instruction", "preference"})
+#: Types of a private entry a group may see: standing rules and instructions on how to answer (`visible_in`).
+GROUP_STANDING_TYPES = frozenset({"rule", "instruction"})
 
 #: What an automatic path is told when it reaches for a protected entry; the model relays it to the user.
 REFUSAL = (

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from .cjk import HAN
 from .dream_guard import (
     MIN_TEXT_CHARS,
     coverage,
@@ -33,13 +34,13 @@ from .dream_guard import (
     key_terms,
     one_line,
 )
-from .dream_light import stamp, subject_key
+from .dream_light import stamp
 from .entry import Entry
 from .injection import carries_instruction, instructions
 from .lineformat import format_time
 from .secretscan import contains_secret
 from .similarity import bigrams, normalise
-from .subjects import recognise
+from .subjects import recognise, subject_key
 
 PROFILE_TYPES = ("identity", "preference", "fact")
 MAX_PROFILE_CHARS = 600
@@ -63,8 +64,8 @@ _ZH_RELATION = (
 _ZH_ROLE = "总监|经理|老板|领导|主管|负责人|总裁|董事长|创始人|联合创始人|CEO|CTO|CFO|HR|同事|老师|组长"
 _ZH_OTHER = re.compile(
     rf"^(?:(?P<pronoun>他们|她们|他|她)|我(?:们)?(?:的)?(?:公司|团队|部门|组)?的?(?P<rel>{_ZH_RELATION})|"
-    rf"我们(?:公司|团队|部门|组)?的?[\u4e00-\u9fffA-Za-z]{{0,4}}?(?P<role>{_ZH_ROLE})|"
-    rf"(?P<name>[{_SURNAMES}][\u4e00-\u9fff]{{1,2}}?)(?=总|经理|老师|先生|女士|是|在|住|今年|喜欢|爱|负责|担任|"
+    rf"我们(?:公司|团队|部门|组)?的?[{HAN}A-Za-z]{{0,4}}?(?P<role>{_ZH_ROLE})|"
+    rf"(?P<name>[{_SURNAMES}][{HAN}]{{1,2}}?)(?=总|经理|老师|先生|女士|是|在|住|今年|喜欢|爱|负责|担任|"
     rf"来自|有|会|要|去|叫|说|的|刚|也|已经|现在|目前|一直|最近|每|不))"
 )
 _ZH_NOT_PERSON = frozenset(
@@ -116,7 +117,7 @@ def about_someone_else(text: str) -> str | None:
 
 def is_third_party(e: Entry) -> bool:
     """About someone other than the user: by its `person:` subject or by what it says."""
-    return (subject_key(e) or "").startswith("person:") or about_someone_else(e.text) is not None
+    return (subject_key(e.subject) or "").startswith("person:") or about_someone_else(e.text) is not None
 
 
 def profile_inputs(entries: Iterable[Entry], now: datetime) -> list[Entry]:
@@ -139,7 +140,7 @@ def third_party_names(entries: Iterable[Entry]) -> set[str]:
     about someone else begin with), for the guard."""
     names = set()
     for e in entries:
-        key = subject_key(e) if e.subject else None
+        key = subject_key(e.subject)
         if key and key.startswith("person:") and len(key) > len("person:"):
             names.add(key[len("person:") :].strip())
         who = about_someone_else(e.text)

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from .cjk import HAN, KANA
 from .entry import as_utc
 from .errors import LucidError, UnsafePath
 from .lineformat import RawMessage
@@ -63,7 +64,7 @@ _MONTHS = (
     "july", "august", "september", "october", "november", "december",
 )  # fmt: skip
 _WORD = re.compile(r"[a-z0-9]+")
-_NGRAM = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
+_NGRAM = re.compile(f"[{KANA}{HAN}]+")
 
 
 class StaleIndex(LucidError):

@@ -24,11 +24,13 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
+from .cjk import HAN, WIDE
 from .entry import Entry
 from .floor import evidence_query
 from .intents import is_chitchat
+from .policy import GROUP_STANDING_TYPES
 from .sensitive import is_sensitive
-from .subjects import canonical_subject
+from .subjects import asked_subject, subject_key
 from .textindex import (
     ENTRY_B,
     ENTRY_DENSE_WEIGHT,
@@ -74,8 +76,6 @@ HINTS = (
 RESIDENT_BUDGET = 800
 #: Queries up to this many characters need word-level evidence (see RelevanceIndex.relevance).
 EVIDENCE_RULE_MAX_CHARS = 40
-#: What a group sees of a person's private memory unasked: how they want to be answered.
-GROUP_STANDING_TYPES = frozenset({"rule", "instruction"})
 SHARE_KEY = "share"
 
 
@@ -222,7 +222,7 @@ def _bag(text: str) -> Counter[str]:
     return Counter(tokenize(text)) or Counter({"\x00empty": 1})
 
 
-_CJK_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
+_CJK_RUN = re.compile(f"[{HAN}]+")
 
 
 @lru_cache(maxsize=100_000)
@@ -251,29 +251,6 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "job": ("work", "employer", "company"),
 }
 
-#: Short questions about a standing attribute, answered by the entries holding that subject.
-_SUBJECT_QUESTIONS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern, re.I), subject)
-    for subject, pattern in (
-        (
-            "雇主",
-            r"(哪|什么).{0,4}(工作|上班|公司|单位)|在哪里?.{0,2}(工作|上班|任职)|where do i work|"
-            r"who do i work for|my (employer|company)",
-        ),
-        ("家乡", r"老家|家乡|籍贯|hometown|where am i from"),
-        (
-            "所在地",
-            r"我(现在)?(在|住|人在)(哪|什么地方)|(在|住)(在)?哪|住址|所在地|在哪儿|"
-            r"where (do|am) i( now)?( live| living| based)?\b|where i live|my (location|city|address)",
-        ),
-        ("姓名", r"我叫什么|我的名字|叫我什么|what'?s my name|what is my name|who am i"),
-        ("时区", r"时区|time ?zone"),
-        ("语言", r"(用|说)什么语言|哪种语言|which language|what language"),
-        ("生日", r"生日|birthday"),
-        ("技术栈", r"技术栈|tech stack|my stack"),
-        ("职业", r"我(是做什么|的职业|的工作是)|what do i do|my job"),
-    )
-)
 SUBJECT_RELEVANCE = 0.9
 
 
@@ -281,14 +258,6 @@ def expand(query: str) -> str:
     low = query.lower()
     extra = [syn for key in sorted(SYNONYMS) if key in low for syn in SYNONYMS[key]]
     return query if not extra else query + " " + " ".join(extra)
-
-
-def asked_subject(query: str) -> str | None:
-    """The standing attribute a short question asks about (我在哪 → 所在地), if any."""
-    for pattern, subject in _SUBJECT_QUESTIONS:
-        if pattern.search(query):
-            return subject
-    return None
 
 
 def pulls_memory(query: str) -> bool:
@@ -441,7 +410,7 @@ def recall(
     holders = [
         e.id
         for e in (by_id.values() if subject is not None else ())
-        if e.subject and canonical_subject(e.subject) == subject and eligible(e)
+        if subject_key(e.subject) == subject and eligible(e)
     ]
     for ident in holders:  # the question names the attribute: its holders are relevant, vectors or not
         rel[ident] = max(rel.get(ident, 0.0), SUBJECT_RELEVANCE)
@@ -454,7 +423,7 @@ def recall(
 # ---------------------------------------------------------------------------------------------- resident
 
 
-_CJK = re.compile(r"[\u3000-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
+_WIDE = re.compile(f"[{WIDE}]")
 
 
 def estimate_tokens(text: str) -> int:
@@ -463,7 +432,7 @@ def estimate_tokens(text: str) -> int:
     Chat-model tokenizers spend 0.6–1.5 tokens per Chinese character and about one per four Latin
     characters; counting the high end keeps the resident tier inside its budget for any model.
     """
-    cjk = len(_CJK.findall(text))
+    cjk = len(_WIDE.findall(text))
     other = len(text) - cjk
     return cjk + math.ceil(other / 4) + 1  # +1: the line's bullet and newline
 

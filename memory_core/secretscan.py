@@ -54,6 +54,8 @@ from dataclasses import dataclass
 from datetime import date
 from functools import partial
 
+from .cjk import HAN
+
 
 @dataclass(frozen=True)
 class SecretFinding:
@@ -426,12 +428,12 @@ def _contextual(
 _CJK_AFTER = (
     r"别(?:告诉|跟|让|说|外传|泄露|忘)|不要(?:告诉|跟|说|外传|泄露|忘)|千万|记得|记住|帮我|你(?:记|帮|别)"
 )
-_CJK_PIECE = rf"(?:(?!{_CJK_AFTER})[\u4e00-\u9fff]|[#$%*+\-/0-9=@A-Z^_a-z~]){{1,32}}+"
+_CJK_PIECE = rf"(?:(?!{_CJK_AFTER})[{HAN}]|[#$%*+\-/0-9=@A-Z^_a-z~]){{1,32}}+"
 _CJK_VALUE = re.compile(
     rf"{_CJK_PIECE}(?:[ \u3000]{_CJK_PIECE}){{0,3}}+"
     rf"(?=[ \t\u3000]*+(?:[，。！？、,.!?;；)）\n]|$|{_CJK_AFTER}))"
 )
-_HAN = re.compile("[\u4e00-\u9fff]")
+_HAN = re.compile(f"[{HAN}]")
 _SPACED_WORD = r"[!#$%*+\-./0-9=?@A-Z^_a-z~]{1,64}+"
 _SPACED = re.compile(
     rf"{_SPACED_WORD}(?:[ \u3000]{_SPACED_WORD}){{1,5}}+(?=[ \t\u3000]*+(?:[，。！？,!?;；\n]|\.?$))"

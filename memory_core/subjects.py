@@ -22,6 +22,8 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .cjk import HAN
+
 CANONICAL = ("所在地", "雇主", "姓名", "时区", "语言", "技术栈", "家乡", "职业", "生日")
 
 # Alias spellings per canonical key; matched after `_fold` and `_alias_key`.
@@ -88,6 +90,44 @@ def canonical_subject(subject: str) -> str:
     return _ALIAS.get(_alias_key(folded), folded)
 
 
+#: Short questions about a standing attribute, answered by the entries holding that subject.
+_SUBJECT_QUESTIONS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.I), subject)
+    for subject, pattern in (
+        (
+            "雇主",
+            r"(哪|什么).{0,4}(工作|上班|公司|单位)|在哪里?.{0,2}(工作|上班|任职)|where do i work|"
+            r"who do i work for|my (employer|company)",
+        ),
+        ("家乡", r"老家|家乡|籍贯|hometown|where am i from"),
+        (
+            "所在地",
+            r"我(现在)?(在|住|人在)(哪|什么地方)|(在|住)(在)?哪|住址|所在地|在哪儿|"
+            r"where (do|am) i( now)?( live| living| based)?\b|where i live|my (location|city|address)",
+        ),
+        ("姓名", r"我叫什么|我的名字|叫我什么|what'?s my name|what is my name|who am i"),
+        ("时区", r"时区|time ?zone"),
+        ("语言", r"(用|说)什么语言|哪种语言|which language|what language"),
+        ("生日", r"生日|birthday"),
+        ("技术栈", r"技术栈|tech stack|my stack"),
+        ("职业", r"我(是做什么|的职业|的工作是)|what do i do|my job"),
+    )
+)
+
+
+def asked_subject(query: str) -> str | None:
+    """The standing attribute a short question asks about (我在哪 → 所在地), if any."""
+    for pattern, subject in _SUBJECT_QUESTIONS:
+        if pattern.search(query):
+            return subject
+    return None
+
+
+def subject_key(subject: str | None) -> str | None:
+    """The key two subjects are compared by (`canonical_subject`), None for an entry without one."""
+    return canonical_subject(subject) or None if subject else None
+
+
 def subject_type(subject: str) -> str:
     """The entry type a subject implies: a name is an identity, a reply language a preference, else a fact."""
     return _TYPE.get(canonical_subject(subject), "fact")
@@ -100,7 +140,6 @@ def _words(text: str, sep: str | None = None) -> tuple[str, ...]:
     return tuple(w.strip() for w in text.split(sep) if w.strip())
 
 
-_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _ZH_PLACES = _words(
     """北京 天津 上海 重庆 河北 山西 辽宁 吉林 黑龙江 江苏 浙江 安徽 福建 江西 山东 河南 湖北 湖南 广东 海南 四川
     贵州 云南 陕西 甘肃 青海 台湾 内蒙古 广西 西藏 宁夏 新疆 香港 澳门 杭州 广州 深圳 南京 苏州 成都 武汉 西安 长沙
@@ -206,9 +245,9 @@ def _zh_place(value: str) -> bool:
                 return True
     if value.startswith(_ZH_ACTIVITY):
         return False
-    if len(re.findall(rf"[{_CJK}]", value)) < 2 or not value.endswith(_ZH_PLACE_SUFFIX):
+    if len(re.findall(rf"[{HAN}]", value)) < 2 or not value.endswith(_ZH_PLACE_SUFFIX):
         return False
-    return re.fullmatch(rf"[{_CJK}0-9A-Za-z· ]+", value) is not None
+    return re.fullmatch(rf"[{HAN}0-9A-Za-z· ]+", value) is not None
 
 
 def _en_place(value: str) -> bool:
@@ -234,7 +273,7 @@ def _name_ok(value: str, strict: bool) -> bool:
     """
     if _QUESTION_WORDS.search(value):
         return False
-    if re.fullmatch(rf"[{_CJK}]{{2,4}}|[{_CJK}]+·[{_CJK}·]+", value):
+    if re.fullmatch(rf"[{HAN}]{{2,4}}|[{HAN}]+·[{HAN}·]+", value):
         return not value.startswith(_ZH_NOT_NAME) and value not in _ZH_NOT_NAME_WORDS
     if not re.fullmatch(r"[A-Za-z][A-Za-z'.-]*(?: [A-Za-z][A-Za-z'.-]*){0,2}", value):
         return False
@@ -291,10 +330,11 @@ _MACROS = {
     r"葡萄牙语|意大利语|阿拉伯语|越南语|泰语|(?:(?:simplified |traditional )?chinese|english|mandarin|cantonese|"
     r"japanese|korean|french|german|spanish|russian|portuguese|italian|arabic|hindi|vietnamese|thai|dutch)\b)",
     "{ZH_REL}": _ZH_REL,
+    "{HAN}": HAN,
     "{EN_REL}": r"co-?founder|founder|partner|colleague|co-?worker|boss|manager|best friend|friend|roommate|"
     r"flatmate|neighbou?r|client|assistant|teacher|mentor|wife|husband|girlfriend|boyfriend|fianc[eé]e?|spouse|"
     r"mom|mum|dad|mother|father|son|daughter|brother|sister|cousin|uncle|aunt|grandma|grandpa|ceo|cto|teammate",
-    "{NAME_ZH}": rf"(?P<n>[{_CJK}·]{{2,4}}?|[A-Z][a-z]+)",
+    "{NAME_ZH}": rf"(?P<n>[{HAN}·]{{2,4}}?|[A-Z][a-z]+)",
     "{NAME_EN}": r"(?P<n>[A-Za-z][a-z]+(?: [A-Z][a-z]+)?)",
 }
 _RULE_TABLE = r"""
@@ -356,7 +396,7 @@ en 家乡 place ^{I_AM} (?:originally )?from (?P<v>.+)$
 en 家乡 place ^i (?:grew up|was raised) in (?P<v>.+)$
 en 家乡 any ^my (?:hometown|home town)(?:'s| is) (?P<v>.+)$
 zh - person ^{NAME_ZH}是(?P<v>我们?的?(?:公司|团队|部门|项目|组)?的?(?:{ZH_REL}))$
-zh - person ^(?P<v>我们?的?(?:公司|团队|部门)?的?(?:{ZH_REL}))叫(?P<n>[\u4e00-\u9fff·]{2,4}|[A-Z][a-z]+)$
+zh - person ^(?P<v>我们?的?(?:公司|团队|部门)?的?(?:{ZH_REL}))叫(?P<n>[{HAN}·]{2,4}|[A-Z][a-z]+)$
 zh - person ^(?:我们?的?)?(?:{ZH_REL}){NAME_ZH}(?P<v>(?:现在|目前|也|一直)?(?:住在|在|是|就职于|搬到|搬去).+)$
 zh - person ^{NAME_ZH}(?P<v>(?:现在|目前|也|一直)?(?:住在|定居在|搬到了?|搬去了?|就职于).+)$
 en - person ^{NAME_EN}(?: is|'s) (?P<v>my (?:[\w-]+ ){0,2}(?:{EN_REL}))$
@@ -421,7 +461,7 @@ _LEAD_EN = re.compile(
 )
 _GREETING_NAME = re.compile(
     rf"^(?:hi|hello|hey|你好|您好|大家好|嗨|哈喽)(?: there| all| everyone)?[\s,!.~]*(?:i(?:'m| am) |我是)"
-    rf"(?P<v>[A-Za-z][a-z'-]+(?: [A-Za-z][a-z'-]+)?|[{_CJK}·]{{2,4}}?)\s*(?:[,.!。].*)?$",
+    rf"(?P<v>[A-Za-z][a-z'-]+(?: [A-Za-z][a-z'-]+)?|[{HAN}·]{{2,4}}?)\s*(?:[,.!。].*)?$",
     re.I,
 )
 _OCCUPATION_END = (*"员师生家者人长工手总官", "新来的")

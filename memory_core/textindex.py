@@ -26,6 +26,8 @@ import numpy as np
 import numpy.typing as npt
 import snowballstemmer
 
+from .cjk import HAN, KANA
+
 FloatArray = npt.NDArray[np.float64]
 IndexArray = npt.NDArray[np.intp]
 Bag = Mapping[str, float]
@@ -56,7 +58,7 @@ STOP_CHARS = frozenset(
 _STOP_TABLE = {ord(ch): None for ch in STOP_CHARS}
 
 # Kana is treated like Han (no spaces between words); Hangul and other scripts are space-separated words.
-_NGRAM_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_NGRAM_CHARS = KANA + HAN
 _TOKEN_RE = re.compile(rf"([{_NGRAM_CHARS}]+)|([a-z0-9]+)|([^\W_a-z0-9{_NGRAM_CHARS}]+)")
 _COMBINING_ACCENTS = re.compile("[\u0300-\u036f]+")
 # Snowball on a 5,000-character blob is wasted work and would bloat the stem cache.

@@ -11,6 +11,8 @@ from dataclasses import replace
 from typing import Any
 
 from memory_core import policy
+from memory_core.cjk import HAN
+from memory_core.dream import PHASES
 from memory_core.entry import TYPES, Entry
 from memory_core.errors import LucidError
 from memory_core.ids import pin_refusal, successor_of
@@ -25,9 +27,9 @@ from memory_core.intents import (
 )
 from memory_core.namespace import Namespace
 from memory_core.ops import Edit, Forget, Op, Outcome, Pin, Remember, Share
-from memory_core.recall import asked_subject, visible_in
+from memory_core.recall import visible_in
 from memory_core.store import DREAMS
-from memory_core.subjects import canonical_subject, recognise
+from memory_core.subjects import asked_subject, recognise, subject_key
 
 from . import dreaming
 from .inbound import Inbound
@@ -183,14 +185,14 @@ _T = {
         "(The chat model is unavailable right now; this answer comes from memory only.)",
     ),
 }
-_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+_HAN = re.compile(f"[{HAN}]")
 _LATIN = re.compile(r"[A-Za-z]*[G-Zg-z][A-Za-z]*")  # a word, not a hex id such as 4ca67195
 
 
 def language_of(text: str) -> str | None:
     """ "zh" for text with Chinese, "en" for Latin words without, None when it says nothing (/memory, 👍)."""
     body = re.sub(r"^[/／]\S*", "", text.strip())
-    if _CJK.search(body):
+    if _HAN.search(body):
         return "zh"
     return "en" if _LATIN.search(body) else None
 
@@ -226,9 +228,7 @@ _ALIASES = {
 _BY_WORD = {alias: name for name, aliases in _ALIASES.items() for alias in aliases}
 ADMIN_COMMANDS = frozenset({"dream", "stats"})
 _SWITCH_WORDS = {"off": "off", "关": "off", "关闭": "off", "on": "on", "开": "on", "开启": "on", "打开": "on"}
-PHASES = dict(
-    light="light", deep="deep", replay="replay", profile="profile", 浅="light", 深="deep", 回放="replay"
-)
+_PHASE_WORDS = {**{p: p for p in PHASES}, "浅": "light", "深": "deep", "回放": "replay"}
 _HELP = (
     "/memory 记忆 — 查看我记得的 · what I remember",
     "/memory off|on — 这个聊天停止/恢复学习（群里仅管理员） · stop/resume learning here (admins in groups)",
@@ -264,7 +264,7 @@ def parse_command(text: str) -> tuple[str, str] | None:
     name = _BY_WORD.get(word.lower())
     if slash:
         return (name, rest) if name else ("help", "")
-    return (name, rest) if name and _CJK.match(word) else None
+    return (name, rest) if name and _HAN.match(word) else None
 
 
 def run_command(
@@ -417,7 +417,7 @@ def _dream_command(runtime: Runtime, inbound: Inbound, args: str) -> str:
     who = f"@{target.name}" if target else say(inbound, "you")
     if words and words[0] in ("status", "状态"):
         return dream_status(runtime, ns)["journal"] or say(inbound, "no_dreams", who=who)
-    phase = next((PHASES[w] for w in words if w in PHASES), "light")
+    phase = next((_PHASE_WORDS[w] for w in words if w in _PHASE_WORDS), "light")
     dry = any(w in ("dry", "dry-run", "--dry-run", "试运行") for w in words)
     try:
         job = dream(runtime, ns, phase, dry)
@@ -435,7 +435,7 @@ def dream_status(runtime: Runtime, ns: Namespace, lines: int = 20) -> dict[str, 
     text = runtime.store.read_text(ns, DREAMS) or ""
     return {
         "namespace": str(ns),
-        "last_run": {phase: dreaming.last_run(runtime, ns, phase) for phase in dreaming.PHASES},
+        "last_run": {phase: dreaming.last_run(runtime, ns, phase) for phase in PHASES},
         "journal": "\n".join(text.strip().splitlines()[:lines]),
         "queued": runtime.queue("dream").count if runtime.redis is not None else 0,
     }
@@ -526,7 +526,7 @@ def _answer(runtime: Runtime, mem: MemoryService, inbound: Inbound, assembly: As
         (
             s.entry
             for s in assembly.recalled
-            if subject is not None and s.entry.subject and canonical_subject(s.entry.subject) == subject
+            if subject is not None and subject_key(s.entry.subject) == subject
         ),
         None,
     )

@@ -31,7 +31,14 @@ from rq import Retry
 from rq.exceptions import DuplicateJobError
 
 from memory_core.book import Book
-from memory_core.dream import DreamReport, commit_message, journal_entry, prepend_journal
+from memory_core.dream import (
+    MODEL_PHASES,
+    PHASES,
+    DreamReport,
+    commit_message,
+    journal_entry,
+    prepend_journal,
+)
 from memory_core.dream_deep import Merge, apply_deep, merge_messages, plan_clusters, review_reply
 from memory_core.dream_light import LightOp, apply_light, plan_light
 from memory_core.dream_replay import extraction_messages, replay_chunks, replay_ops, worth_a_call
@@ -61,8 +68,6 @@ from .runtime import Runtime, current
 
 log = logging.getLogger(__name__)
 
-PHASES = ("light", "deep", "replay", "profile")
-MODEL_PHASES = frozenset({"deep", "replay", "profile"})
 MAX_REPLANS = 3
 DREAM_QUEUE = "dream"
 JOB_TIMEOUT = {"light": 900, "deep": 1800, "replay": 1800, "profile": 900}

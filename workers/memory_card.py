@@ -27,7 +27,7 @@ from memory_core.history import undo
 from memory_core.namespace import Namespace
 from memory_core.ops import Forget, Pin
 from memory_core.recall import visible_in
-from memory_core.subjects import canonical_subject
+from memory_core.subjects import subject_key
 from memory_core.timeline import subject_timelines
 
 from .feishu_send import FeishuError, sender_for
@@ -303,7 +303,7 @@ def run_action(runtime: Runtime, action: CardAction) -> str:
         outcome = "no such entry"
     elif action.op == "history":
         book = service_for(runtime).book(reg.ns)
-        steps = subject_timelines(book.entries(), book.archived()).get(_subject_key(target), [])
+        steps = subject_timelines(book.entries(), book.archived()).get(subject_key(target.subject) or "", [])
         history = [s.entry for s in steps if visible_in(s.entry, reg.chat_type, reg.chat_id)]
         outcome = "history"
     else:
@@ -339,7 +339,3 @@ def _undo(runtime: Runtime, reg: Registration, action: CardAction, admin: bool) 
         log.info("card undo of %s refused: %s", dream.rev[:10], exc)
         return "undo refused"
     return f"undone {done.entries}"
-
-
-def _subject_key(entry: Entry) -> str:
-    return canonical_subject(entry.subject or "")

@@ -35,11 +35,12 @@ from typing import Any
 
 from rq.cron import CronScheduler
 
+from memory_core.dream import MODEL_PHASES, PHASES
 from memory_core.errors import InvalidInput
 from memory_core.lineformat import format_time, parse_time
 from memory_core.namespace import Namespace, list_namespaces
 
-from .dreaming import MODEL_PHASES, PHASES, enqueue_phase, last_run, memory_version, state_key
+from .dreaming import enqueue_phase, last_run, memory_version, state_key
 from .queues import JSONCronJob
 from .runtime import Runtime, current, install
 from .settings import Settings, duration_seconds
