@@ -41,6 +41,7 @@ from memory_core.recall import importance, recency
 from memory_core.store import DREAMS
 from memory_core.timeline import subject_timelines
 from workers.memory_service import MemoryService
+from workers.redis_backend import Keys
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class Sessions:
 
     @staticmethod
     def _key(sid: str) -> str:
-        return "lucid:viewer:session:" + hashlib.sha256(sid.encode()).hexdigest()
+        return Keys.viewer_session(hashlib.sha256(sid.encode()).hexdigest())
 
     def open(self) -> str:
         sid = secrets.token_urlsafe(32)

@@ -38,6 +38,7 @@ from memory_core.reasoning import strip_partial
 from .feishu_send import FeishuError, FeishuSender
 from .inbound import Inbound
 from .markup import neutralize
+from .redis_backend import Keys
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class CardStream:
 
     @property
     def _key(self) -> str:
-        return f"lucid:card:{self.inbound.persona}:{self.inbound.message_id}"
+        return Keys.card(self.inbound.persona, self.inbound.message_id)
 
     # ------------------------------------------------------------------------------------------ API
 
@@ -149,7 +150,7 @@ class CardStream:
 
     @property
     def _refusal_key(self) -> str:
-        return f"lucid:flag:cards-refused:{self.sender.app_id}"
+        return Keys.flag(f"cards-refused:{self.sender.app_id}")
 
     def _refused_lately(self) -> bool:
         if self.redis is None:
@@ -188,7 +189,7 @@ class CardStream:
         """Strictly increasing per card, across attempts of the same turn (kept in Redis)."""
         if self.redis is not None and self.card_id:
             try:
-                key = f"lucid:card-seq:{self.card_id}"
+                key = Keys.card_seq(self.card_id)
                 pipe = self.redis.pipeline()
                 pipe.incr(key)
                 pipe.expire(key, STATE_TTL)

@@ -39,6 +39,7 @@ from memory_core.store import TRACKED
 
 from .memory_service import drop_short_history
 from .queues import fetch
+from .redis_backend import Keys
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ def erase_user(runtime: Runtime, user: str, tenant: str | None = None) -> Erasur
         try:
             for ns in namespaces:
                 if runtime.redis is not None:
-                    runtime.redis.delete(f"lucid:ops:{ns.key}")  # queued writes never land afterwards
+                    runtime.redis.delete(Keys.ops(ns.key))  # queued writes never land afterwards
                 lease = runtime.writer.locker.acquire(ns, runtime.writer.lease_wait, 0)
                 if lease is None:
                     raise LucidError(f"could not take the writer lease of {ns}: try again")
@@ -216,9 +217,9 @@ def _erase_redis(client: redis.Redis, needles: _Needles, report: Erasure) -> Non
         if needles.found(description) or needles.found(key):
             _delete_job(client, key.split(":", 2)[2])
             report.jobs += 1
-    for raw_key in client.scan_iter(match="lucid:*", count=1000):
+    for raw_key in client.scan_iter(match=Keys.PREFIX + "*", count=1000):
         key = _text(raw_key)
-        if key.startswith("lucid:seen:") and _text(client.get(key) or b"") == "1":
+        if key.startswith(Keys.SEEN) and _text(client.get(key) or b"") == "1":
             continue
         if needles.found(key):
             report.redis_keys += client.delete(key)

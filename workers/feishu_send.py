@@ -54,6 +54,7 @@ from lark_oapi.core.token import TokenManager
 from memory_core.errors import LucidError
 
 from .markup import attr, neutralize
+from .redis_backend import Keys
 from .settings import SEND_RATE, Persona
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ class Pacer:
 
     def ahead(self, chat_id: str) -> float:
         """Seconds until `chat_id`'s next free send slot, without taking it (0: it could be sent to now)."""
-        key = f"lucid:pace:chat:{chat_id}"
+        key = Keys.pace("chat", chat_id)
         if self.client is None:
             with self._lock:
                 return max(0.0, self._local.get(key, 0.0) - time.monotonic() * 1000) / 1000
@@ -174,11 +175,11 @@ class Pacer:
     def reserve(self, app_id: str, chat_id: str | None) -> float:
         """Take the next slot for one send without sleeping; returns the seconds until it."""
         buckets = [
-            (f"lucid:pace:app:{app_id}", self.app_ms, 0.0),
-            (f"lucid:pace:appmin:{app_id}", self.window_ms, self.window_tolerance),
+            (Keys.pace("app", app_id), self.app_ms, 0.0),
+            (Keys.pace("appmin", app_id), self.window_ms, self.window_tolerance),
         ]
         if chat_id:
-            buckets.append((f"lucid:pace:chat:{chat_id}", self.chat_ms, 0.0))
+            buckets.append((Keys.pace("chat", chat_id), self.chat_ms, 0.0))
         return self._reserve(buckets) / 1000
 
     def _reserve(self, buckets: list[tuple[str, float, float]]) -> float:

@@ -52,7 +52,7 @@ from memory_core.namespace import Namespace
 from .inbound import Inbound
 from .metrics import Metrics
 from .queues import queue
-from .redis_backend import RedisLease, text
+from .redis_backend import COMPARE_AND_DELETE, Keys, take, text
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ INBOX_TTL = 24 * 3600
 TURN_LEASE_MS = 15_000
 TURN_JOB_TIMEOUT = 600
 MAX_TRIES = 3
-INBOXES = "lucid:inboxes"  # namespaces whose inbox may hold messages → when to look (Redis clock, ms)
+INBOXES = Keys.INBOXES  # namespaces whose inbox may hold messages → when to look (Redis clock, ms)
 ACCEPT_GRACE_MS = 5_000  # a fresh message's own job normally starts well within this
 RECHECK_MS = 10_000  # an inbox handed to a job (or whose job still waits in the queue) is looked at again
 SWEEP_SECONDS = 3.0
@@ -109,11 +109,6 @@ redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
 return 1
 """
 
-_RELEASE_JOB = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
 # The sweep's claim on one inbox mark, atomic so two sweepers never both hand it out. KEYS: the marks, the
 # inbox, the turn lease. ARGV: the namespace key, the recheck delay (ms), how many members to return.
 # Returns the inbox's oldest members when nobody holds its lease (the mark is pushed RECHECK_MS ahead),
@@ -138,32 +133,8 @@ def turn_job_id(inbound: Inbound) -> str:
     return "turn-" + hashlib.sha1(f"{inbound.persona}:{inbound.message_id}".encode()).hexdigest()[:32]
 
 
-def _inbox(ns: Namespace) -> str:
-    return _inbox_of(ns.key)
-
-
-def _inbox_of(ns_key: str) -> str:
-    return f"lucid:inbox:{ns_key}"
-
-
-def _turnlock_of(ns_key: str) -> str:
-    return f"lucid:turnlock:{ns_key}"
-
-
-def _resumed_key(ns_key: str) -> str:
-    return f"lucid:resumed:{ns_key}"
-
-
-def _turnjob_of(ns_key: str) -> str:
-    return f"lucid:turnjob:{ns_key}"
-
-
-def _busy_of(ns_key: str) -> str:
-    return f"lucid:busy:{ns_key}"
-
-
 def _done_key(inbound: Inbound) -> str:
-    return f"lucid:turndone:{inbound.persona}:{inbound.message_id}"
+    return Keys.turn_done(inbound.persona, inbound.message_id)
 
 
 class Intake:
@@ -174,7 +145,7 @@ class Intake:
         self.grace_ms = grace_ms
         self.queue = queue("chat", client)
         self._accept = client.register_script(_ACCEPT)
-        self._release_job = client.register_script(_RELEASE_JOB)
+        self._release_job = client.register_script(COMPARE_AND_DELETE)
 
     def accept(self, inbound: Inbound) -> bool:
         """Queue a turn for `inbound`; False if it is a duplicate (see `accept_many`)."""
@@ -196,14 +167,14 @@ class Intake:
         claims = []
         pipe = self.client.pipeline(transaction=False)
         for inbound in batch:
-            seen = [f"lucid:seen:m:{inbound.persona}:{inbound.message_id}"]
+            seen = [Keys.seen_message(inbound.persona, inbound.message_id)]
             if inbound.event_id:
-                seen.append(f"lucid:seen:e:{inbound.persona}:{inbound.event_id}")
+                seen.append(Keys.seen_event(inbound.persona, inbound.event_id))
             data = inbound.to_json()
             member = _member(inbound)
             job_key = self.queue.job_class.key_for(turn_job_id(inbound))
             ns_key = inbound.ns.key
-            keys = [*seen, job_key, _inbox_of(ns_key), INBOXES, _turnjob_of(ns_key)]
+            keys = [*seen, job_key, Keys.inbox(ns_key), INBOXES, Keys.turn_job(ns_key)]
             grace, job_id = self.grace_ms, turn_job_id(inbound)
             self._accept(
                 keys=keys,
@@ -238,9 +209,9 @@ class Intake:
             pipe = self.client.pipeline(transaction=False)
             for inbound, _, seen, member in claims:
                 pipe.delete(*seen)
-                pipe.zrem(_inbox(inbound.ns), member)
+                pipe.zrem(Keys.inbox(inbound.ns.key), member)
                 self._release_job(
-                    keys=[_turnjob_of(inbound.ns.key)], args=[turn_job_id(inbound)], client=pipe
+                    keys=[Keys.turn_job(inbound.ns.key)], args=[turn_job_id(inbound)], client=pipe
                 )
             pipe.execute()
         except redis.RedisError:
@@ -283,12 +254,6 @@ class Mailbox:
         self.queue = queue("chat", client)
         self._hand_on = client.register_script(_HAND_ON)
 
-    def _lease(self, ns: Namespace) -> RedisLease | None:
-        key, owner = _turnlock_of(ns.key), secrets.token_hex(12)
-        if self.client.set(key, owner, nx=True, px=TURN_LEASE_MS):
-            return RedisLease(self.client, key, owner, 0, TURN_LEASE_MS)
-        return None
-
     def _done(self, inbound: Inbound) -> bool:
         return bool(self.client.exists(_done_key(inbound)))
 
@@ -309,14 +274,14 @@ class Mailbox:
         ns = inbound.ns
         if job_id is not None and self._superseded(ns.key, job_id):
             return "another job has this inbox"
-        lease = self._lease(ns)
+        lease = take(self.client, Keys.turn_lock(ns.key), TURN_LEASE_MS)
         if lease is None:  # its holder hands on when it is done (the sweep, if the holder died)
             return "another turn holds this inbox"
         try:
             if busy is not None:
                 self._tell_busy(ns, busy)
             answered = self._drain(ns, run)
-            if not self._done(inbound) and self.client.zscore(_inbox(ns), _member(inbound)) is None:
+            if not self._done(inbound) and self.client.zscore(Keys.inbox(ns.key), _member(inbound)) is None:
                 self._run_once(inbound, run)  # enqueued without an inbox entry (or the inbox expired)
                 answered += 1
             handed = self._hand_on_next(ns)
@@ -326,7 +291,7 @@ class Mailbox:
 
     def _superseded(self, ns_key: str, job_id: str) -> bool:
         """Another job is this person's turn job and still waits in the queue: it will do the work."""
-        owner = self.client.get(_turnjob_of(ns_key))
+        owner = self.client.get(Keys.turn_job(ns_key))
         if owner is None or text(owner) == job_id:
             return False
         status = self.client.hget(self.queue.job_class.key_for(text(owner)), "status")
@@ -334,7 +299,7 @@ class Mailbox:
 
     def _drain(self, ns: Namespace, run: Callable[[Inbound], Any]) -> int:
         """Answer up to `batch` of the inbox's oldest messages; how many were answered."""
-        inbox, answered = _inbox(ns), 0
+        inbox, answered = Keys.inbox(ns.key), 0
         while answered < self.batch:
             head: list[Any] = list(self.client.zrange(inbox, 0, 0))
             if not head:
@@ -364,9 +329,9 @@ class Mailbox:
         return ahead * 1000 > PACE_YIELD_MS and self.queue.count > 0
 
     def _tell_busy(self, ns: Namespace, busy: Callable[[Inbound, int], Any]) -> None:
-        inbox = _inbox(ns)
+        inbox = Keys.inbox(ns.key)
         backlog = int(self.client.zcard(inbox))
-        if backlog < self.busy_backlog or not self.client.set(_busy_of(ns.key), "1", nx=True, ex=BUSY_TTL):
+        if backlog < self.busy_backlog or not self.client.set(Keys.busy(ns.key), "1", nx=True, ex=BUSY_TTL):
             return
         newest: list[Any] = list(self.client.zrange(inbox, -1, -1))
         try:
@@ -377,10 +342,10 @@ class Mailbox:
     def _hand_on_next(self, ns: Namespace) -> bool:
         """Under the lease: the person's next turn job at the back of the queue, or none (inbox empty)."""
         job_id = "turn-next-" + secrets.token_hex(12)
-        keys = [_inbox(ns), _turnjob_of(ns.key), _busy_of(ns.key)]
+        keys = [Keys.inbox(ns.key), Keys.turn_job(ns.key), Keys.busy(ns.key)]
         if not self._hand_on(keys=keys, args=[job_id, INBOX_TTL]):
             return False
-        head: list[Any] = list(self.client.zrange(_inbox(ns), 0, 0))
+        head: list[Any] = list(self.client.zrange(Keys.inbox(ns.key), 0, 0))
         data = json.loads(head[0]) if head else None
         if not isinstance(data, dict):
             return False  # unreadable: the next turn (or the sweep) drops it
@@ -392,7 +357,7 @@ class Mailbox:
     def _run_once(self, item: Inbound, run: Callable[[Inbound], Any]) -> None:
         if self._done(item):
             return
-        tries_key = f"lucid:turntry:{item.persona}:{item.message_id}"
+        tries_key = Keys.turn_tries(item.persona, item.message_id)
         tries = int(self.client.incr(tries_key))
         self.client.expire(tries_key, SEEN_TTL)
         if tries > MAX_TRIES:  # it killed its worker MAX_TRIES times: skip it rather than block the person
@@ -425,7 +390,7 @@ class Sweeper:
     trips — O(active inboxes), never a scan of Redis.
     """
 
-    LOCK = "lucid:sweeping"
+    LOCK = Keys.SWEEPING
 
     def __init__(
         self,
@@ -444,7 +409,9 @@ class Sweeper:
     def sweep_if_due(self) -> list[str]:
         """Sweep unless another worker did in the last interval; the namespace keys handed to a job."""
         ttl = max(1, int(self.interval * 900))  # a little under the interval: the next tick finds it free
-        if not self.client.set(self.LOCK, secrets.token_hex(6), nx=True, px=ttl):
+        if (
+            take(self.client, self.LOCK, ttl, heartbeat=False) is None
+        ):  # left to expire: one sweep per interval
             return []
         for watchdog in self.also:
             watchdog()
@@ -460,7 +427,7 @@ class Sweeper:
         pipe = self.client.pipeline(transaction=False)
         for key in due:
             self._claim(
-                keys=[INBOXES, _inbox_of(key), _turnlock_of(key)],
+                keys=[INBOXES, Keys.inbox(key), Keys.turn_lock(key)],
                 args=[key, self.recheck_ms, SWEEP_ITEMS],
                 client=pipe,
             )
@@ -473,8 +440,8 @@ class Sweeper:
             return []
         # Is one of the inbox's jobs (its messages' own, or the last one queued here) still waiting for a
         # worker? Then it is a backlog, not a death: that job will drain the inbox.
-        resumed = self.client.mget([_resumed_key(key) for key, _ in unattended])
-        owners = self.client.mget([_turnjob_of(key) for key, _ in unattended])
+        resumed = self.client.mget([Keys.resumed(key) for key, _ in unattended])
+        owners = self.client.mget([Keys.turn_job(key) for key, _ in unattended])
         pipe = self.client.pipeline(transaction=False)
         counts = []
         for (_, items), last, owner in zip(unattended, resumed, owners, strict=True):
@@ -494,8 +461,8 @@ class Sweeper:
         for key, head in stuck:
             job_id = "resume-" + hashlib.sha1(f"{key}:{head.message_id}:{now_ms}".encode()).hexdigest()[:32]
             _enqueue_turn(self.queue, head.to_json(), job_id, pipe, at_front=True, drain=True)
-            pipe.set(_resumed_key(key), job_id, ex=INBOX_TTL)
-            pipe.set(_turnjob_of(key), job_id, ex=INBOX_TTL)  # the person's turn job from now on
+            pipe.set(Keys.resumed(key), job_id, ex=INBOX_TTL)
+            pipe.set(Keys.turn_job(key), job_id, ex=INBOX_TTL)  # the person's turn job from now on
         pipe.execute()
         Metrics(self.client).inc("lucid_turns_recovered_total", value=len(stuck))
         for key, head in stuck:

@@ -34,6 +34,7 @@ from .feishu_send import FeishuError, sender_for
 from .inbound import Inbound
 from .markup import neutralize
 from .memory_service import service_for
+from .redis_backend import Keys
 from .runtime import Runtime, current
 
 log = logging.getLogger(__name__)
@@ -237,7 +238,7 @@ class Registration:
 
 
 def _key(persona: str, message_id: str) -> str:
-    return f"lucid:memcard:{persona}:{message_id}"
+    return Keys.memory_card(persona, message_id)
 
 
 def register(client: redis.Redis | None, card_message_id: str, inbound: Inbound, lang: str) -> None:
@@ -270,7 +271,7 @@ def enqueue_action(runtime: Runtime, action: CardAction) -> bool:
     """From the bot: claim the event (replicas and re-pushes act once) and queue the job; False = repeat."""
     assert runtime.redis is not None
     if action.event_id and not runtime.redis.set(
-        f"lucid:seen:card:{action.persona}:{action.event_id}", "1", nx=True, ex=SEEN_TTL
+        Keys.seen_card(action.persona, action.event_id), "1", nx=True, ex=SEEN_TTL
     ):
         return False
     runtime.queue("chat").enqueue(handle_action, asdict(action), result_ttl=600, failure_ttl=86400)

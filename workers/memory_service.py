@@ -51,6 +51,7 @@ from memory_core.textindex import STOP_CHARS
 from memory_core.writer import RAW_REWRITES
 
 from .embedding import Embeddings, from_settings
+from .redis_backend import Keys
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -464,7 +465,7 @@ class MemoryService:
 
     @staticmethod
     def _frozen_key(ns: Namespace, chat_type: str, chat: str, session: str) -> str:
-        return f"lucid:resident:{ns.key}:{chat_type}:{chat}:{session}"
+        return Keys.resident(ns.key, chat_type, chat, session)
 
     def _frozen_ids(self, ns: Namespace, chat_type: str, chat: str, session: str) -> list[str] | None:
         client = self.runtime.redis
@@ -574,7 +575,7 @@ def drop_short_history(runtime: Runtime, ns: Namespace) -> None:
     if runtime.redis is None:
         return
     try:
-        keys = list(runtime.redis.scan_iter(match=f"lucid:history:{ns.key}:*", count=500))
+        keys = list(runtime.redis.scan_iter(match=Keys.history(f"{ns.key}:*"), count=500))
         if keys:
             runtime.redis.delete(*keys)
     except redis.RedisError as exc:

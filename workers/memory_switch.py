@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import redis
 
-from .redis_backend import text
+from .redis_backend import Keys, text
 
 _PER_MESSAGE = re.compile(
     r"^\s*[/／]nomem\b[\s:：,，]*"
@@ -76,7 +76,7 @@ class ChatSwitch:
 
     @staticmethod
     def key(tenant: str, persona: str, chat: str) -> str:
-        return f"lucid:memoff:{tenant}:{persona}:{chat}"
+        return Keys.memory_off(tenant, persona, chat)
 
     def state(self, tenant: str, persona: str, chat: str) -> ChatState:
         key = self.key(tenant, persona, chat)

@@ -15,9 +15,11 @@ from collections.abc import Iterable, Mapping
 
 import redis
 
+from .redis_backend import Keys
+
 log = logging.getLogger(__name__)
 
-_KEY = "lucid:metrics"
+_KEY = Keys.METRICS
 TURN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 HELP = {

@@ -55,7 +55,7 @@ from .feishu_send import FeishuError, FeishuSender, sender_for
 from .inbound import Inbound
 from .metrics import Metrics
 from .queues import queue
-from .redis_backend import text
+from .redis_backend import Keys, take, text
 from .runtime import Runtime, current
 
 log = logging.getLogger(__name__)
@@ -68,14 +68,9 @@ JITTER = 0.1
 LOCK_MS = 90_000  # one attempt: a 10 s SDK timeout, maybe a token fetch, pacing; far below this
 KEEP = 3600  # keys expire this long after their give-up time, whatever happened to their jobs
 JOB_TIMEOUT = 120
-DUE = "lucid:replies:due"  # "<persona>\x1f<message id>" → when its next job is due (epoch ms)
+DUE = Keys.REPLIES_DUE
 OVERDUE_MS = 30_000  # a retry job this late never ran: its worker died, or the RQ scheduler did
 RESCUE_BATCH = 200
-
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 class ReplyParked(LucidError):
@@ -123,18 +118,6 @@ def _due_member(persona: str, message_id: str) -> str:
     return f"{persona}\x1f{message_id}"
 
 
-def _entry(persona: str, message_id: str) -> str:
-    return f"lucid:reply:{persona}:{message_id}"
-
-
-def _chat(persona: str, chat_id: str) -> str:
-    return f"lucid:replies:{persona}:{chat_id}"
-
-
-def _lock(persona: str, message_id: str) -> str:
-    return f"lucid:replylock:{persona}:{message_id}"
-
-
 def backoff(n: int) -> float:
     """Seconds before attempt n + 1 of the parked reply (n ≥ 1), without jitter."""
     return min(MAX_DELAY, FIRST_DELAY * 2.0 ** (n - 1))
@@ -150,25 +133,24 @@ class Outbox:
         self.overdue_ms = overdue_ms
         self.metrics = metrics or Metrics(client)
         self.queue = queue(QUEUE, client)
-        self._release = client.register_script(_RELEASE)
 
     # -------------------------------------------------------------------------------------- state
 
     def get(self, persona: str, message_id: str) -> Parked | None:
-        raw = self.client.hgetall(_entry(persona, message_id))
+        raw = self.client.hgetall(Keys.reply(persona, message_id))
         if not raw:
             return None
         try:
             return Parked.from_redis(raw)
         except (KeyError, ValueError) as exc:
             log.error("unreadable parked reply to message=%s (%s); removed", message_id, exc)
-            self.client.delete(_entry(persona, message_id))
+            self.client.delete(Keys.reply(persona, message_id))
             return None
 
     def pending(self, persona: str, chat_id: str, upto: float = float("inf")) -> list[str]:
         """Message ids of the chat's parked replies, oldest first (create time ≤ `upto`)."""
         ids = self.client.zrangebyscore(
-            _chat(persona, chat_id), "-inf", "+inf" if upto == float("inf") else upto
+            Keys.replies(persona, chat_id), "-inf", "+inf" if upto == float("inf") else upto
         )
         return [text(i) for i in ids]
 
@@ -178,10 +160,10 @@ class Outbox:
         p.chunks_sent = max(p.chunks_sent, error.chunks_sent)
         ttl = max(60, int(p.give_up_at - time.time()) + KEEP)
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(_entry(p.persona, p.message_id), mapping=p.to_redis())
-            pipe.expire(_entry(p.persona, p.message_id), ttl)
-            pipe.zadd(_chat(p.persona, p.chat_id), {p.message_id: p.order})
-            pipe.expire(_chat(p.persona, p.chat_id), ttl)
+            pipe.hset(Keys.reply(p.persona, p.message_id), mapping=p.to_redis())
+            pipe.expire(Keys.reply(p.persona, p.message_id), ttl)
+            pipe.zadd(Keys.replies(p.persona, p.chat_id), {p.message_id: p.order})
+            pipe.expire(Keys.replies(p.persona, p.chat_id), ttl)
             self._schedule(pipe, p, 1, FIRST_DELAY)
             pipe.execute()
         self.metrics.inc("lucid_replies_parked_total")
@@ -220,8 +202,8 @@ class Outbox:
     def _remove(self, p: Parked) -> bool:
         """Forget `p`; True if this call removed it (so only one caller logs and counts the outcome)."""
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.delete(_entry(p.persona, p.message_id))
-            pipe.zrem(_chat(p.persona, p.chat_id), p.message_id)
+            pipe.delete(Keys.reply(p.persona, p.message_id))
+            pipe.zrem(Keys.replies(p.persona, p.chat_id), p.message_id)
             pipe.zrem(DUE, _due_member(p.persona, p.message_id))
             removed, _, _ = pipe.execute()
         return bool(removed)
@@ -244,13 +226,12 @@ class Outbox:
 
     @contextlib.contextmanager
     def _locked(self, persona: str, message_id: str) -> Iterator[bool]:
-        key, token = _lock(persona, message_id), secrets.token_hex(8)
-        held = bool(self.client.set(key, token, nx=True, px=LOCK_MS))
+        lock = take(self.client, Keys.reply_lock(persona, message_id), LOCK_MS, heartbeat=False)
         try:
-            yield held
+            yield lock is not None
         finally:
-            if held:
-                self._release(keys=[key], args=[token])
+            if lock is not None:
+                lock.release()
 
     # -------------------------------------------------------------------------------------- sending
 
@@ -275,9 +256,9 @@ class Outbox:
             if not exc.retryable:
                 self._drop(p, "refused", exc)
                 return "dropped"
-            if self.client.exists(_entry(p.persona, p.message_id)):
+            if self.client.exists(Keys.reply(p.persona, p.message_id)):
                 self.client.hset(
-                    _entry(p.persona, p.message_id),
+                    Keys.reply(p.persona, p.message_id),
                     mapping={
                         "attempts": p.attempts,
                         "chunks_sent": p.chunks_sent,
@@ -319,7 +300,7 @@ class Outbox:
                     return outcomes
                 p = self.get(persona, message_id)
                 if p is None:  # delivered or dropped meanwhile (or its hash expired)
-                    self.client.zrem(_chat(persona, chat_id), message_id)
+                    self.client.zrem(Keys.replies(persona, chat_id), message_id)
                     continue
                 outcomes[message_id] = self._try(sender, p)
             if outcomes[message_id] == "failed":
@@ -376,7 +357,7 @@ class Outbox:
             if p is None:
                 self.client.zrem(DUE, member)
                 continue
-            if self.client.exists(_lock(persona, message_id)):  # being sent right now
+            if self.client.exists(Keys.reply_lock(persona, message_id)):  # being sent right now
                 self.client.zadd(DUE, {member: now_ms})
                 continue
             self._schedule(None, p, p.attempts, JOB_TIMEOUT)  # queued now; its due mark gives it time to run

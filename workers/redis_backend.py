@@ -1,9 +1,8 @@
-"""Redis adapters for the single writer: a lease with heartbeat and fencing token, and the op queue.
+"""Everything Lucid keeps in Redis is named here: the key names, the Lua scripts, and the one lock.
 
-Keys (all under `lucid:`): `lease:<ns>` the holder's random owner string (PX ttl); `fence:<ns>` the
-fencing counter (INCR); `ops:<ns>` the pending ops (JSON, oldest first); `res:<op_id>` an op's outcome.
-The fencing token is what keeps a paused holder from writing: the store refuses a token older than the
-newest one recorded on disk, whatever the holder believes (see memory_core.store.Store.fenced).
+The lock (`take`) is a `SET NX PX` with a random owner, released only by its owner (compare-and-delete),
+renewed by a heartbeat while held, and — for the writer — fenced: a token from a counter that only grows,
+which the store checks on disk (`memory_core.store.Store.fenced`), so a paused holder cannot write.
 """
 
 from __future__ import annotations
@@ -24,28 +23,76 @@ from memory_core.writer import Lease, op_json
 
 log = logging.getLogger(__name__)
 
-_ACQUIRE = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local f = redis.call('INCR', KEYS[2])
-  local floor = tonumber(ARGV[3])
-  if f <= floor then
-    f = floor + 1
-    redis.call('SET', KEYS[2], f)
-  end
-  return f
+
+# -------------------------------------------------------------------------------------------- key names
+class Keys:
+    """Every Redis key Lucid uses, by name: call one with its parts (`Keys.inbox(ns.key)`). They all start with
+    PREFIX; `ns` is a Namespace.key, `message` a Feishu message id. docs/PRIVACY.md says what `lucid erase`
+    does to each."""
+
+    PREFIX = "lucid:"
+    lease = "lucid:lease:{}".format  # ns: the writer's lock (owner string, PX ttl)
+    fence = "lucid:fence:{}".format  # ns: the writer's fencing counter (INCR)
+    ops = "lucid:ops:{}".format  # ns: the writer's pending ops, JSON, oldest first
+    result = "lucid:res:{}".format  # op id: the op's outcome, a list its submitter BLPOPs
+    INBOXES = "lucid:inboxes"  # namespaces whose inbox may hold messages → when to look (Redis clock, ms)
+    inbox = "lucid:inbox:{}".format  # ns: a person's unanswered messages by create time
+    turn_lock = "lucid:turnlock:{}".format  # ns: held while a turn job answers the inbox
+    turn_job = "lucid:turnjob:{}".format  # ns: the id of the person's one turn job
+    resumed = "lucid:resumed:{}".format  # ns: the last turn job the sweep queued
+    busy = "lucid:busy:{}".format  # ns: the person was told their backlog is long
+    turn_done = "lucid:turndone:{}:{}".format  # persona, message: answered
+    turn_tries = "lucid:turntry:{}:{}".format  # persona, message: turns started on it
+    SEEN = "lucid:seen:"  # dedupe claims of Feishu ids (value "1", kept until they expire)
+    seen_message = "lucid:seen:m:{}:{}".format  # persona, message
+    seen_event = "lucid:seen:e:{}:{}".format  # persona, event id
+    seen_card = "lucid:seen:card:{}:{}".format  # persona, card action event id
+    SWEEPING = "lucid:sweeping"  # whoever sets it sweeps the inboxes this interval
+    REPLIES_DUE = (
+        "lucid:replies:due"  # "<persona>\x1f<message>" → when its parked reply's next job is due (ms)
+    )
+    reply = "lucid:reply:{}:{}".format  # persona, message: a parked reply (hash)
+    replies = "lucid:replies:{}:{}".format  # persona, chat: the chat's parked replies by create time
+    reply_lock = "lucid:replylock:{}:{}".format  # persona, message: held while one attempt sends it
+    thinking = "lucid:thinking:{}:{}".format  # persona, message: the "thinking" reaction's id
+    card = "lucid:card:{}:{}".format  # persona, message: the streaming card of its reply
+    card_seq = "lucid:card-seq:{}".format  # card id: its update sequence (INCR)
+    memory_card = "lucid:memcard:{}:{}".format  # persona, card message: what a /memory card shows
+    session = "lucid:session:{}".format  # chat key: the conversation's session id
+    history = "lucid:history:{}".format  # chat key (`<ns>:<chat>`): the last turns replayed to the model
+    language = "lucid:lang:{}".format  # chat key: the language the person writes in
+    flag = "lucid:flag:{}".format  # name: a short-lived flag (the model is down, CardKit refused, …)
+    resident = "lucid:resident:{}:{}:{}:{}".format  # ns, chat type, chat, session: the frozen resident tier
+    memory_off = "lucid:memoff:{}:{}:{}".format  # tenant, persona, chat: the chat's memory switch (+ ":gen")
+    pace = "lucid:pace:{}:{}".format  # bucket (chat, app, appmin), its id: the next free send slot (ms)
+    viewer_session = "lucid:viewer:session:{}".format  # sha256 of a viewer session id
+    METRICS = "lucid:metrics"  # every counter and histogram, one hash
+
+
+# ------------------------------------------------------------------------------------------ Lua scripts
+
+# The lock. KEYS: the lock[, its fencing counter]. ARGV: the owner, the ttl (ms), the lowest token allowed.
+# Returns 0 (taken by someone else), else the fencing token (1 for an unfenced lock).
+TAKE = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+if #KEYS < 2 then return 1 end
+local f = redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[3])
+if f <= floor then
+  f = floor + 1
+  redis.call('SET', KEYS[2], f)
 end
-return 0
+return f
 """
-_RENEW = """
+RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 """
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
+# Delete KEYS[1] only if it still holds ARGV[1] (a lock's owner, a turn job's id).
+COMPARE_AND_DELETE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 _FINISH = """
@@ -55,11 +102,16 @@ end
 return #ARGV
 """
 
+# ------------------------------------------------------------------------------------------------ lock
+
 
 class RedisLease:
-    """A held lease. A daemon thread renews it every ttl/3; any failure marks it lost at once."""
+    """A held lock. With `heartbeat`, a daemon thread renews it every ttl/3 and any failure marks it lost at
+    once; without, it simply expires after its ttl unless released first."""
 
-    def __init__(self, client: redis.Redis, key: str, owner: str, token: int, ttl_ms: int) -> None:
+    def __init__(
+        self, client: redis.Redis, key: str, owner: str, token: int, ttl_ms: int, heartbeat: bool = True
+    ) -> None:
         self._client = client
         self._key = key
         self._owner = owner
@@ -68,9 +120,9 @@ class RedisLease:
         self._renewed = time.monotonic()
         self._lost = False
         self._stop = threading.Event()
-        self._renew = client.register_script(_RENEW)
-        self._thread = threading.Thread(target=self._heartbeat, name=f"lease-{key}", daemon=True)
-        self._thread.start()
+        if heartbeat:
+            self._renew = client.register_script(RENEW)
+            threading.Thread(target=self._heartbeat, name=f"lease-{key}", daemon=True).start()
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self._ttl / 3):
@@ -90,30 +142,53 @@ class RedisLease:
     def release(self) -> None:
         self._stop.set()
         try:
-            self._client.eval(_RELEASE, 1, self._key, self._owner)
+            self._client.eval(COMPARE_AND_DELETE, 1, self._key, self._owner)
         except redis.RedisError:
             log.warning("could not release lease %s (it will expire)", self._key)
 
 
+def take(
+    client: redis.Redis,
+    key: str,
+    ttl_ms: int,
+    *,
+    heartbeat: bool = True,
+    fence_key: str | None = None,
+    floor: int = 0,
+) -> RedisLease | None:
+    """The lock on `key` if nobody holds it (one attempt), else None. With `fence_key`, its token is the next
+    value of that counter and above `floor`."""
+    owner = secrets.token_hex(12)
+    keys = [key] if fence_key is None else [key, fence_key]
+    token = int(client.register_script(TAKE)(keys=keys, args=[owner, ttl_ms, floor]))
+    if not token:
+        return None
+    return RedisLease(client, key, owner, token if fence_key else 0, ttl_ms, heartbeat)
+
+
 class RedisLocker:
+    """The writer's lock per namespace: fenced and renewed, waited for up to `wait` seconds."""
+
     def __init__(self, client: redis.Redis, ttl_ms: int = 10_000) -> None:
         self.client = client
         self.ttl_ms = ttl_ms
-        self._acquire = client.register_script(_ACQUIRE)
 
     def acquire(self, ns: Namespace, wait: float, floor: int) -> Lease | None:
-        key = f"lucid:lease:{ns.key}"
-        owner = secrets.token_hex(12)
         deadline = time.monotonic() + wait
         delay = 0.002
         while True:
-            token = int(self._acquire(keys=[key, f"lucid:fence:{ns.key}"], args=[owner, self.ttl_ms, floor]))
-            if token:
-                return RedisLease(self.client, key, owner, token, self.ttl_ms)
+            held = take(
+                self.client, Keys.lease(ns.key), self.ttl_ms, fence_key=Keys.fence(ns.key), floor=floor
+            )
+            if held is not None:
+                return held
             if time.monotonic() >= deadline:
                 return None
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
+
+
+# ------------------------------------------------------------------------------------ the writer's ops
 
 
 class RedisOpQueue:
@@ -125,20 +200,20 @@ class RedisOpQueue:
         self._finish = client.register_script(_FINISH)
 
     def push(self, ns: Namespace, ops: Sequence[Op]) -> None:
-        self.client.rpush(f"lucid:ops:{ns.key}", *[op_json(op) for op in ops])
+        self.client.rpush(Keys.ops(ns.key), *[op_json(op) for op in ops])
 
     def pending(self, ns: Namespace, limit: int) -> list[str]:
-        raw = self.client.lrange(f"lucid:ops:{ns.key}", 0, limit - 1)
+        raw = self.client.lrange(Keys.ops(ns.key), 0, limit - 1)
         return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
 
     def finish(self, ns: Namespace, raw_ops: Sequence[str], outcomes: Sequence[Outcome]) -> None:
         pipe = self.client.pipeline(transaction=True)
         for outcome in outcomes:
-            key = f"lucid:res:{outcome.op_id}"
+            key = Keys.result(outcome.op_id)
             pipe.rpush(key, json.dumps(outcome.to_json(), ensure_ascii=False))
             pipe.expire(key, self.result_ttl)
         pipe.execute()
-        self._finish(keys=[f"lucid:ops:{ns.key}"], args=list(raw_ops))
+        self._finish(keys=[Keys.ops(ns.key)], args=list(raw_ops))
 
     def results(self, op_ids: Sequence[str], wait: float) -> dict[str, Outcome]:
         found: dict[str, Outcome] = {}
@@ -146,13 +221,13 @@ class RedisOpQueue:
             return found
         pipe = self.client.pipeline(transaction=False)
         for op_id in op_ids:
-            pipe.lpop(f"lucid:res:{op_id}")
+            pipe.lpop(Keys.result(op_id))
         for op_id, raw in zip(op_ids, pipe.execute(), strict=True):
             if raw is not None:
                 found[op_id] = Outcome.from_json(json.loads(raw))
         if found or wait <= 0:
             return found
-        got = self.client.blpop([f"lucid:res:{i}" for i in op_ids], timeout=wait)
+        got = self.client.blpop([Keys.result(i) for i in op_ids], timeout=wait)
         if got is not None:
             key, raw = got
             op_id = (key.decode() if isinstance(key, bytes) else str(key)).rsplit(":", 1)[1]

@@ -63,7 +63,7 @@ from .memory_service import Assembly, MemoryService, service_for
 from .memory_switch import ChatSwitch, TurnMemory, per_message_off
 from .metrics import Metrics
 from .outbox import ReplyParked, send_reply
-from .redis_backend import text
+from .redis_backend import Keys, text
 from .runtime import Runtime, current
 from .settings import Persona
 
@@ -519,7 +519,7 @@ class Scratch:
 
     def session(self, key: str, candidate: str) -> str:
         """The chat's session id: kept while messages come within 30 minutes of each other."""
-        full = f"lucid:session:{key}"
+        full = Keys.session(key)
         if self.client is not None:
             pipe = self.client.pipeline()
             pipe.set(full, candidate, nx=True, ex=SESSION_TTL)
@@ -532,14 +532,14 @@ class Scratch:
         return str(value)
 
     def history(self, key: str) -> list[dict[str, str]]:
-        full = f"lucid:history:{key}"
+        full = Keys.history(key)
         if self.client is not None:
             raw = self.client.lrange(full, 0, -1)
             return [json.loads(r) for r in reversed(raw)]
         return list(self._get(full) or [])
 
     def add_history(self, key: str, user: str, assistant: str, turns: int) -> None:
-        full = f"lucid:history:{key}"
+        full = Keys.history(key)
         pair = [
             {"role": "user", "content": redact(user)},
             {"role": "assistant", "content": redact(assistant)},
@@ -554,7 +554,7 @@ class Scratch:
         self._set(full, (list(self._get(full) or []) + pair)[-2 * turns :], SESSION_TTL)
 
     def language(self, key: str) -> str | None:
-        full = f"lucid:lang:{key}"
+        full = Keys.language(key)
         if self.client is not None:
             value = self.client.get(full)
             return value.decode() if isinstance(value, bytes) else value
@@ -562,7 +562,7 @@ class Scratch:
         return str(got) if got else None
 
     def set_language(self, key: str, lang: str) -> None:
-        full = f"lucid:lang:{key}"
+        full = Keys.language(key)
         if self.client is not None:
             if self.client.get(full) != lang.encode():
                 self.client.set(full, lang, ex=LANGUAGE_TTL)
@@ -570,7 +570,7 @@ class Scratch:
         self._set(full, lang, LANGUAGE_TTL)
 
     def drop_history(self, key: str) -> None:
-        full = f"lucid:history:{key}"
+        full = Keys.history(key)
         if self.client is not None:
             self.client.delete(full)
         else:
@@ -579,13 +579,13 @@ class Scratch:
 
     def flag(self, name: str, ttl: float) -> None:
         if self.client is not None:
-            self.client.set(f"lucid:flag:{name}", "1", px=max(1, int(ttl * 1000)))
+            self.client.set(Keys.flag(name), "1", px=max(1, int(ttl * 1000)))
         else:
             self._set(name, True, ttl)
 
     def flagged(self, name: str) -> bool:
         if self.client is not None:
-            return bool(self.client.exists(f"lucid:flag:{name}"))
+            return bool(self.client.exists(Keys.flag(name)))
         return bool(self._get(name))
 
 
@@ -706,7 +706,7 @@ def _card_stream(
 
 
 def _thinking_key(inbound: Inbound) -> str:
-    return f"lucid:thinking:{inbound.persona}:{inbound.message_id}"
+    return Keys.thinking(inbound.persona, inbound.message_id)
 
 
 def _show_thinking(runtime: Runtime, sender: FeishuSender, inbound: Inbound) -> str | None:
