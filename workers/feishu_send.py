@@ -54,7 +54,7 @@ from lark_oapi.core.token import TokenManager
 from memory_core.errors import LucidError
 
 from .markup import attr, neutralize
-from .redis_backend import Keys
+from .redis_backend import PACE, Keys
 from .settings import SEND_RATE, Persona
 
 log = logging.getLogger(__name__)
@@ -97,27 +97,6 @@ class Retry:
 
 # ----------------------------------------------------------------------------------------------- pacing
 
-_PACE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local slot = now
-local tats = {}
-for i, key in ipairs(KEYS) do
-  local tat = tonumber(redis.call('GET', key) or '0')
-  if tat < now then tat = now end
-  tats[i] = tat
-  local earliest = tat - tonumber(ARGV[2 * i])
-  if earliest > slot then slot = earliest end
-end
-for i, key in ipairs(KEYS) do
-  local tat = tats[i]
-  if slot > tat then tat = slot end
-  local nxt = tat + tonumber(ARGV[2 * i - 1])
-  redis.call('SET', key, nxt, 'PX', math.ceil(nxt - now) + 2000)
-end
-return slot - now
-"""
-
 
 class Pacer:
     """Hands out send slots under Feishu's limits, across every process (Feishu docs, "频控策略"):
@@ -149,7 +128,7 @@ class Pacer:
         burst = max(1, count // 30)
         self.window_ms = seconds * 1000 / max(1, count - burst)
         self.window_tolerance = (burst - 1) * self.window_ms
-        self._script = client.register_script(_PACE) if client is not None else None
+        self._script = client.register_script(PACE) if client is not None else None
         self._local: dict[str, float] = {}
         self._lock = threading.Lock()
 

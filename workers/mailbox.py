@@ -52,7 +52,7 @@ from memory_core.namespace import Namespace
 from .inbound import Inbound
 from .metrics import Metrics
 from .queues import queue
-from .redis_backend import COMPARE_AND_DELETE, Keys, take, text
+from .redis_backend import ACCEPT, CLAIM, COMPARE_AND_DELETE, HAND_ON, Keys, take, text
 
 log = logging.getLogger(__name__)
 
@@ -75,59 +75,6 @@ PACE_YIELD_MS = 20  # a chat whose next send slot is further off than this: hand
 
 # --------------------------------------------------------------------------------------------- ordering
 
-# KEYS: the seen-keys (message id, event id), the job's key, the inbox, the inbox marks, the person's turn
-# job. A job key that exists means this message was enqueued before (its claim expired): still a duplicate.
-# ARGV: ttl, score, member, inbox ttl, the namespace key, the grace before a sweep looks at the inbox, the
-# job id this message's job would have.
-# Returns 0 (duplicate), 1 (inboxed; the person's turn job will answer it), 2 (inboxed; enqueue its job).
-_ACCEPT = """
-local n = #KEYS
-for i = 1, n - 3 do
-  if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end
-end
-for i = 1, n - 4 do
-  redis.call('SET', KEYS[i], '1', 'EX', ARGV[1])
-end
-redis.call('ZADD', KEYS[n - 2], ARGV[2], ARGV[3])
-redis.call('EXPIRE', KEYS[n - 2], ARGV[4])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[n - 1], string.format('%d', now + tonumber(ARGV[6])), ARGV[5])
-if redis.call('SET', KEYS[n], ARGV[7], 'NX', 'EX', ARGV[4]) then return 2 end
-return 1
-"""
-
-# A turn job's end, under the lease. KEYS: the inbox, the person's turn job, the busy-notice flag. ARGV: the
-# next job's id, its ttl. Empty inbox: no turn job any more (the next message enqueues one), notice reset;
-# else the next job is the person's turn job (returns 1: enqueue it).
-_HAND_ON = """
-if redis.call('ZCARD', KEYS[1]) == 0 then
-  redis.call('DEL', KEYS[2], KEYS[3])
-  return 0
-end
-redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
-return 1
-"""
-
-# The sweep's claim on one inbox mark, atomic so two sweepers never both hand it out. KEYS: the marks, the
-# inbox, the turn lease. ARGV: the namespace key, the recheck delay (ms), how many members to return.
-# Returns the inbox's oldest members when nobody holds its lease (the mark is pushed RECHECK_MS ahead),
-# else nil: not due; empty (unmarked); leased (a turn runs: the mark stays due, so the next sweep after the
-# lease expired sees it — at most one leased inbox per worker, so that costs little).
-_CLAIM = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local due = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not due or tonumber(due) > now then return false end
-if redis.call('ZCARD', KEYS[2]) == 0 then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  return false
-end
-if redis.call('PTTL', KEYS[3]) > 0 then return false end
-redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[2])), ARGV[1])
-return redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[3]) - 1)
-"""
-
 
 def turn_job_id(inbound: Inbound) -> str:
     return "turn-" + hashlib.sha1(f"{inbound.persona}:{inbound.message_id}".encode()).hexdigest()[:32]
@@ -144,7 +91,7 @@ class Intake:
         self.client = client
         self.grace_ms = grace_ms
         self.queue = queue("chat", client)
-        self._accept = client.register_script(_ACCEPT)
+        self._accept = client.register_script(ACCEPT)
         self._release_job = client.register_script(COMPARE_AND_DELETE)
 
     def accept(self, inbound: Inbound) -> bool:
@@ -252,7 +199,7 @@ class Mailbox:
         self.busy_backlog = busy_backlog
         self.pace = pace  # seconds until a message's chat may be sent to again (Feishu's pacing)
         self.queue = queue("chat", client)
-        self._hand_on = client.register_script(_HAND_ON)
+        self._hand_on = client.register_script(HAND_ON)
 
     def _done(self, inbound: Inbound) -> bool:
         return bool(self.client.exists(_done_key(inbound)))
@@ -404,7 +351,7 @@ class Sweeper:
         self.interval = interval
         self.recheck_ms = recheck_ms
         self.queue = queue("chat", client)
-        self._claim = client.register_script(_CLAIM)
+        self._claim = client.register_script(CLAIM)
 
     def sweep_if_due(self) -> list[str]:
         """Sweep unless another worker did in the last interval; the namespace keys handed to a job."""

@@ -95,7 +95,87 @@ COMPARE_AND_DELETE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-_FINISH = """
+
+# The mailbox (`workers.mailbox`): per-person ordering and its recovery.
+
+# KEYS: the seen-keys (message id, event id), the job's key, the inbox, the inbox marks, the person's turn
+# job. A job key that exists means this message was enqueued before (its claim expired): still a duplicate.
+# ARGV: ttl, score, member, inbox ttl, the namespace key, the grace before a sweep looks at the inbox, the
+# job id this message's job would have.
+# Returns 0 (duplicate), 1 (inboxed; the person's turn job will answer it), 2 (inboxed; enqueue its job).
+ACCEPT = """
+local n = #KEYS
+for i = 1, n - 3 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end
+end
+for i = 1, n - 4 do
+  redis.call('SET', KEYS[i], '1', 'EX', ARGV[1])
+end
+redis.call('ZADD', KEYS[n - 2], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[n - 2], ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[n - 1], string.format('%d', now + tonumber(ARGV[6])), ARGV[5])
+if redis.call('SET', KEYS[n], ARGV[7], 'NX', 'EX', ARGV[4]) then return 2 end
+return 1
+"""
+
+# A turn job's end, under the lease. KEYS: the inbox, the person's turn job, the busy-notice flag. ARGV: the
+# next job's id, its ttl. Empty inbox: no turn job any more (the next message enqueues one), notice reset;
+# else the next job is the person's turn job (returns 1: enqueue it).
+HAND_ON = """
+if redis.call('ZCARD', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[2], KEYS[3])
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
+
+# The sweep's claim on one inbox mark, atomic so two sweepers never both hand it out. KEYS: the marks, the
+# inbox, the turn lease. ARGV: the namespace key, the recheck delay (ms), how many members to return.
+# Returns the inbox's oldest members when nobody holds its lease (the mark is pushed RECHECK_MS ahead),
+# else nil: not due; empty (unmarked); leased (a turn runs: the mark stays due, so the next sweep after the
+# lease expired sees it — at most one leased inbox per worker, so that costs little).
+CLAIM = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not due or tonumber(due) > now then return false end
+if redis.call('ZCARD', KEYS[2]) == 0 then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return false
+end
+if redis.call('PTTL', KEYS[3]) > 0 then return false end
+redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[2])), ARGV[1])
+return redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+"""
+
+# Feishu's send pacing (`feishu_send.Pacer`): one GCRA cell per key. KEYS: the buckets. ARGV: per bucket, its
+# interval and its burst tolerance (ms). Reserves the next slot of every bucket; returns ms until it.
+PACE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local slot = now
+local tats = {}
+for i, key in ipairs(KEYS) do
+  local tat = tonumber(redis.call('GET', key) or '0')
+  if tat < now then tat = now end
+  tats[i] = tat
+  local earliest = tat - tonumber(ARGV[2 * i])
+  if earliest > slot then slot = earliest end
+end
+for i, key in ipairs(KEYS) do
+  local tat = tats[i]
+  if slot > tat then tat = slot end
+  local nxt = tat + tonumber(ARGV[2 * i - 1])
+  redis.call('SET', key, nxt, 'PX', math.ceil(nxt - now) + 2000)
+end
+return slot - now
+"""
+
+# The writer's op queue: drop the ops a batch applied. KEYS: the queue. ARGV: the ops as queued.
+FINISH = """
 for i = 1, #ARGV do
   redis.call('LREM', KEYS[1], 1, ARGV[i])
 end
@@ -197,7 +277,7 @@ class RedisOpQueue:
     def __init__(self, client: redis.Redis, result_ttl: int = 600) -> None:
         self.client = client
         self.result_ttl = result_ttl
-        self._finish = client.register_script(_FINISH)
+        self._finish = client.register_script(FINISH)
 
     def push(self, ns: Namespace, ops: Sequence[Op]) -> None:
         self.client.rpush(Keys.ops(ns.key), *[op_json(op) for op in ops])
