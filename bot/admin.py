@@ -20,10 +20,11 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.headers import BadHeader, text_header
+from bot.headers import text_header
 from memory_core.errors import InvalidInput, LucidError
 from memory_core.namespace import Namespace
 from workers import commands, erasure
+from workers.errors import BadHeader
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -45,11 +45,12 @@ from aiohttp import web
 from lark_oapi.core.utils import AESCipher
 
 from bot import admin, viewer
-from bot.headers import BadHeader, text_header
+from bot.headers import text_header
 from bot.longconn import LongConnections
 from bot.routing import Ignored, route
 from memory_core.errors import LucidError
 from memory_core.secretscan import redact
+from workers.errors import BadHeader, Rejected
 from workers.feishu_send import FeishuSender, Retry
 from workers.inbound import Inbound
 from workers.mailbox import Intake
@@ -71,15 +72,6 @@ class WebhookConfig:
     max_body: int = MAX_BODY
     stale_after: float = 30 * 60  # seconds; the SDK's own FeishuChannel default
     threads: int = 8
-
-
-class Rejected(Exception):
-    """A delivery refused before any state changed; `status` is what Feishu gets back."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
 
 
 # ---------------------------------------------------------------------------------------------- verifying

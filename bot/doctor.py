@@ -124,7 +124,8 @@ def check_ollama(settings: Settings) -> list[Check]:
     models.discard("local")
     if not models:
         return [Check("ollama", True, "no model configured: memory-only mode, no LLM dreaming")]
-    from workers.llm import LLM, LLMError
+    from workers.errors import LLMError
+    from workers.llm import LLM
 
     llm = LLM(settings.ollama_host, timeout=5, retries=0)
     try:
@@ -233,7 +234,8 @@ def _token_check(name: str, persona: Persona, domain: str) -> Check:
 
 def _bot_check(name: str, persona: Persona, domain: str) -> Check:
     """The bot capability: without it the app gets no messages (and groups cannot tell an @mention)."""
-    from workers.feishu_send import FeishuError, FeishuSender, Retry
+    from workers.errors import FeishuError
+    from workers.feishu_send import FeishuSender, Retry
 
     try:
         open_id = FeishuSender(persona, domain, retry=Retry(attempts=1, backoff=0.1)).bot_open_id()
@@ -252,7 +254,8 @@ def _card_check(name: str, persona: Persona, domain: str) -> Check:
     from lark_oapi.api.cardkit.v1 import CreateCardRequest, CreateCardRequestBody
 
     from workers.cards import card_json
-    from workers.feishu_send import FeishuError, FeishuSender, Retry
+    from workers.errors import FeishuError
+    from workers.feishu_send import FeishuSender, Retry
 
     sender = FeishuSender(persona, domain, retry=Retry(attempts=1, backoff=0.1))
     body = CreateCardRequestBody.builder().type("card_json").data(card_json("lucid doctor", False)).build()

@@ -9,13 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-
-class BadHeader(ValueError):
-    """A header whose bytes are not UTF-8; the caller answers 400."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"{name} header is not UTF-8")
-        self.name = name
+from workers.errors import BadHeader
 
 
 def text_header(headers: Mapping[str, str], name: str) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 import redis
 from aiohttp import web
 
-from bot.headers import BadHeader, text_header
+from bot.headers import text_header
 from memory_core.errors import LucidError
 from memory_core.lineformat import format_time
 from memory_core.namespace import Namespace, list_namespaces
@@ -40,6 +40,7 @@ from memory_core.ops import entry_to_json
 from memory_core.recall import importance, recency
 from memory_core.store import DREAMS
 from memory_core.timeline import subject_timelines
+from workers.errors import BadHeader
 from workers.memory_service import MemoryService
 from workers.redis_backend import Keys
 from workers.runtime import Runtime

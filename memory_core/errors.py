@@ -2,13 +2,17 @@
 
     LucidError
      ├── InvalidInput        bad input from a person or a program (clear message, nothing written)
-     │    └── ImportFormatError   a line of an import file (carries the line number)
+     │    ├── ImportFormatError   a line of an import file (carries the line number)
+     │    └── LineError      a memory-file line that cannot be read (also a ValueError): kept verbatim
      ├── NotFound            an id or namespace that does not exist
      ├── LeaseLost           the writer's lease expired or its fencing token is stale: nothing written
      ├── ConcurrentEdit      the files changed under the writer (a hand edit) and retries ran out
      ├── UndoRefused         an undo later changes stand in the way of (or with nothing to undo)
-     └── StoreError          the disk or git refused (ENOSPC, permissions): nothing torn, nothing lost
-          └── UnsafePath     a symbolic link inside the data directory: refused, nothing read or written
+     ├── StaleIndex          a cached index is missing, torn or of another version: rebuild it
+     ├── StoreError          the disk or git refused (ENOSPC, permissions): nothing torn, nothing lost
+     │    ├── UnsafePath     a symbolic link inside the data directory: refused, nothing read or written
+     │    └── ConcurrentChange   a tracked file changed between a batch's read and its write (retried)
+     └── the adapters' errors (Feishu, the model, the webhook…): workers/errors.py
 
 Adapters translate library errors at their boundary into these; the CLI prints one line and exits non-zero.
 """
@@ -33,6 +37,10 @@ class ImportFormatError(InvalidInput):
         self.reason = reason
 
 
+class LineError(InvalidInput, ValueError):
+    """A line that looks like an entry but cannot be read; it is kept verbatim and reported."""
+
+
 class NotFound(LucidError):
     """The entry, message or namespace asked for does not exist."""
 
@@ -49,6 +57,10 @@ class UndoRefused(LucidError):
     """An undo was not done: later commits changed the same entries, or the commit changed no memory."""
 
 
+class StaleIndex(LucidError):
+    """The cached index cannot be used (missing, other format or tokenizer, torn): rebuild it."""
+
+
 class StoreError(LucidError):
     """The file system or git failed; the previous state of every file is intact."""
 
@@ -56,3 +68,11 @@ class StoreError(LucidError):
 class UnsafePath(StoreError):
     """A file or folder under the data directory is a symbolic link: Lucid never follows one, so a planted
     link cannot make it read or write outside the data directory."""
+
+
+class ConcurrentChange(StoreError):
+    """A tracked file changed on disk between the batch's read and its write (a hand edit raced us)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name} changed while the batch was being written")
+        self.name = name

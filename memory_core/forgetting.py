@@ -21,7 +21,8 @@ from datetime import datetime
 
 from .dream_guard import coverage, key_terms
 from .entry import Entry
-from .lineformat import LineError, parse_raw, render_raw
+from .errors import LineError
+from .lineformat import parse_raw, render_raw
 from .profile import profile_digest, profile_inputs, split_lines, stored_digest, supported
 from .similarity import normalise
 

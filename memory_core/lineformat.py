@@ -20,6 +20,7 @@ from functools import lru_cache
 from urllib.parse import quote, unquote
 
 from .entry import Entry, as_utc
+from .errors import LineError
 
 META_OPEN = "<!--m:"
 RAW_OPEN = "<!--r:"
@@ -179,10 +180,6 @@ _KNOWN = {"id", "t", "subj", "vf", "vt", "at", "sup", "conf", "hc", "last", "pin
 def legacy_id(text: str, salt: int = 0) -> str:
     """A deterministic id for a line that has none yet (a hand-written or legacy line)."""
     return hashlib.sha1(f"{salt}\x00{text}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-class LineError(ValueError):
-    """A line that looks like an entry but cannot be read; it is kept verbatim and reported."""
 
 
 def _split_comment(body: str, opener: str) -> tuple[str, str | None]:

@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from .cjk import HAN, KANA
 from .entry import as_utc
-from .errors import LucidError, UnsafePath
+from .errors import StaleIndex, UnsafePath
 from .lineformat import RawMessage
 from .store import no_symlink
 from .textindex import (
@@ -65,10 +65,6 @@ _MONTHS = (
 )  # fmt: skip
 _WORD = re.compile(r"[a-z0-9]+")
 _NGRAM = re.compile(f"[{KANA}{HAN}]+")
-
-
-class StaleIndex(LucidError):
-    """The cached index cannot be used (missing, other format or tokenizer, torn): rebuild it."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from urllib.parse import unquote
 
 import pygit2
 
-from .errors import LeaseLost, StoreError, UnsafePath
+from .errors import ConcurrentChange, LeaseLost, StoreError, UnsafePath
 from .lineformat import RawMessage, parse_raw, render_raw
 from .namespace import Namespace
 
@@ -391,7 +391,7 @@ class Store:
 
     def iter_raw(self, ns: Namespace, days: list[str] | None = None) -> Iterator[RawMessage]:
         """Every readable message of the raw archive, in file order (unreadable lines are skipped)."""
-        from .lineformat import LineError
+        from .errors import LineError
 
         for day in days if days is not None else self.raw_days(ns):
             text = self.read_text_raw(ns, day) or ""
@@ -764,14 +764,6 @@ def _loose_objects(objects: Path) -> list[str]:
             if len(d.name) == 2 and d.is_dir(follow_symlinks=False):
                 out.extend(d.name + f.name for f in os.scandir(d.path) if len(f.name) == 38)
     return out
-
-
-class ConcurrentChange(StoreError):
-    """A tracked file changed on disk between the batch's read and its write (a hand edit raced us)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"{name} changed while the batch was being written")
-        self.name = name
 
 
 def _os_message(exc: OSError, root: Path) -> str:

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from .book import Book
 from .entry import utcnow
-from .errors import ConcurrentEdit, LeaseLost, LucidError
+from .errors import ConcurrentChange, ConcurrentEdit, LeaseLost, LucidError
 from .forgetting import Forgotten, redact_profile, redact_raw
 from .lineformat import (
     MAX_LINE_CHARS,
@@ -57,7 +57,7 @@ from .ops import (
 )
 from .secretscan import contains_secret, redact
 from .sharing import share
-from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, TRACKED, ConcurrentChange, Snapshot, Store, version_of
+from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, TRACKED, Snapshot, Store, version_of
 from .vault import seal
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,8 @@ from lark_oapi.api.cardkit.v1 import (
 
 from memory_core.reasoning import strip_partial
 
-from .feishu_send import FeishuError, FeishuSender
+from .errors import FeishuError
+from .feishu_send import FeishuSender
 from .inbound import Inbound
 from .markup import neutralize
 from .redis_backend import Keys

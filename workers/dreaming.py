@@ -42,7 +42,7 @@ from memory_core.dream import (
 from memory_core.dream_deep import Merge, apply_deep, merge_messages, plan_clusters, review_reply
 from memory_core.dream_light import LightOp, apply_light, plan_light
 from memory_core.dream_replay import extraction_messages, replay_chunks, replay_ops, worth_a_call
-from memory_core.errors import InvalidInput, LucidError
+from memory_core.errors import InvalidInput
 from memory_core.lineformat import format_time, parse_time, render_file
 from memory_core.namespace import Namespace
 from memory_core.ops import Remember
@@ -60,8 +60,8 @@ from memory_core.profile import (
 from memory_core.recall import estimate_tokens
 from memory_core.store import ARCHIVE, DREAMS, MEMORY, PROFILE, Snapshot
 
+from .errors import LLMError, LLMUnavailable, NamespaceBusy
 from .extraction import JUNK_METRIC, answer_facts
-from .llm import LLMError, LLMUnavailable
 from .memory_switch import ChatSwitch
 from .metrics import Metrics
 from .runtime import Runtime, current
@@ -85,10 +85,6 @@ class Budget:
 
 
 BUDGETS = {"deep": Budget(4, 16_000), "replay": Budget(8, 24_000), "profile": Budget(1, 8_000)}
-
-
-class NamespaceBusy(LucidError):
-    """The namespace kept changing during every re-plan; nothing was written (the job is retried)."""
 
 
 def state_key(phase: str) -> str:

@@ -21,7 +21,8 @@ import numpy.typing as npt
 from memory_core.floor import REFERENCE, DenseFloor
 from memory_core.recall import VectorTable
 
-from .llm import LLM, LLMError
+from .errors import LLMError
+from .llm import LLM
 
 log = logging.getLogger(__name__)
 

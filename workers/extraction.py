@@ -18,7 +18,8 @@ from memory_core.namespace import Namespace
 from memory_core.ops import Remember
 from memory_core.secretscan import redact
 
-from .llm import LLM, LLMError
+from .errors import LLMError
+from .llm import LLM
 from .memory_switch import ChatSwitch
 from .metrics import Metrics
 from .runtime import current

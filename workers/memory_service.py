@@ -27,13 +27,14 @@ import redis
 
 from memory_core.book import Book
 from memory_core.entry import Entry
+from memory_core.errors import LineError, StaleIndex
 from memory_core.explain import Why, explain
 from memory_core.floor import REFERENCE, evidence_query
 from memory_core.forgetting import checked_profile
-from memory_core.lineformat import LineError, RawMessage, format_time, parse_file, parse_raw
+from memory_core.lineformat import RawMessage, format_time, parse_file, parse_raw
 from memory_core.namespace import Namespace
 from memory_core.ops import Op, Outcome, Record, Touch, message_to_json
-from memory_core.rawindex import RawHit, RawIndex, StaleIndex
+from memory_core.rawindex import RawHit, RawIndex
 from memory_core.recall import (
     RESIDENT_BUDGET,
     RelevanceIndex,

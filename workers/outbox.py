@@ -2,7 +2,7 @@
 
 The sender (`feishu_send`) tries a reply a few times within seconds. When Feishu still refuses it with a
 failure time can cure (429 and the rate-limit codes, 5xx, unreadable bodies, timeouts, refused connections,
-token trouble), the answer is not dropped: `send_reply` parks it and raises `ReplyParked`, the turn goes on
+token trouble), the answer is not dropped: `send_reply` parks it and returns "parked", the turn goes on
 (the reply counts as said) and the person's mailbox moves on to their next message.
 
 - Parked = one Redis hash per reply, `lucid:reply:<persona>:<message id>` (chat, text — redacted, like all
@@ -42,7 +42,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import redis
 from redis.typing import EncodableT, FieldT
@@ -51,7 +51,8 @@ from rq import Retry as JobRetry
 from memory_core.errors import LucidError
 from memory_core.secretscan import redact
 
-from .feishu_send import FeishuError, FeishuSender, sender_for
+from .errors import FeishuError
+from .feishu_send import FeishuSender, sender_for
 from .inbound import Inbound
 from .metrics import Metrics
 from .queues import queue
@@ -71,10 +72,6 @@ JOB_TIMEOUT = 120
 DUE = Keys.REPLIES_DUE
 OVERDUE_MS = 30_000  # a retry job this late never ran: its worker died, or the RQ scheduler did
 RESCUE_BATCH = 200
-
-
-class ReplyParked(LucidError):
-    """Feishu did not take the reply now; it is parked and will be delivered later (see the module docs)."""
 
 
 @dataclass
@@ -380,11 +377,13 @@ class Outbox:
 # ------------------------------------------------------------------------------------------ entry points
 
 
-def send_reply(runtime: Runtime, sender: FeishuSender, inbound: Inbound, text: str) -> None:
+def send_reply(
+    runtime: Runtime, sender: FeishuSender, inbound: Inbound, text: str
+) -> Literal["delivered", "parked"]:
     """A turn's reply: the chat's parked replies first (oldest first, once each), then this one.
 
-    Raises ReplyParked when Feishu did not take it but it is parked for later, FeishuError when it is not
-    delivered at all (a refusal no retry cures, or no Redis to park it in).
+    "parked": Feishu did not take it now, it is delivered later. Raises FeishuError when it is not delivered
+    at all (a refusal no retry cures, or no Redis to park it in).
     """
     started = time.time()
     outbox = Outbox(runtime.redis) if runtime.redis is not None else None
@@ -396,13 +395,14 @@ def send_reply(runtime: Runtime, sender: FeishuSender, inbound: Inbound, text: s
             log.warning("parked replies of chat %s not flushed (%s)", inbound.chat_id, type(exc).__name__)
             own = None
         if own == "delivered":  # this turn ran before (its worker died after parking the reply)
-            return
+            return "delivered"
         if own in ("failed", "busy"):
-            raise ReplyParked(f"reply to {inbound.message_id} is already parked")
+            return "parked"
         if own == "dropped":
             raise LucidError(f"the parked reply to {inbound.message_id} was given up")
     try:
         sender.reply(inbound.message_id, text, chat_id=inbound.chat_id, in_thread=bool(inbound.thread_id))
+        return "delivered"
     except FeishuError as exc:
         if not exc.retryable or outbox is None:
             Metrics(runtime.redis).inc("lucid_replies_undelivered_total", {"reason": "refused"})
@@ -424,7 +424,7 @@ def send_reply(runtime: Runtime, sender: FeishuSender, inbound: Inbound, text: s
             log.error("reply to message=%s could not be parked (%s)", inbound.message_id, type(rexc).__name__)
             Metrics(runtime.redis).inc("lucid_replies_undelivered_total", {"reason": "not_parked"})
             raise exc from rexc
-        raise ReplyParked(f"reply to {inbound.message_id} parked after: {exc}") from exc
+        return "parked"
 
 
 def deliver_parked(persona: str, message_id: str, n: int) -> str:

@@ -52,17 +52,17 @@ from .commands import (
     say,
     tool_call,
 )
+from .errors import FeishuError, LLMError, LLMUnavailable
 from .extraction import extract_turn
-from .feishu_send import FeishuError, FeishuSender, sender_for
+from .feishu_send import FeishuSender, sender_for
 from .inbound import Inbound, TurnLimits, TurnResult
-from .llm import LLMError, LLMUnavailable
 from .mailbox import Mailbox
 from .memory_card import build as memory_card
 from .memory_card import last_dream, register, visible_entries
 from .memory_service import Assembly, MemoryService, service_for
 from .memory_switch import ChatSwitch, TurnMemory, per_message_off
 from .metrics import Metrics
-from .outbox import ReplyParked, send_reply
+from .outbox import send_reply
 from .redis_backend import Keys, text
 from .runtime import Runtime, current
 from .settings import Persona
@@ -87,7 +87,8 @@ def run_turn(
 ) -> TurnResult:
     """Answer one message. Never raises for a person's input or a backend failure: the reply says so.
 
-    `stream`: shown the model's text as it grows (a streaming card); `reply_fn` still gets the final text.
+    `stream`: shown the model's text as it grows (a streaming card); `reply_fn` still gets the final text
+    (and returns "parked" when Feishu did not take it now but will be given it later).
     `card_fn`: sends an interactive card (the /memory card) instead of the text, where the chat has cards."""
     limits = limits or TurnLimits()
     started = time.monotonic()
@@ -127,11 +128,9 @@ def run_turn(
     try:
         if result.card is not None and card_fn is not None and _card_sent(card_fn, result.card, inbound):
             result.delivered = True
-        else:
-            reply_fn(result.reply)
-            result.delivered = True
-    except ReplyParked:  # Feishu did not take it now; the outbox delivers it later (its log says so)
-        parked = True
+        else:  # "parked": Feishu did not take it now; the outbox delivers it later (its log says so)
+            parked = reply_fn(result.reply) == "parked"
+            result.delivered = not parked
     except LucidError as exc:
         log.error("reply not delivered: ns=%s message=%s (%s)", inbound.ns.key, inbound.message_id, exc)
     # An answer nobody will see is not recorded as said; a parked one will be seen (or its give-up is an
@@ -663,9 +662,10 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
     outcome = "error"
     card = _card_stream(runtime, persona, sender, inbound)
 
-    def deliver(text: str) -> None:
-        if card is None or not card.finish(text):
-            send_reply(runtime, sender, inbound, text)
+    def deliver(text: str) -> str:
+        if card is not None and card.finish(text):
+            return "delivered"
+        return send_reply(runtime, sender, inbound, text)
 
     def send_card(memory: dict[str, Any]) -> None:
         content = json.dumps(memory, ensure_ascii=False)

