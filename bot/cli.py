@@ -225,7 +225,7 @@ def cmd_import(args: argparse.Namespace, rt: Runtime) -> int:
         for start in range(0, len(ops), args.batch):
             chunk = ops[start : start + args.batch]
             for outcome in rt.writer.submit(ns, chunk, timeout=600):
-                key = outcome.status.split(":")[0] if outcome.ok else outcome.status
+                key = str(outcome.kind) if outcome.ok else outcome.status
                 counts[key] = counts.get(key, 0) + 1
             done += len(chunk)
             if not args.quiet and not args.json:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets as _random
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, ClassVar
 
 from .entry import Entry
@@ -137,19 +138,40 @@ def op_from_json(data: dict[str, Any]) -> Op:
     return op
 
 
+class Kind(StrEnum):
+    """What happened to an op. `rejected` and `superseded` come with a why (rejected:secret, superseded:subject)."""
+
+    ADDED = "added"
+    UPDATED = "updated"
+    SUPERSEDED = "superseded"
+    UNCHANGED = "unchanged"
+    FORGOTTEN = "forgotten"
+    RECORDED = "recorded"
+    PURGED = "purged"
+    REJECTED = "rejected"
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """What happened to one op: added, updated, superseded, unchanged, forgotten, recorded or rejected:<why>."""
+    """What happened to one op. `status` is the text logs, JSON and tests show (`rejected:secret`); `kind` and
+    `why` are that text read once, here: a status of no known kind fails where it is made."""
 
     op_id: str
     status: str
     id: str | None = None
     superseded: tuple[str, ...] = ()
     detail: str | None = None
+    kind: Kind = field(init=False, repr=False, compare=False)
+    why: str | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        kind, _, why = self.status.partition(":")
+        object.__setattr__(self, "kind", Kind(kind))
+        object.__setattr__(self, "why", why or None)
 
     @property
     def ok(self) -> bool:
-        return not self.status.startswith("rejected")
+        return self.kind is not Kind.REJECTED
 
     def to_json(self) -> dict[str, Any]:
         return {

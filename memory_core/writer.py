@@ -45,6 +45,7 @@ from .namespace import Namespace
 from .ops import (
     Edit,
     Forget,
+    Kind,
     Op,
     Outcome,
     Record,
@@ -671,7 +672,7 @@ class _Broken:
 
 def _counts(outcomes: Sequence[Outcome]) -> Counter[str]:
     # superseded:<why> counts as superseded: the why may quote the user's words (slot:前任), not for git
-    return Counter("superseded" if o.status.startswith("superseded") else o.status for o in outcomes)
+    return Counter(str(o.kind) if o.kind is Kind.SUPERSEDED else o.status for o in outcomes)
 
 
 def _message(counts: Counter[str]) -> str:

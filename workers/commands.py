@@ -26,7 +26,7 @@ from memory_core.intents import (
     parse_intent,
 )
 from memory_core.namespace import Namespace
-from memory_core.ops import Edit, Forget, Op, Outcome, Pin, Remember, Share
+from memory_core.ops import Edit, Forget, Kind, Op, Outcome, Pin, Remember, Share
 from memory_core.recall import visible_in
 from memory_core.store import DREAMS
 from memory_core.subjects import asked_subject, recognise, subject_key
@@ -491,8 +491,7 @@ def memory_reply(
             "superseded": "superseded",
             "unchanged": "known",
         }
-        status = outcome.status.split(":", 1)[0]  # superseded:<why>
-        text = say(inbound, key[status], text=payload) if outcome.ok else _refusal(inbound, outcome)
+        text = say(inbound, key[outcome.kind], text=payload) if outcome.ok else _refusal(inbound, outcome)
     elif kind == "forget":
         text = _forget(runtime, mem, inbound, payload, outcomes)
     elif kind == "question":
@@ -505,8 +504,8 @@ def memory_reply(
 
 
 def _refusal(inbound: Inbound, outcome: Outcome) -> str:
-    if outcome.status in ("rejected:secret", "rejected:protected"):
-        return say(inbound, outcome.status.split(":")[1])
+    if outcome.kind is Kind.REJECTED and outcome.why in ("secret", "protected"):
+        return say(inbound, str(outcome.why))
     return say(inbound, "failed", why=outcome.detail or outcome.status)
 
 

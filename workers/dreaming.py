@@ -45,7 +45,7 @@ from memory_core.dream_replay import extraction_messages, replay_chunks, replay_
 from memory_core.errors import InvalidInput
 from memory_core.lineformat import format_time, parse_time, render_file
 from memory_core.namespace import Namespace
-from memory_core.ops import Remember
+from memory_core.ops import Kind, Remember
 from memory_core.profile import (
     guard_profile,
     profile_digest,
@@ -295,12 +295,11 @@ class _Replay:
                 self.report.reject("memory_off")  # switched off while the model read the chat
                 continue
             outcome = book.apply(op, now)
-            key = outcome.status.split(":", 1)
-            if key[0] == "rejected":
-                self.report.reject(key[1] if len(key) > 1 else "rejected")
+            if outcome.kind is Kind.REJECTED:
+                self.report.reject(outcome.why or "rejected")
             else:
-                counts[key[0]] = counts.get(key[0], 0) + 1
-                if key[0] in ("added", "superseded") and outcome.id:
+                counts[str(outcome.kind)] = counts.get(outcome.kind, 0) + 1
+                if outcome.kind in (Kind.ADDED, Kind.SUPERSEDED) and outcome.id:
                     added.append(outcome.id)
         self.report.counts.update(counts)
         self.report.touched = {"added": added}

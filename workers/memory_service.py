@@ -33,7 +33,7 @@ from memory_core.floor import REFERENCE, evidence_query
 from memory_core.forgetting import checked_profile
 from memory_core.lineformat import RawMessage, format_time, parse_file, parse_raw
 from memory_core.namespace import Namespace
-from memory_core.ops import Op, Outcome, Record, Touch, message_to_json
+from memory_core.ops import Kind, Op, Outcome, Record, Touch, message_to_json
 from memory_core.rawindex import RawHit, RawIndex
 from memory_core.recall import (
     RESIDENT_BUDGET,
@@ -523,7 +523,7 @@ class MemoryService:
         if any(o.status == "forgotten" for o in outcomes):
             drop_short_history(self.runtime, ns)
         if self.embeddings is not None and any(
-            o.status.split(":")[0] in ("added", "updated", "superseded") for o in outcomes
+            o.kind in (Kind.ADDED, Kind.UPDATED, Kind.SUPERSEDED) for o in outcomes
         ):
             self.embed_soon(ns)  # new or changed entries get their vectors off the turn
         return outcomes

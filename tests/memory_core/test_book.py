@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memory_core.book import Book
 from memory_core.lineformat import parse_file, render_file
-from memory_core.ops import Edit, Forget, Pin, Put, Remember, Touch
+from memory_core.ops import Edit, Forget, Kind, Outcome, Pin, Put, Remember, Touch
 
 T0 = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
 
@@ -19,6 +20,8 @@ def test_contradiction_supersedes_and_keeps_history() -> None:
     first = book.apply(Remember(text="我在余杭区"), T0)
     second = book.apply(Remember(text="我现在在西湖区"), T0 + timedelta(days=3))
     assert first.status == "added" and second.status == "superseded:subject:所在地"
+    assert (second.kind, second.why) == (Kind.SUPERSEDED, "subject:所在地")  # read once, not re-split
+    assert Outcome.from_json(second.to_json()) == second  # the status string is what travels
     assert second.superseded == (first.id,)
     old, new = book.get(first.id), book.get(second.id)
     assert old is not None and new is not None
@@ -71,7 +74,13 @@ def test_secret_is_rejected_and_never_stored() -> None:
     book = Book()
     out = book.apply(Remember(text="我的密码是 Xk9#mQ2!vL7p"), T0)
     assert out.status == "rejected:secret"
+    assert (out.kind, out.why, out.ok) == (Kind.REJECTED, "secret", False)
     assert book.entries() == [] and not book.changed
+
+
+def test_an_outcome_of_no_known_kind_fails_where_it_is_made() -> None:
+    with pytest.raises(ValueError, match="rejectd"):
+        Outcome("op", "rejectd:secret")  # a typo would otherwise read as "ok" everywhere
 
 
 def test_size_cap_and_empty_text_rejected() -> None:
