@@ -112,7 +112,6 @@ class Link:
     persona: str
     client: _Client
     connects: int = 0
-    reconnects: int = 0
     last_error: str = ""
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -218,7 +217,6 @@ class LongConnections:
                 client.last_frame = time.monotonic()
                 link.connects += 1
                 if link.connects > 1:
-                    link.reconnects += 1
                     self.on_reconnect(link.persona)
                 log.info("persona %s: long connection up (connection %d)", link.persona, link.connects)
             elif time.monotonic() - client.last_frame > client.silence_allowed():

@@ -42,7 +42,7 @@ from memory_core.store import DREAMS
 from memory_core.timeline import subject_timelines
 from workers.errors import BadHeader
 from workers.memory_service import MemoryService
-from workers.redis_backend import Keys
+from workers.redis_keys import Keys
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -49,19 +49,6 @@ SCAN_LIMIT = 1000  # the oldest eligible entries considered per run: a run folds
 SUBJECT_LINK_LIMIT = 64  # members of one subject linked pairwise (bounds the graph)
 MAX_GROWTH = 1.5  # a merged text longer than 1.5 × the sources (+20) adds more than it merges
 
-REASONS = (
-    "malformed",
-    "unknown_id",
-    "ineligible_id",
-    "refusal",
-    "too_short",
-    "too_long",
-    "secret",
-    "instruction",
-    "missing_term",
-    "invented",
-)
-
 
 def deep_eligible(e: Entry, now: datetime) -> bool:
     return (

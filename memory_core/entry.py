@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from .policy import RESIDENT_TYPES
 
 TYPES = ("rule", "identity", "instruction", "preference", "fact", "context")
-SOURCES = ("user", "tool", "extract", "replay", "dream", "manual", "import")
 
 #: Light dreaming's own marks (extra metadata keys, value = the date): `promo` lifts a much-recalled entry
 #: into the resident tier without being the user's pin (`pin=1`) and is taken back when it goes unused;

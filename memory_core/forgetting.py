@@ -56,13 +56,6 @@ def _spans(targets: Sequence[Forgotten]) -> list[tuple[re.Pattern[str], str]]:
     return [(re.compile(re.escape(text), re.I), by_text[text]) for text in ordered]
 
 
-def redact_message_text(text: str, targets: Sequence[Forgotten]) -> str:
-    """`text` with every span holding a target's text replaced by FORGOTTEN."""
-    for pattern, _ in _spans(targets):
-        text = pattern.sub(FORGOTTEN, text)
-    return text
-
-
 def redact_raw(day_text: str, targets: Sequence[Forgotten]) -> tuple[str, int]:
     """A raw day file with the targets' lines marked and spans replaced; (new text, lines touched)."""
     if not targets:

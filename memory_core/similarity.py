@@ -72,7 +72,3 @@ def numbers_agree(a: str, b: str) -> bool:
         return True
     small, big = (x, y) if x.total() <= y.total() else (y, x)
     return not (small - big)
-
-
-def same_text(a: str, b: str) -> bool:
-    return normalise(a) == normalise(b)

@@ -335,9 +335,6 @@ class BM25Index:
     def slot_of(self, key: Hashable) -> int | None:
         return self._slot.get(key)
 
-    def key_at(self, slot: int) -> Hashable | None:
-        return self._keys[slot]
-
     def term_id(self, term: str) -> int:
         """The id of `term`, interned on first sight."""
         t = self._vocab.get(term)

@@ -92,7 +92,14 @@ class OpQueue(Protocol):
 
     def pending(self, ns: Namespace, limit: int) -> list[str]: ...
 
-    def finish(self, ns: Namespace, raw_ops: Sequence[str], outcomes: Sequence[Outcome]) -> None: ...
+    def finish(
+        self,
+        ns: Namespace,
+        raw_ops: Sequence[str],
+        outcomes: Sequence[Outcome],
+        applied: Sequence[Outcome] = (),
+    ) -> None:
+        """Publish the outcomes of the queued `raw_ops`, drop them from the queue, count every `applied` one."""
 
     def results(self, op_ids: Sequence[str], wait: float) -> dict[str, Outcome]: ...
 
@@ -541,8 +548,7 @@ class Writer:
             return
         raw = [r for r, _ in ops if r is not None]
         published = [o for (r, _), o in zip(ops, outcomes, strict=True) if r is not None]
-        if raw:
-            self.queue.finish(ns, raw, published)
+        self.queue.finish(ns, raw, published, outcomes)
 
     def _recover(self, ns: Namespace) -> None:
         """Finish a batch that crashed between its journal and its commit, or account for one that died

@@ -39,7 +39,7 @@ from .errors import FeishuError
 from .feishu_send import FeishuSender
 from .inbound import Inbound
 from .markup import neutralize
-from .redis_backend import Keys
+from .redis_keys import Keys
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,6 @@ class CardStream:
         self.card_id: str | None = None
         self.shown = False  # the card message was posted
         self.off = False  # streaming refused: the caller replies plainly
-        self.updates = 0
         self._last = -1e9
         self._text = ""
         self._local_seq = 0
@@ -218,7 +217,6 @@ class CardStream:
             log.info("card %s: an update was refused (%s); the next one carries the text", self.card_id, exc)
             self._last = self.clock()  # a refusal counts against the card's rate too
             return
-        self.updates += 1
         self._text, self._last = text, self.clock()
 
     def _settings(self, streaming: bool = False) -> None:

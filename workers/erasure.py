@@ -39,7 +39,7 @@ from memory_core.store import TRACKED
 
 from .memory_service import drop_short_history
 from .queues import fetch
-from .redis_backend import Keys
+from .redis_keys import Keys
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)

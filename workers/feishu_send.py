@@ -53,7 +53,8 @@ from lark_oapi.core.token import TokenManager
 
 from .errors import FeishuError
 from .markup import attr, neutralize
-from .redis_backend import PACE, Keys
+from .redis_backend import PACE
+from .redis_keys import Keys
 from .settings import SEND_RATE, Persona
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,6 @@ APP_QPS = 40.0  # replies per second per app at Feishu's default quota (document
 TOKEN_INVALID = frozenset({99991663, 99991664, 99991665})
 RATE_LIMITED = frozenset({99991400, 230020, 11232, 230049})
 CONTENT_REFUSED = frozenset({230001, 230025, 99992402})
-MESSAGE_GONE = frozenset({230011, 231003})
 CHUNK_CHARS = 3000
 THINKING = "THINKING"
 _MARKDOWN = re.compile(r"(\*\*|__|`|^#{1,6} |^\s*[-*+] |^\s*\d+\. |\[[^\]]+\]\([^)]+\)|^> )", re.M)

@@ -52,7 +52,8 @@ from memory_core.namespace import Namespace
 from .inbound import Inbound
 from .metrics import Metrics
 from .queues import queue
-from .redis_backend import ACCEPT, CLAIM, COMPARE_AND_DELETE, HAND_ON, Keys, take, text
+from .redis_backend import ACCEPT, CLAIM, COMPARE_AND_DELETE, HAND_ON, take, text
+from .redis_keys import Keys
 
 log = logging.getLogger(__name__)
 

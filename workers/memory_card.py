@@ -35,7 +35,7 @@ from .feishu_send import sender_for
 from .inbound import Inbound
 from .markup import neutralize
 from .memory_service import service_for
-from .redis_backend import Keys
+from .redis_keys import Keys
 from .runtime import Runtime, current
 
 log = logging.getLogger(__name__)

@@ -52,7 +52,7 @@ from memory_core.textindex import STOP_CHARS
 from memory_core.writer import RAW_REWRITES
 
 from .embedding import Embeddings, from_settings
-from .redis_backend import Keys
+from .redis_keys import Keys
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -369,11 +369,6 @@ class MemoryService:
         with self._raw_lock:
             around = self._raw_cache(ns).index.context(hit.id)
         return explain(query, hit.text, around)
-
-    def flush_index(self, ns: Namespace) -> None:
-        with self._raw_lock:
-            cache = self._raw_cache(ns)
-            self._save_raw(cache, self.runtime.store.file(ns, ".index", "raw"))
 
     def active_recall(
         self, ns: Namespace, query: str, session: str, chat: str, already: str = ""

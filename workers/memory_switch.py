@@ -21,7 +21,8 @@ from typing import ClassVar
 
 import redis
 
-from .redis_backend import Keys, text
+from .redis_backend import text
+from .redis_keys import Keys
 
 _PER_MESSAGE = re.compile(
     r"^\s*[/／]nomem\b[\s:：,，]*"

@@ -1,7 +1,7 @@
 """Service metrics, aggregated in Redis and served by the bot as Prometheus text at `/metrics`.
 
 Why Redis and not `prometheus_client`: the events happen in several processes on several hosts (webhook
-replicas, RQ work-horses that fork per job, the cron process) and only the bot serves HTTP. The client
+replicas, every worker process, the cron process) and only the bot serves HTTP. The client
 library's multi-process mode needs a shared directory on one host; Redis is already shared by every
 process, so counters are `HINCRBYFLOAT` on one hash and a scrape reads it back. Metric names follow the
 Prometheus conventions; labels are sorted and escaped here.
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 import redis
 
-from .redis_backend import Keys
+from .redis_keys import Keys
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,8 @@ from .feishu_send import FeishuSender, sender_for
 from .inbound import Inbound
 from .metrics import Metrics
 from .queues import queue
-from .redis_backend import Keys, take, text
+from .redis_backend import take, text
+from .redis_keys import Keys
 from .runtime import Runtime, current
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Everything Lucid keeps in Redis is named here: the key names, the Lua scripts, and the one lock.
+"""Redis for every part: its Lua scripts, the one lock, the writer's op queue (key names: `redis_keys`).
 
 The lock (`take`) is a `SET NX PX` with a random owner, released only by its owner (compare-and-delete),
 renewed by a heartbeat while held, and — for the writer — fenced: a token from a counter that only grows,
@@ -12,6 +12,7 @@ import logging
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,52 +22,12 @@ from memory_core.namespace import Namespace
 from memory_core.ops import Op, Outcome
 from memory_core.writer import Lease, op_json
 
+from .metrics import label_text
+from .redis_keys import Keys
+
 log = logging.getLogger(__name__)
 
-
-# -------------------------------------------------------------------------------------------- key names
-class Keys:
-    """Every Redis key Lucid uses, by name: call one with its parts (`Keys.inbox(ns.key)`). They all start with
-    PREFIX; `ns` is a Namespace.key, `message` a Feishu message id. docs/PRIVACY.md says what `lucid erase`
-    does to each."""
-
-    PREFIX = "lucid:"
-    lease = "lucid:lease:{}".format  # ns: the writer's lock (owner string, PX ttl)
-    fence = "lucid:fence:{}".format  # ns: the writer's fencing counter (INCR)
-    ops = "lucid:ops:{}".format  # ns: the writer's pending ops, JSON, oldest first
-    result = "lucid:res:{}".format  # op id: the op's outcome, a list its submitter BLPOPs
-    INBOXES = "lucid:inboxes"  # namespaces whose inbox may hold messages → when to look (Redis clock, ms)
-    inbox = "lucid:inbox:{}".format  # ns: a person's unanswered messages by create time
-    turn_lock = "lucid:turnlock:{}".format  # ns: held while a turn job answers the inbox
-    turn_job = "lucid:turnjob:{}".format  # ns: the id of the person's one turn job
-    resumed = "lucid:resumed:{}".format  # ns: the last turn job the sweep queued
-    busy = "lucid:busy:{}".format  # ns: the person was told their backlog is long
-    turn_done = "lucid:turndone:{}:{}".format  # persona, message: answered
-    turn_tries = "lucid:turntry:{}:{}".format  # persona, message: turns started on it
-    SEEN = "lucid:seen:"  # dedupe claims of Feishu ids (value "1", kept until they expire)
-    seen_message = "lucid:seen:m:{}:{}".format  # persona, message
-    seen_event = "lucid:seen:e:{}:{}".format  # persona, event id
-    seen_card = "lucid:seen:card:{}:{}".format  # persona, card action event id
-    SWEEPING = "lucid:sweeping"  # whoever sets it sweeps the inboxes this interval
-    REPLIES_DUE = (
-        "lucid:replies:due"  # "<persona>\x1f<message>" → when its parked reply's next job is due (ms)
-    )
-    reply = "lucid:reply:{}:{}".format  # persona, message: a parked reply (hash)
-    replies = "lucid:replies:{}:{}".format  # persona, chat: the chat's parked replies by create time
-    reply_lock = "lucid:replylock:{}:{}".format  # persona, message: held while one attempt sends it
-    thinking = "lucid:thinking:{}:{}".format  # persona, message: the "thinking" reaction's id
-    card = "lucid:card:{}:{}".format  # persona, message: the streaming card of its reply
-    card_seq = "lucid:card-seq:{}".format  # card id: its update sequence (INCR)
-    memory_card = "lucid:memcard:{}:{}".format  # persona, card message: what a /memory card shows
-    session = "lucid:session:{}".format  # chat key: the conversation's session id
-    history = "lucid:history:{}".format  # chat key (`<ns>:<chat>`): the last turns replayed to the model
-    language = "lucid:lang:{}".format  # chat key: the language the person writes in
-    flag = "lucid:flag:{}".format  # name: a short-lived flag (the model is down, CardKit refused, …)
-    resident = "lucid:resident:{}:{}:{}:{}".format  # ns, chat type, chat, session: the frozen resident tier
-    memory_off = "lucid:memoff:{}:{}:{}".format  # tenant, persona, chat: the chat's memory switch (+ ":gen")
-    pace = "lucid:pace:{}:{}".format  # bucket (chat, app, appmin), its id: the next free send slot (ms)
-    viewer_session = "lucid:viewer:session:{}".format  # sha256 of a viewer session id
-    METRICS = "lucid:metrics"  # every counter and histogram, one hash
+WRITES = "lucid_memory_writes_total"  # counted in the batch's own transaction: no extra round trip
 
 
 # ------------------------------------------------------------------------------------------ Lua scripts
@@ -286,14 +247,23 @@ class RedisOpQueue:
         raw = self.client.lrange(Keys.ops(ns.key), 0, limit - 1)
         return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
 
-    def finish(self, ns: Namespace, raw_ops: Sequence[str], outcomes: Sequence[Outcome]) -> None:
+    def finish(
+        self,
+        ns: Namespace,
+        raw_ops: Sequence[str],
+        outcomes: Sequence[Outcome],
+        applied: Sequence[Outcome] = (),
+    ) -> None:
         pipe = self.client.pipeline(transaction=True)
         for outcome in outcomes:
             key = Keys.result(outcome.op_id)
             pipe.rpush(key, json.dumps(outcome.to_json(), ensure_ascii=False))
             pipe.expire(key, self.result_ttl)
+        for kind, n in Counter(str(o.kind) for o in applied).items():
+            pipe.hincrbyfloat(Keys.METRICS, WRITES + label_text({"outcome": kind}), n)
         pipe.execute()
-        self._finish(keys=[Keys.ops(ns.key)], args=list(raw_ops))
+        if raw_ops:
+            self._finish(keys=[Keys.ops(ns.key)], args=list(raw_ops))
 
     def results(self, op_ids: Sequence[str], wait: float) -> dict[str, Outcome]:
         found: dict[str, Outcome] = {}

@@ -63,7 +63,8 @@ from .memory_service import Assembly, MemoryService, service_for
 from .memory_switch import ChatSwitch, TurnMemory, per_message_off
 from .metrics import Metrics
 from .outbox import send_reply
-from .redis_backend import Keys, text
+from .redis_backend import text
+from .redis_keys import Keys
 from .runtime import Runtime, current
 from .settings import Persona
 

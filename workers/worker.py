@@ -21,7 +21,7 @@ from rq import SimpleWorker
 
 from memory_core.errors import InvalidInput
 
-from . import dreaming, extraction, scheduler  # noqa: F401  (pre-import the job modules before forking)
+from . import dreaming, extraction, scheduler  # noqa: F401  (the job modules, loaded before the first job)
 from .mailbox import Sweeper
 from .outbox import Outbox
 from .queues import SERIALIZER

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 import redis
 
+from memory_core.namespace import Namespace
+from memory_core.ops import Forget, Remember
+from memory_core.writer import Writer
 from workers.metrics import Metrics, queue_depths
 
 
@@ -52,3 +55,16 @@ def test_llm_calls_and_tokens_are_counted(redis_client: redis.Redis, redis_url: 
     assert 'lucid_llm_calls_total{call="chat",model="m1",outcome="ok"} 1' in text
     assert 'lucid_llm_calls_total{call="chat",model="m1",outcome="error"} 1' in text
     assert 'lucid_llm_tokens_total{call="chat",direction="completion",model="m1"}' in text
+
+
+def test_memory_writes_are_counted_by_outcome(redis_writer: Writer, redis_client: redis.Redis) -> None:
+    ns = Namespace.of("t1", "alice", "p")
+    redis_writer.submit(ns, [Remember(text="我住在余杭区"), Remember(text="我对花生过敏")])
+    redis_writer.submit(
+        ns, [Remember(text="我现在住在西湖区"), Remember(text="我对花生过敏"), Forget(id="0" * 16)]
+    )
+    text = Metrics(redis_client).render()
+    assert 'lucid_memory_writes_total{outcome="added"} 2' in text
+    assert 'lucid_memory_writes_total{outcome="superseded"} 1' in text  # the why (subject) is not a label
+    assert 'lucid_memory_writes_total{outcome="unchanged"} 1' in text
+    assert 'lucid_memory_writes_total{outcome="rejected"} 1' in text
