@@ -1,25 +1,5 @@
-"""The webhook: verify, decrypt, dedupe, enqueue, answer 200 — well inside Feishu's 3 seconds.
-
-    POST /feishu/{persona}/events    GET /healthz    /admin/… (bot.admin)
-
-Checks, in order (each failure is one log line with ids and a status, never a crash and never a turn):
-unknown persona 404 · persona without a verification token 403 · body over the cap 413 · signature
-`sha256(timestamp + nonce + encrypt_key + raw body)` when an Encrypt Key is configured 401 · JSON and
-AES-256-CBC decoding, with depth and size guards against JSON bombs 400 · verification token (constant
-time) 401 · URL-verification challenge answered · unsigned event when signing is expected 401 ·
-events older than the stale window, other event and message types, group messages without an @mention
-of the bot → 200 and ignored · duplicates (message_id or event_id seen by any replica in 12 h) → 200 ·
-Redis unreachable → 503 so Feishu retries.
-
-Decisions: a persona with no verification token configured is refused outright, challenge included —
-a misconfigured persona must not start accepting events. The token check and the signature check are both
-enforced when both are configured; the challenge is not signature-checked (Feishu does not document
-signing it, and the SDK skips it too). No freshness window is put on the signature timestamp (retries may
-reuse it); replays are stopped by dedupe and by the stale window on the message's own create_time.
-Verification is hand-rolled (the SDK's dispatcher answers 500 to everything and compares signatures with
-`!=`); decryption is the SDK's `AESCipher`. The tests check both accept exactly the same deliveries.
-Redis work runs off the event loop, in batches (`Batcher`): a hung Redis never stalls the loop, and under
-load one round trip serves many requests.
+"""The webhook (`POST /feishu/{persona}/events`, `/healthz`, `/admin/…`): verify, decrypt, dedupe, enqueue,
+answer 200 well inside Feishu's 3 seconds (the checks and why: docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations

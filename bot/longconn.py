@@ -1,18 +1,5 @@
-"""Feishu's long connection (`mode = "ws"`): events over lark-oapi's WebSocket client, no public URL needed.
-
-Every ws persona's `lark.ws.Client` runs on one thread with its own event loop (the SDK drives a
-module-level loop captured at import, so two loops in two threads would trample each other). Events go to
-the webhook's own routing, redaction, Redis dedupe and queue (`Webhook.accept_event`) on the app's loop,
-and the SDK acknowledges a frame only after that returns: an enqueue takes milliseconds, and a refusal
-(Redis down) is acknowledged 500 so Feishu pushes the event again. Feishu gives each event to one of an
-app's connections, so replicas and re-pushes meet in the shared dedupe. docs/ARCHITECTURE-ws.md has more.
-
-What this adds to the SDK, which otherwise can leave a bot deaf for days:
-- the endpoint POST gets a timeout (the SDK's has none);
-- a watchdog: no frame (pong or event) within `WATCH_PINGS` ping intervals → the socket is aborted
-  (a half-open socket never finishes a close handshake) and a new connection is made;
-- one reconnect owner: the SDK's own auto-reconnect is off (two reconnects at once deadlock its lock), and
-  this supervisor reconnects with capped, jittered backoff, for ever.
+"""Feishu's long connection (`mode = "ws"`): lark-oapi's WebSocket client, a watchdog and one reconnect
+owner, feeding the webhook's own `accept_event` (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations

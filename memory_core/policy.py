@@ -1,4 +1,4 @@
-"""The rules of who may change and who may see a memory: the protection rule and the kinds it and the tiers use.
+"""Who may change and who may see a memory: the protection rule and the kinds it and the tiers use.
 
 Every automatic path (the model's tool, extraction, replay, dreaming, profile distillation) asks `protected`
 before it changes or removes an entry; only the person (`USER_SOURCES`: a command, the CLI, a hand edit) may.

@@ -1,15 +1,5 @@
-"""The store: the one module that reads and writes a namespace's files and its git repository.
-
-Layout of a namespace directory (DESIGN §2):
-
-    MEMORY.md  ARCHIVE.md  PROFILE.md  DREAMS.md  raw/YYYY-MM-DD.md  .git/
-    .lucid/    (not in git) state.json — hashes of what the writer last wrote, to tell hand edits apart;
-               fence — the newest fencing token; journal.json — a batch between its write and its commit.
-
-Every whole-file write is temp file + fsync + `os.replace` (+ fsync of the directory), so a reader or a
-crash sees each file either before or after a batch, never torn. `replace_files` runs only while the
-caller's fencing check passes, under a host-wide `flock`, so a writer whose lease expired while it was
-paused cannot overwrite the new holder's write.
+"""The store: the one module that reads and writes a namespace's files and its git repository, every write
+atomic and fenced (layout: docs/ARCHITECTURE.md, "The writer").
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""The single writer of a namespace: every change to its files goes through here (DESIGN §4).
-
-    submit(ops) ─▶ queue ─▶ whoever takes the lease drains every pending op of the namespace as one batch:
-        claim fence → recover a half-finished batch → read files → commit a hand edit as `manual edit`
-        → apply ops → journal → fenced atomic replace → record hashes → git commit → publish outcomes
-
-Locking and the cross-process queue are injected: a Redis lease and Redis lists in production
-(`workers.redis_backend`), a host-local `flock` where no Redis is configured (`LocalLocker`, no queue:
-each call is its own batch). The lease is never held while a model runs: `transact` takes a version the
-caller planned against and refuses (returns None) if the namespace moved meanwhile, so the caller re-plans.
+"""The single writer of a namespace: every change to its files goes through here, as a fenced batch and one
+git commit (docs/ARCHITECTURE.md, "The writer").
 """
 
 from __future__ import annotations

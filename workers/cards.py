@@ -1,18 +1,5 @@
-"""A reply that streams into a CardKit card while the model writes it (research/feishu.md §3.7, option B).
-
-    card = CardStream(sender, inbound, redis)
-    llm.chat_stream(..., on_text=card.partial)      # the card appears with the first visible words
-    card.finish(final) or send_reply(final)         # False: no card was shown, reply plainly
-
-Protocol: `cardkit.v1.card.create` (JSON 2.0, `streaming_mode`), one reply with msg_type `interactive`
-whose content names the card, then `card_element.content` with the FULL text and a strictly increasing
-`sequence`, and `card.settings` with `streaming_mode: false` at the end (else the chat list keeps showing
-"[生成中…]"). Updates are throttled to `MIN_INTERVAL` (CardKit allows 10 operations per second per card).
-
-Exactly once: the card message uses the inbound message id as its uuid, like a plain reply; the card id and
-the sequence live in Redis for the turn's life, so a redone turn (its worker was killed) continues the same
-card instead of posting another. Any refusal before the card is shown (no `cardkit:card:write` scope,
-an error code, Feishu down) turns streaming off for this reply: the caller then replies plainly.
+"""A reply that streams into a CardKit card while the model writes it, one card per message however often
+the turn is redone (docs/ARCHITECTURE.md, "Delivery").
 """
 
 from __future__ import annotations

@@ -1,19 +1,5 @@
-"""Dreaming as RQ jobs: one function per phase, each a whole run for one namespace (DESIGN §6).
-
-    light_dream(ns) · deep_dream(ns) · replay(ns) · profile(ns)      ns = "tenant/user/persona"
-
-A run: snapshot the namespace without the lease → plan and, for the model phases, call the dream model
-(the lease is never held while a model runs) → `writer.transact(expect_version=snapshot)`. If a chat
-write landed meanwhile, the transact refuses and the run re-plans on a fresh snapshot (up to
-MAX_REPLANS times) without calling the model again: accepted merges are re-checked against the new
-files, replayed facts go through the upsert anyway. The write is one atomic batch and one commit with an
-honest message, and it prepends one entry to DREAMS.md — "nothing to do" runs too. A job that raises
-writes nothing (the files change only inside the final transact); RQ retries it.
-
-Budgets per run (calls / prompt+completion tokens): deep 4 / 16,000 (one call per cluster, at most 4
-clusters), replay 8 / 24,000, profile 1 / 8,000. A run that hits its budget stops calling the model,
-writes what it has and says so in the journal. Without LUCID_DREAM_MODEL the deep, replay and profile
-phases do nothing and report that.
+"""Dreaming as RQ jobs: `light_dream`, `deep_dream`, `replay` and `profile`, each a whole run for one
+namespace written as one batch (docs/ARCHITECTURE.md, "Dreaming").
 """
 
 from __future__ import annotations

@@ -1,25 +1,5 @@
-"""Outbound Feishu: replies, reactions and the bot's identity through the real, synchronous lark-oapi client.
-
-Workers call the SDK's sync methods only: its `a*` twins build a new httpx client per call and block on a
-cold token cache (research/feishu.md §2.5). Everything Feishu can throw at a sender is handled here, and
-only `FeishuError` leaves the module:
-
-- every reply is threaded to the inbound message with `uuid` = the inbound message id (`:<n>` for later
-  chunks), so a retried request or a re-run turn never posts twice (Feishu runs one uuid at most once an hour);
-- HTTP 429 / 99991400 (honouring `x-ogw-ratelimit-reset`), 230020, 11232, 230049, 5xx, non-JSON bodies,
-  timeouts and refused connections are retried with backoff, reusing the same request and so the same uuid;
-- 99991663/4/5 (invalid tenant token) drops the SDK's process-wide cached token, which it never does itself,
-  and retries once;
-- sends are paced per chat (4/s, under Feishu's 5 QPS that every bot in a group shares) and per app (40/s)
-  by a slot scheduler in Redis that every worker process shares;
-- long answers are split on paragraph boundaries; Markdown goes out as a `post` with one `md` node, plain text
-  as `text`, and a `post` Feishu refuses is sent again as plain text;
-- no text goes out with a mention, tag or link someone typed (`markup.neutralize`): only the bot's own
-  @mention of a person (`post(mention=…)`) is markup.
-
-A failure is `retryable` when time can cure it (rate limits, 5xx, unreadable bodies, timeouts, refused
-connections, token trouble other than a wrong app id or secret). A turn's reply still refused that way after
-these tries is not dropped: `workers.outbox` parks it and delivers it later with the same uuids.
+"""Outbound Feishu through the real, synchronous lark-oapi client: replies, reactions, pacing and retries;
+only `FeishuError` leaves the module (docs/ARCHITECTURE.md, "Delivery").
 """
 
 from __future__ import annotations

@@ -1,36 +1,5 @@
-"""Per-person ordering and fair turns: the webhook's `Intake` (dedupe + inbox + job) and the worker's `Mailbox`.
-
-Two messages from one person are answered in order, and one person's backlog never holds up anyone else's
-turn for more than the turn in progress. Each accepted message goes into the person's inbox (a Redis sorted
-set by Feishu create_time). A person has at most ONE turn job at a time (`lucid:turnjob:<ns>` names it, set
-atomically with the inbox write): the webhook enqueues one only when none is pending. The job takes the
-namespace's turn lease (a Redis lease with heartbeat), answers the inbox's oldest TURN_BATCH message(s), and
-— if more are waiting — hands on to a new job enqueued at the BACK of the chat queue. So the queue goes
-round-robin over people: someone with eighty messages queued holds one place in it, not eighty, and a second
-worker never sits waiting for that person's lease. A job whose person's chat is still inside Feishu's send
-pacing (4 per second per chat) hands on at once instead of sleeping in the pacer while others wait, unless
-nobody else is waiting. A job that finds the lease taken ends at once: the holder hands on (or, if it died,
-the sweep below does).
-
-A person whose unanswered backlog reaches BUSY_BACKLOG is told once, politely, that their messages will be
-answered in order (`busy` below; sent as a new message in the chat, not as a reply, so the reply to each
-message stays that message's one reply); every message is still answered, oldest first, exactly once. The
-notice comes again only after their backlog emptied.
-
-A message leaves the inbox only after its turn, so a killed worker's message is redone by the next job —
-safely, because the reply's uuid is the message id, the raw record is idempotent by id, and upserts of the
-same text are no-ops; a message answered once is marked done and never answered again.
-`depends_on` chains were rejected: a replica can enqueue B before A's job exists.
-
-Recovery without a next message (`Sweeper`, run by every `lucid worker` in a thread): the webhook also marks
-the person's inbox in `lucid:inboxes` (a sorted set: namespace → when to look at it). Every SWEEP_SECONDS one
-worker (a Redis lock picks it) looks at the marks that are due: an empty inbox is unmarked; one whose turn
-lease is held is looked at again at the next sweep; one with pending messages, no lease and no turn job
-still waiting in the queue (the worker running it was killed, or Redis lost the job) gets a job for its
-oldest message at the front of the chat queue, which becomes the person's turn job. A SIGKILLed turn is
-answered about TURN_LEASE_MS + SWEEP_SECONDS after the kill. RQ's own handling of the abandoned job was not
-enough: with a SimpleWorker the job counts as abandoned only job_timeout + 60 s after the kill, and the
-registry cleanup that would retry it runs every 10 minutes.
+"""Per-person ordering and fair turns: the webhook's `Intake`, the worker's `Mailbox`, and the `Sweeper` that
+recovers an inbox whose worker died (docs/ARCHITECTURE.md, "Ordering and fairness").
 """
 
 from __future__ import annotations
@@ -186,7 +155,7 @@ def _enqueue_turn(
 
 
 class Mailbox:
-    """The worker's side: a person's turn job answers their oldest message(s), then hands on (module docs)."""
+    """The worker's side: a person's turn job answers their oldest message(s), then hands on."""
 
     def __init__(
         self,
@@ -331,7 +300,7 @@ _WAITING = {JobStatus.QUEUED.value, JobStatus.DEFERRED.value, JobStatus.SCHEDULE
 
 
 class Sweeper:
-    """Hands an inbox nobody is draining (its worker died mid-turn) to a new turn job (see module docs).
+    """Hands an inbox nobody is draining (its worker died mid-turn) to a new turn job (docs/ARCHITECTURE.md).
 
     Cost: one lock attempt per worker per SWEEP_SECONDS; the one that wins reads the due marks (inboxes
     that got a message in the last few seconds, or that are leased, or stuck) in a few pipelined round

@@ -1,10 +1,5 @@
-"""Service metrics, aggregated in Redis and served by the bot as Prometheus text at `/metrics`.
-
-Why Redis and not `prometheus_client`: the events happen in several processes on several hosts (webhook
-replicas, every worker process, the cron process) and only the bot serves HTTP. The client
-library's multi-process mode needs a shared directory on one host; Redis is already shared by every
-process, so counters are `HINCRBYFLOAT` on one hash and a scrape reads it back. Metric names follow the
-Prometheus conventions; labels are sorted and escaped here.
+"""Service metrics: counters and histograms in one Redis hash (every process adds to it), served by the bot
+as Prometheus text at `/metrics`.
 """
 
 from __future__ import annotations

@@ -1,34 +1,5 @@
-"""Replies Feishu did not take during their turn: parked in Redis, delivered later, exactly once.
-
-The sender (`feishu_send`) tries a reply a few times within seconds. When Feishu still refuses it with a
-failure time can cure (429 and the rate-limit codes, 5xx, unreadable bodies, timeouts, refused connections,
-token trouble), the answer is not dropped: `send_reply` parks it and returns "parked", the turn goes on
-(the reply counts as said) and the person's mailbox moves on to their next message.
-
-- Parked = one Redis hash per reply, `lucid:reply:<persona>:<message id>` (chat, text — redacted, like all
-  message text kept in Redis —, attempts, chunks already posted, first attempt, give-up time, last error), in
-  its chat's queue `lucid:replies:<persona>:<chat>` (a sorted set by the message's create time), written in one
-  MULTI with the first `deliver_parked` job, scheduled on the chat queue: the worker's RQ scheduler (`lucid
-  worker` runs one) enqueues it when due.
-- Every attempt resends the same chunks with the same uuids (the message id, `<id>:<n>` for later chunks), so
-  Feishu posts each chunk at most once however many attempts reached it; chunks already posted are skipped.
-  Feishu remembers a uuid for an hour, so no attempt starts later than `reply_deadline` after the first one
-  (LUCID_REPLY_DEADLINE: 50 minutes by default, at most 55).
-- Backoff between attempts: 2 s, 4 s, 8 s … at most 5 minutes, plus up to 10 % jitter: about 16 retries in
-  the default 50 minutes. Each job makes one attempt (no sleeping in a worker).
-- Order: a chat's parked replies go out oldest first. A job sends the older parked replies of its chat before
-  its own and stops at the first that Feishu refuses again (it would refuse the rest the same way); its own
-  last attempt before the deadline ignores the order, so no reply waits out its deadline behind another. A new
-  turn tries the chat's parked replies once each, then sends its own answer in any case: a new message is
-  never held back behind an old reply.
-- Give up: at once on a refusal no retry cures (message recalled, bot removed from the chat, no permission),
-  or when the deadline comes: an error in the log and `lucid_replies_undelivered_total{reason}`, never silently.
-- A worker killed mid-attempt, or a retry job that never runs (the worker holding RQ's scheduler lock was
-  killed: other workers take the scheduler over only at their 10-minute maintenance): every scheduled job
-  also writes when it is due into `lucid:replies:due`; the workers' sweeper (`rescue`, every few seconds)
-  queues a job at once for a parked reply whose job is more than OVERDUE_MS late. The hash is still there and
-  the uuid keeps the post single. A lock per parked reply (`SET NX PX`) keeps two jobs, or a job and a turn,
-  from sending the same one at once.
+"""Replies Feishu did not take during their turn: parked in Redis and delivered later, exactly once, or given
+up loudly (docs/ARCHITECTURE.md, "Delivery").
 """
 
 from __future__ import annotations
@@ -343,8 +314,8 @@ class Outbox:
             return f"failed; next try in {delay:.0f}s"
 
     def rescue(self) -> list[str]:
-        """Queue a job now for every parked reply whose retry job is overdue (see the module docs); the
-        message ids it queued. Run by the workers' sweeper thread; cost O(overdue replies)."""
+        """Queue a job now for every parked reply whose retry job is overdue; the message ids it queued. Run
+        by the workers' sweeper thread; cost O(overdue replies)."""
         now_ms = int(time.time() * 1000)
         late = now_ms - self.overdue_ms
         members = [text(m) for m in self.client.zrangebyscore(DUE, "-inf", late, 0, RESCUE_BATCH)]
@@ -429,7 +400,7 @@ def send_reply(
 
 
 def deliver_parked(persona: str, message_id: str, n: int) -> str:
-    """RQ job on "chat": retry a parked reply (see the module docs)."""
+    """RQ job on "chat": retry a parked reply (docs/ARCHITECTURE.md, "Delivery")."""
     runtime = current()
     if runtime.redis is None:
         raise LucidError("parked replies need Redis")

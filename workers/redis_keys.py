@@ -2,9 +2,8 @@
 
 
 class Keys:
-    """Every Redis key Lucid uses, by name: call one with its parts (`Keys.inbox(ns.key)`). They all start with
-    PREFIX; `ns` is a Namespace.key, `message` a Feishu message id. docs/PRIVACY.md says what `lucid erase`
-    does to each."""
+    """Call a key with its parts (`Keys.inbox(ns.key)`). They all start with PREFIX; `ns` is a Namespace.key,
+    `message` a Feishu message id. docs/PRIVACY.md says what `lucid erase` does to each."""
 
     PREFIX = "lucid:"
     lease = "lucid:lease:{}".format  # ns: the writer's lock (owner string, PX ttl)
@@ -24,9 +23,7 @@ class Keys:
     seen_event = "lucid:seen:e:{}:{}".format  # persona, event id
     seen_card = "lucid:seen:card:{}:{}".format  # persona, card action event id
     SWEEPING = "lucid:sweeping"  # whoever sets it sweeps the inboxes this interval
-    REPLIES_DUE = (
-        "lucid:replies:due"  # "<persona>\x1f<message>" → when its parked reply's next job is due (ms)
-    )
+    REPLIES_DUE = "lucid:replies:due"  # "<persona>\x1f<message>" → when its reply's next job is due (ms)
     reply = "lucid:reply:{}:{}".format  # persona, message: a parked reply (hash)
     replies = "lucid:replies:{}:{}".format  # persona, chat: the chat's parked replies by create time
     reply_lock = "lucid:replylock:{}:{}".format  # persona, message: held while one attempt sends it

@@ -1,26 +1,5 @@
-"""`lucid cron`: one rq CronScheduler with one `tick` job; the tick decides which dream phases are due.
-
-Static cron entries cannot follow a changing set of namespaces, and rq's cron has no job ids, so the
-cron process registers a single `tick` every TICK_SECONDS (on the `memory` queue, which workers drain
-before `dream`). The tick lists the namespaces on disk and, per namespace, enqueues each due phase with
-`enqueue_phase` (unique job id per namespace and phase, so a phase is queued or running at most once).
-
-When a phase is due (`due_phases`, pure):
-- light   daily, if MEMORY.md/ARCHIVE.md changed since the last light run;
-- profile daily, if they changed since the last profile run (the job itself skips the model when the
-          profile's inputs did not change);
-- deep    weekly, if they changed since the last deep run;        } only with LUCID_DREAM_MODEL; the
-- replay  weekly, if raw messages arrived since its watermark.    } first sighting only records a start
-Each interval gets a deterministic per-namespace jitter (up to 10 % of it, at most 2 h, from a hash of
-the namespace), so namespaces do not all dream at the same minute.
-
-Catch-up: last-run times are persisted per namespace (`Store.set_state_value`, key `dream.<phase>`) by
-the job when it succeeds. A phase is due when `now - last >= interval + jitter`, and a run sets `last`
-to its own time, so after any downtime each overdue phase runs once, then the normal cadence resumes.
-
-Switches (read when the tick runs, never at import): LUCID_DREAM_LIGHT, LUCID_DREAM_DEEP,
-LUCID_DREAM_REPLAY, LUCID_DREAM_PROFILE = `off` (never scheduled; manual runs still work), `on` (the
-default interval), or an interval such as `12h`, `3d`, `90m`, `3600` (seconds).
+"""`lucid cron`: one rq CronScheduler with one `tick` job that queues the dream phases each namespace is due
+for (`due_phases`; docs/ARCHITECTURE.md, "Dreaming").
 """
 
 from __future__ import annotations

@@ -1,18 +1,5 @@
-"""One chat turn — the same function for Feishu (an RQ job) and for `lucid chat` — and its ordering.
-
-    run_turn: command? → record the message → assemble memory → model with `manage_memory` (or memory-only)
-              → reply → record the reply → hit feedback → background extraction
-
-The bot never goes silent: without a chat model, or with Ollama down or slow, explicit requests are handled
-deterministically (`intents.parse_intent`) and questions answered from memory, with a plain note saying so.
-
-Ordering (two messages from one person are answered in order): the webhook puts each accepted message in
-the person's inbox (a Redis sorted set by Feishu create_time) and enqueues `handle_message`. A job takes
-the namespace's turn lease (a Redis lease with heartbeat) and drains the inbox oldest first; a job that
-finds the lease taken waits until its own message is answered, or the holder dies and the lease expires.
-A message leaves the inbox only after its turn, so a killed worker's message is redone by the next job —
-safely, because the reply's uuid is the message id, the raw record is idempotent by id, and upserts of
-the same text are no-ops. `depends_on` chains were rejected: a replica can enqueue B before A's job exists.
+"""One chat turn, the same for Feishu (an RQ job) and `lucid chat`: a command or a conversation, the reply,
+then what is kept of it; without a model it answers from memory and says so (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""`lucid worker`: an RQ worker on the chat, memory and dream queues, in that priority order.
-
-Chat turns come first, background extraction second, dreaming last: a long deep dream never delays a
-reply for longer than the job it is already running. The worker runs rq's scheduler too, so retries with
-an interval (dream jobs retry after 30 s and 120 s) and jobs whose worker died are picked up again.
-Jobs run in this process (SimpleWorker), so caches stay warm between jobs; job modules are imported here.
-
-Each worker also runs the inbox sweeper in a thread (`mailbox.Sweeper`; one worker sweeps per interval):
-a message whose worker was killed mid-turn is answered about 15 s (the turn lease) + a few seconds later,
-even if the person never writes again. The same thread rescues parked replies whose retry job is overdue
-(`outbox.Outbox.rescue`: the job's worker died, or the worker holding RQ's scheduler lock did). No extra
-process: every deployment that runs a worker has it.
+"""`lucid worker`: an RQ SimpleWorker on the chat, memory and dream queues in that order, with the inbox and
+outbox sweeper in a thread.
 """
 
 from __future__ import annotations
