@@ -1,12 +1,5 @@
-"""Routing: a verified Feishu event → the `Inbound` message a turn answers, or the reason it is ignored.
-
-Pure: no I/O, no clock of its own. Who is speaking (tenant, union_id else open_id), which persona, which chat;
-in a group only messages that @mention the bot (matched by the bot's open_id, never by its display name,
-research/feishu.md §6) get through, one-to-one chats always. `@_user_N` placeholders become `@Name`, the
-bot's own mention is removed, `@_all` becomes `@所有人`. Text and rich-text (`post`) messages are read; every
-other type (image, file, audio, media, sticker, shared chat or user, location, merged forward, …) becomes a
-typed placeholder with its keys, e.g. `[image image_key=img_v3_…]`, so the raw archive keeps a trace and the
-bot can say plainly what it cannot read. Ids that reach Redis keys and paths are checked here.
+"""Routing: a verified Feishu event → the `Inbound` message a turn answers, or the reason it is ignored
+(`route`).
 """
 
 from __future__ import annotations
@@ -56,6 +49,14 @@ def route(
 
     `bot_open_id` empty means the bot's identity is not known yet: a group message is then refused for a
     retry (an unknown bot cannot tell whether it was addressed); one-to-one chats still work.
+
+    Pure: no I/O, no clock of its own. Who is speaking (tenant, union_id else open_id), which persona, which chat;
+    in a group only messages that @mention the bot (matched by the bot's open_id, never by its display name,
+    research/feishu.md §6) get through, one-to-one chats always. `@_user_N` placeholders become `@Name`, the
+    bot's own mention is removed, `@_all` becomes `@所有人`. Text and rich-text (`post`) messages are read; every
+    other type (image, file, audio, media, sticker, shared chat or user, location, merged forward, …) becomes a
+    typed placeholder with its keys, e.g. `[image image_key=img_v3_…]`, so the raw archive keeps a trace and the
+    bot can say plainly what it cannot read. Ids that reach Redis keys and paths are checked here.
     """
     header = event.get("header")
     if event.get("schema") != "2.0" or not isinstance(header, dict):

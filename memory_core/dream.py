@@ -1,19 +1,5 @@
-"""Dreaming, the pure part: the public API of the phases, and the journal every run writes (DESIGN §6).
-
-The phases live in their own modules and are re-exported here:
-
-    dream_light    light phase: named rules, `plan_light`, `apply_light` (no model)
-    dream_deep     deep phase: eligibility, complete-link clusters, prompt, the cage `validate_merge`,
-                   `apply_deep` (accepted merges as supersedes)
-    profile        profile distillation: inputs, digest, prompt, `guard_profile`, PROFILE.md
-    dream_replay   extraction prompt and parser (live extraction and replay), replay chunks
-    dream_guard    the text checks the cage uses (key terms, refusals, instructions)
-    dream_pairs    all pairs above a Jaccard threshold without the O(n²) pass (dedup and clusters)
-
-This module adds the run report and its rendering: the commit message ("dream light: 3 merged,
-1 superseded, 5 archived, 2 promoted") and the DREAMS.md entry (newest first: time, phase, counts, ids
-touched, rejections by reason, model calls and tokens). A run that changed nothing says so in capitals.
-"""
+"""Dreaming, the pure part: the phases' API (re-exported from dream_light, dream_deep, dream_replay, profile,
+dream_guard, dream_pairs) and the run report every run writes as its commit message and DREAMS.md entry."""
 
 from __future__ import annotations
 
@@ -61,7 +47,12 @@ MAX_IDS_SHOWN = 40
 
 @dataclass
 class DreamReport:
-    """What one run of one phase did, for the journal, the commit message, the CLI and the job result."""
+    """What one run of one phase did, for the journal, the commit message, the CLI and the job result.
+
+    Rendered as the commit message ("dream light: 3 merged, 1 superseded, 5 archived, 2 promoted") and the
+    DREAMS.md entry (newest first: time, phase, counts, ids touched, rejections by reason, model calls and
+    tokens). A run that changed nothing says so in capitals.
+    """
 
     phase: str
     namespace: str

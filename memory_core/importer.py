@@ -1,14 +1,4 @@
-"""`lucid import`: JSON Lines of messages and facts → ops per namespace (DESIGN §10).
-
-The whole file is validated before anything is applied, so a bad line (invalid UTF-8, malformed JSON, a
-missing field) is reported with its line number and the rest of the file is not half-applied.
-
-Facts keep what the file says: their ids and dates (`valid_from`, `valid_to`, `at`, `last`) with or
-without `--upsert`, and `supersedes` ends the named entries that are still open (at the new fact's
-`valid_from`), whether they are already in memory or further down the same file — facts are applied
-superseded-first. With `--upsert` a fact goes through the upsert rules (duplicates, same subject)
-unless it is already history (`valid_to`) or names what it supersedes: then it is written as given.
-"""
+"""`lucid import`: JSON Lines of messages and facts → ops per namespace (DESIGN §10; `parse_import`)."""
 
 from __future__ import annotations
 
@@ -71,7 +61,17 @@ class ImportPlan:
 
 
 def parse_import(data: bytes, default: Namespace, upsert: bool = False) -> ImportPlan:
-    """Validate every line of a JSON Lines import and turn it into ops, grouped by namespace."""
+    """Validate every line of a JSON Lines import and turn it into ops, grouped by namespace.
+
+    The whole file is validated before anything is applied, so a bad line (invalid UTF-8, malformed JSON, a
+    missing field) is reported with its line number and the rest of the file is not half-applied.
+
+    Facts keep what the file says: their ids and dates (`valid_from`, `valid_to`, `at`, `last`) with or
+    without `--upsert`, and `supersedes` ends the named entries that are still open (at the new fact's
+    `valid_from`), whether they are already in memory or further down the same file — facts are applied
+    superseded-first. With `--upsert` a fact goes through the upsert rules (duplicates, same subject)
+    unless it is already history (`valid_to`) or names what it supersedes: then it is written as given.
+    """
     ops: dict[Namespace, list[Op]] = {}
     messages = facts = 0
     for line_no, raw in enumerate(data.split(b"\n"), start=1):

@@ -1,10 +1,4 @@
-"""Sensitive categories (DESIGN §5): health, finances, relationships, identity numbers.
-
-A text in one of these is never shown outside the private chat it was learned in by an automatic path
-(a group's standing memory, the model's `share` flag); only the person's own `/share` can. Deterministic
-word lists in Chinese and English, erring towards "sensitive": a false alarm costs a group one memory,
-a miss costs a person their privacy.
-"""
+"""Sensitive categories (DESIGN §5): health, finances, relationships, identity numbers (`is_sensitive`)."""
 
 from __future__ import annotations
 
@@ -180,4 +174,9 @@ def sensitive_categories(text: str) -> frozenset[str]:
 
 
 def is_sensitive(text: str) -> bool:
+    """Whether `text` falls in a sensitive category. Such a text is never shown outside the private chat it was learned in by an automatic path
+    (a group's standing memory, the model's `share` flag); only the person's own `/share` can. Deterministic
+    word lists in Chinese and English, erring towards "sensitive": a false alarm costs a group one memory,
+    a miss costs a person their privacy.
+    """
     return bool(sensitive_categories(text))

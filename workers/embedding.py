@@ -1,10 +1,5 @@
-"""Vectors for recall relevance: Ollama's embedding endpoint (LUCID_EMBED_MODEL=<model>) or the bundled
-local embedder (LUCID_EMBED_MODEL=local, the `embed-local` extra), behind a time budget and a breaker.
-
-A turn never waits for entry vectors: it embeds only the query (within `BUDGET` seconds); entries are
-embedded by `fill`, which the memory service runs on a background thread after writes and when a recall
-finds entries without vectors (those are found lexically meanwhile). Three failures in a row open the breaker for
-60 s, and recall falls back to lexical relevance meanwhile (it always works without vectors).
+"""Vectors for recall relevance (`Embeddings`): Ollama's embedding endpoint or the bundled local embedder,
+behind a time budget and a breaker.
 """
 
 from __future__ import annotations
@@ -44,7 +39,13 @@ def _unit(v: npt.ArrayLike) -> npt.NDArray[np.float32]:
 
 class Embeddings:
     """Normalised vectors by text in one growing float32 matrix, filled through `fn` under a budget and a
-    breaker. `fill` (run off the turn, see MemoryService) embeds; a turn only reads (`table`, `query`)."""
+    breaker. `fill` (run off the turn, see MemoryService) embeds; a turn only reads (`table`, `query`).
+
+    A turn never waits for entry vectors: it embeds only the query (within `BUDGET` seconds); entries are
+    embedded by `fill`, which the memory service runs on a background thread after writes and when a recall
+    finds entries without vectors (those are found lexically meanwhile). Three failures in a row open the breaker for
+    60 s, and recall falls back to lexical relevance meanwhile (it always works without vectors).
+    """
 
     def __init__(self, fn: EmbedFn, budget: float = BUDGET, per_turn: int = PER_TURN) -> None:
         self.fn = fn

@@ -1,9 +1,5 @@
-"""Background extraction: durable facts about the user from one turn, as Remember ops (DESIGN §7).
-
-The bot enqueues `extract_turn` on the `memory` queue after it replied, when a model is configured: the
-chat model is never trusted alone to save what matters. The prompt and the parser are the replay
-phase's (`memory_core.dream_replay`), so both paths store facts the same way. Secrets are never
-forwarded (and the writer would refuse them anyway); a model failure costs nothing but this extraction.
+"""Background extraction: durable facts about the user from one turn, as Remember ops (DESIGN §7;
+`extract_turn`).
 """
 
 from __future__ import annotations
@@ -103,7 +99,13 @@ def extract_turn(
     generation: int | None = None,
 ) -> dict[str, Any]:
     """RQ job: extract from one turn and write the facts through the single writer — unless the chat's
-    memory was switched off (or flipped) since the turn: checked after the model, just before writing."""
+    memory was switched off (or flipped) since the turn: checked after the model, just before writing.
+
+    The bot enqueues `extract_turn` on the `memory` queue after it replied, when a model is configured: the
+    chat model is never trusted alone to save what matters. The prompt and the parser are the replay
+    phase's (`memory_core.dream_replay`), so both paths store facts the same way. Secrets are never
+    forwarded (and the writer would refuse them anyway); a model failure costs nothing but this extraction.
+    """
     rt = current()
     model = rt.settings.dream_model or rt.settings.chat_model
     if rt.llm is None or not model:

@@ -1,11 +1,4 @@
-"""Every RQ queue, worker and cron job of Lucid, on one serializer that cannot execute: JSON.
-
-RQ's default serializer is pickle, so whoever can write to Redis (a local user on a TCP port without a
-password, a leaked REDIS_URL) could make a worker run any code by replacing a job's `data`, `meta` or result.
-Here jobs are data: function names are strings RQ imports from our modules, arguments and results are JSON
-(a non-JSON argument fails at enqueue, loudly), and a payload that is not JSON is refused with an error in the
-log — the job fails, nothing of it runs. RQ's own `JSONSerializer` would refuse it too; this one says why.
-"""
+"""Every RQ queue, worker and cron job of Lucid, on one serializer that cannot execute: JSON (`JSONOnly`)."""
 
 from __future__ import annotations
 
@@ -23,7 +16,14 @@ log = logging.getLogger(__name__)
 
 
 class JSONOnly:
-    """The serializer of every Lucid queue (RQ's serializer protocol: `dumps`, `loads`)."""
+    """The serializer of every Lucid queue (RQ's serializer protocol: `dumps`, `loads`).
+
+    RQ's default serializer is pickle, so whoever can write to Redis (a local user on a TCP port without a
+    password, a leaked REDIS_URL) could make a worker run any code by replacing a job's `data`, `meta` or result.
+    Here jobs are data: function names are strings RQ imports from our modules, arguments and results are JSON
+    (a non-JSON argument fails at enqueue, loudly), and a payload that is not JSON is refused with an error in the
+    log — the job fails, nothing of it runs. RQ's own `JSONSerializer` would refuse it too; this one says why.
+    """
 
     @staticmethod
     def dumps(obj: Any) -> bytes:
