@@ -1,8 +1,4 @@
-"""The `lucid` command: one entry point for people and scripts (DESIGN §10).
-
-Every subcommand takes `--data DIR`; memory commands take `--user/--persona/--tenant` and `--json`.
-Errors become one clear line on stderr and a non-zero exit; `--json` output is a stable contract.
-"""
+"""The `lucid` command: one entry point for people and scripts (DESIGN §10)."""
 
 from __future__ import annotations
 
@@ -554,6 +550,9 @@ def _data_dir(value: str) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Every subcommand takes `--data DIR`; memory commands take `--user/--persona/--tenant` and `--json`.
+    Errors become one clear line on stderr and a non-zero exit; `--json` output is a stable contract.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbose or args.command in ("serve", "bot", "worker", "cron"), os.environ)

@@ -1,9 +1,4 @@
-"""`lucid doctor`: check what a deployment needs and say how to fix what is missing — one line per check.
-
-Checks: the data directory (exists, writable, not world-readable), git, Redis (REDIS_URL, or the embedded
-server and its binary), Ollama and every configured model, each persona's Feishu credentials (a real
-tenant-token fetch through lark-oapi), the admin token, and the clock.
-"""
+"""`lucid doctor`: check what a deployment needs and say how to fix what is missing — one line per check."""
 
 from __future__ import annotations
 
@@ -303,6 +298,10 @@ def check_clock(settings: Settings) -> Check:
 
 
 def run(settings: Settings, emit: Callable[[str], None] = print) -> int:
+    """Checks: the data directory (exists, writable, not world-readable), git, Redis (REDIS_URL, or the embedded
+    server and its binary), Ollama and every configured model, each persona's Feishu credentials (a real
+    tenant-token fetch through lark-oapi), the admin token, and the clock.
+    """
     checks: list[Check] = [
         check_data_dir(settings),
         check_links(settings),

@@ -1,8 +1,4 @@
-"""One memory: the `Entry` value, its types and tier, and its validity window.
-
-Entries are frozen values; every change makes a new one (`dataclasses.replace`). Times are aware UTC
-datetimes truncated to whole seconds, so what is rendered to the file is exactly what is held here.
-"""
+"""One memory: the `Entry` value, its types and tier, and its validity window."""
 
 from __future__ import annotations
 
@@ -42,7 +38,11 @@ def new_id() -> str:
 
 @dataclass(frozen=True)
 class Entry:
-    """A memory line. `extra` keeps metadata keys this version does not know, in file order."""
+    """A memory line. `extra` keeps metadata keys this version does not know, in file order.
+
+    Entries are frozen values; every change makes a new one (`dataclasses.replace`). Times are aware UTC
+    datetimes truncated to whole seconds, so what is rendered to the file is exactly what is held here.
+    """
 
     id: str
     text: str

@@ -1,8 +1,5 @@
-"""Entry ids as people type them: the 8-character prefixes `lucid show` and `/memory` print.
-
-One resolver for every command that takes an id, so a prefix works everywhere and an ambiguous one is
-refused with the candidates, never guessed; and the one rule that a superseded entry cannot be pinned.
-"""
+"""Entry ids as people type them (the 8-character prefixes `lucid show` and `/memory` print): one resolver
+for every command, an ambiguous prefix refused with its candidates; a superseded entry cannot be pinned."""
 
 from __future__ import annotations
 

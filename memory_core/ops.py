@@ -1,8 +1,5 @@
-"""The operations a writer applies, and what each one reports back.
-
-Operations are plain, JSON-safe values so that any process can queue them for the namespace's single
-writer (through Redis) and read the outcome back. Every op carries an `op_id` minted by its submitter.
-"""
+"""The operations a writer applies, and what each one reports back: plain JSON-safe values any process can
+queue for a namespace's single writer, each with the `op_id` its submitter minted."""
 
 from __future__ import annotations
 

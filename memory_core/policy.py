@@ -1,8 +1,4 @@
-"""Who may change and who may see a memory: the protection rule and the kinds it and the tiers use.
-
-Every automatic path (the model's tool, extraction, replay, dreaming, profile distillation) asks `protected`
-before it changes or removes an entry; only the person (`USER_SOURCES`: a command, the CLI, a hand edit) may.
-"""
+"""Who may change and who may see a memory: the protection rule and the kinds it and the tiers use."""
 
 from __future__ import annotations
 
@@ -29,7 +25,11 @@ REFUSAL = (
 
 
 def protected(e: Entry) -> bool:
-    """Pinned entries, rules, identities and instructions: changed by the person only."""
+    """Pinned entries, rules, identities and instructions: changed by the person only.
+
+    Every automatic path (the model's tool, extraction, replay, dreaming, profile distillation) asks `protected`
+    before it changes or removes an entry; only the person (`USER_SOURCES`: a command, the CLI, a hand edit) may.
+    """
     return e.pinned or e.type in PROTECTED_TYPES
 
 

@@ -1,7 +1,5 @@
-"""Explicit sharing of a private entry with the person's groups (DESIGN §5), applied by the writer.
-
-The flag is the `share=1` metadata key; `recall.visible_in` is the one place that reads it.
-"""
+"""Explicit sharing of a private entry with the person's groups (DESIGN §5), applied by the writer: the
+`share=1` metadata key, read only by `recall.visible_in`."""
 
 from __future__ import annotations
 

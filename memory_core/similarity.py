@@ -1,8 +1,4 @@
-"""Text similarity for duplicates and clusters: character-bigram Jaccard, as in the reference system.
-
-Works for Chinese and English without a tokenizer. Texts are NFKC-normalised, lower-cased and stripped of
-white space and punctuation first, so full-width and half-width forms compare equal.
-"""
+"""Text similarity for duplicates and clusters: character-bigram Jaccard, as in the reference system."""
 
 from __future__ import annotations
 
@@ -30,6 +26,9 @@ _ASTRAL = re.compile("[\U00010000-\U0010ffff]")  # outside the table: checked on
 
 @lru_cache(maxsize=200_000)
 def normalise(text: str) -> str:
+    """Works for Chinese and English without a tokenizer. Texts are NFKC-normalised, lower-cased and stripped of
+    white space and punctuation first, so full-width and half-width forms compare equal.
+    """
     t = unicodedata.normalize("NFKC", text).lower().translate(_TABLE)
     if t.isascii() or _ASTRAL.search(t) is None:
         return t

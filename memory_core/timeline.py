@@ -1,8 +1,4 @@
-"""History per subject, drawn from the supersede chain: 余杭区 → 西湖区 → 余杭区, with dates.
-
-Pure: given every entry of a namespace (current, superseded and archived), group those that carry a
-subject by its canonical key and order each group by when it became valid.
-"""
+"""History per subject, drawn from the supersede chain: 余杭区 → 西湖区 → 余杭区, with dates."""
 
 from __future__ import annotations
 
@@ -25,7 +21,11 @@ class Step:
 
 
 def subject_timelines(current: Iterable[Entry], archived: Iterable[Entry] = ()) -> dict[str, list[Step]]:
-    """subject → its values in order, oldest first. Subjects with one value are included too."""
+    """subject → its values in order, oldest first. Subjects with one value are included too.
+
+    Pure: given every entry of a namespace (current, superseded and archived), group those that carry a
+    subject by its canonical key and order each group by when it became valid.
+    """
     groups: dict[str, list[Step]] = {}
     for entries, is_archived in ((current, False), (archived, True)):
         for e in entries:

@@ -1,9 +1,4 @@
-"""Container healthchecks: is this host's worker or cron process alive, as Redis sees it.
-
-A worker is healthy when an RQ worker of this host is registered and its heartbeat is recent; cron when
-this host's rq CronScheduler is in rq's registry (it heartbeats there). Docker runs these inside the
-container, so the hostname is the container's.
-"""
+"""Container healthchecks: is this host's worker or cron process alive, as Redis sees it."""
 
 from __future__ import annotations
 
@@ -18,7 +13,12 @@ STALE = timedelta(minutes=2)
 
 
 def check(client: redis.Redis, role: str, hostname: str | None = None) -> str | None:
-    """None when `role` ("worker" or "cron") runs on this host and is alive, else why not."""
+    """None when `role` ("worker" or "cron") runs on this host and is alive, else why not.
+
+    A worker is healthy when an RQ worker of this host is registered and its heartbeat is recent; cron when
+    this host's rq CronScheduler is in rq's registry (it heartbeats there). Docker runs these inside the
+    container, so the hostname is the container's.
+    """
     host = hostname or socket.gethostname()
     try:
         if role == "worker":

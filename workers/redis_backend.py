@@ -1,8 +1,5 @@
-"""Redis for every part: its Lua scripts, the one lock, the writer's op queue (key names: `redis_keys`).
-
-The lock (`take`) is a `SET NX PX` with a random owner, released only by its owner (compare-and-delete),
-renewed by a heartbeat while held, and — for the writer — fenced: a token from a counter that only grows,
-which the store checks on disk (`memory_core.store.Store.fenced`), so a paused holder cannot write.
+"""Redis for every part: its Lua scripts, the one lock (`take`), the writer's op queue (key names:
+`redis_keys`).
 """
 
 from __future__ import annotations
@@ -198,7 +195,12 @@ def take(
     floor: int = 0,
 ) -> RedisLease | None:
     """The lock on `key` if nobody holds it (one attempt), else None. With `fence_key`, its token is the next
-    value of that counter and above `floor`."""
+    value of that counter and above `floor`.
+
+    The lock (`take`) is a `SET NX PX` with a random owner, released only by its owner (compare-and-delete),
+    renewed by a heartbeat while held, and — for the writer — fenced: a token from a counter that only grows,
+    which the store checks on disk (`memory_core.store.Store.fenced`), so a paused holder cannot write.
+    """
     owner = secrets.token_hex(12)
     keys = [key] if fence_key is None else [key, fence_key]
     token = int(client.register_script(TAKE)(keys=keys, args=[owner, ttl_ms, floor]))

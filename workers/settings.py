@@ -1,8 +1,4 @@
-"""Settings: one frozen value built from the environment at the entry point, then passed down.
-
-Nothing reads the environment at import time. Secrets (app secrets, the vault key, the admin token) are
-kept out of `repr` so they never reach a log line.
-"""
+"""Settings: one frozen value built from the environment at the entry point, then passed down."""
 
 from __future__ import annotations
 
@@ -86,6 +82,10 @@ def parse_reply_deadline(text: str) -> float:
 
 @dataclass(frozen=True)
 class Settings:
+    """Nothing reads the environment at import time. Secrets (app secrets, the vault key, the admin token) are
+    kept out of `repr` so they never reach a log line.
+    """
+
     data_dir: Path = Path("./lucid-data")
     config_path: Path = Path("./lucid.toml")
     redis_url: str | None = None
