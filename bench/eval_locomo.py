@@ -314,13 +314,7 @@ def turn_mode(samples: list[dict[str, Any]], embedder: Embedder | None) -> dict[
 
 
 #: Raw-mode candidates, the shipped configuration first (it wins ties). name -> RawIndex attributes.
-LEXICAL_CANDIDATES: dict[str, dict[str, Any]] = {
-    "lexical B5 (shipped)": {"embedder": None},
-    "session sum w0.1": {"embedder": None, "session_weight": 0.1, "session_score": "sum"},
-    "session sum w0.2": {"embedder": None, "session_weight": 0.2, "session_score": "sum"},
-    "session sum w0.4": {"embedder": None, "session_weight": 0.4, "session_score": "sum"},
-    "session max w0.2": {"embedder": None, "session_weight": 0.2, "session_score": "max"},
-}
+LEXICAL_CANDIDATES: dict[str, dict[str, Any]] = {"lexical B5 (shipped)": {"embedder": None}}
 HYBRID_CANDIDATES: dict[str, dict[str, Any]] = {
     "minmax w0.3 (shipped)": {"fusion": "minmax", "dense_weight": 0.3},
     "minmax w0.5": {"fusion": "minmax", "dense_weight": 0.5},
@@ -358,7 +352,7 @@ def fold_rows(
             if (gold := normalise_evidence(qa.get("evidence", []), known))
         ]
         for name, attrs in cands.items():
-            index.embedder, index.fusion, index.session_weight = embedder, "minmax", 0.0
+            index.embedder, index.fusion = embedder, "minmax"
             for attr, value in attrs.items():
                 setattr(index, attr, value)
             conv: list[tuple[int, dict[int, float]]] = []

@@ -24,7 +24,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -57,10 +56,6 @@ SPEAKER_BOOST = 0.3  # × the best score; the gain flattens from 0.2 up
 DENSE_WEIGHT = 0.3
 #: How the two rankings are mixed: "minmax" (the weighted sum above) or "rrf" (textindex.rrf, ranks only).
 FUSION: Fusion = "minmax"
-#: Session-level evidence: a message with evidence gains `w × best × (its session's share of the best
-#: session's evidence)`, evidence being the session's summed (or best) BM25. 0 = off; see docs/BENCHMARKS.md.
-SESSION_WEIGHT = 0.0
-SessionScore = Literal["sum", "max"]
 DENSE_CONTEXT = 0.3  # a vector is mixed with its ±1 neighbours' vectors: context without re-embedding
 CANDIDATES = 100
 BULK_CHUNK = 16_384
@@ -127,15 +122,11 @@ class RawIndex:
         dense_weight: float = DENSE_WEIGHT,
         fusion: Fusion = FUSION,
         rrf_k: float = RRF_K,
-        session_weight: float = SESSION_WEIGHT,
-        session_score: SessionScore = "sum",
     ) -> None:
         self.embedder = embedder
         self.dense_weight = dense_weight
         self.fusion: Fusion = fusion
         self.rrf_k = rrf_k
-        self.session_weight = session_weight
-        self.session_score: SessionScore = session_score
         self._bm25 = BM25Index(k1=K1, b=B)
         self._msgs: list[RawMessage | None] = []
         self._session_ids: dict[str, int] = {}
@@ -395,27 +386,9 @@ class RawIndex:
             # Only messages with evidence are lifted, so a name alone never conjures results.
             lift = np.isin(self._spk.data[:n], named) & (scores > 0)
             scores[lift] += SPEAKER_BOOST * best
-        if self.session_weight > 0 and best > 0:
-            self._lift_sessions(scores, best)
         if self.embedder is not None and self._has_vec.any():
             return self._hybrid(query, scores, k, exclude_session)
         return [self._hit(int(s), float(scores[s])) for s in top_slots(scores, k)]
-
-    def _lift_sessions(self, scores: FloatArray, best: float) -> None:
-        n = scores.size
-        sess = self._sess.data[:n]
-        live = (scores > 0) & (sess >= 0)
-        if not live.any():
-            return
-        ids = sess[live]
-        if self.session_score == "sum":
-            mass = np.bincount(ids, weights=scores[live], minlength=len(self._seq))
-        else:
-            mass = np.zeros(len(self._seq))
-            np.maximum.at(mass, ids, scores[live])
-        top = float(mass.max())
-        if top > 0:
-            scores[live] += self.session_weight * best * mass[ids] / top
 
     def _hybrid(self, query: str, lexical: FloatArray, k: int, exclude_session: str | None) -> list[RawHit]:
         assert self.embedder is not None and self._vec is not None
