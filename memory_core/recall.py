@@ -297,9 +297,7 @@ class RelevanceIndex:
         scores = self._index.score_array(tokens)
         wanted = strong_terms(expanded) if len(query) <= EVIDENCE_RULE_MAX_CHARS else frozenset()
         if wanted:
-            holds = np.zeros(scores.size, dtype=bool)
-            holds[self._strong.slots_having(wanted)] = True
-            scores = np.where(holds, scores, 0.0)
+            scores = np.where(self._strong.having(wanted), scores, 0.0)
         slots = np.flatnonzero(scores > 0)
         if not slots.size:
             return none
