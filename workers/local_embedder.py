@@ -17,7 +17,6 @@ import numpy.typing as npt
 
 from .errors import LocalEmbedderUnavailable
 
-
 #: OpenMP threads for a query (one short text, on the turn's critical path). The engine splits each matrix
 #: across threads, so a query waits for the slowest: on the shared 2-core box (load 8) one thread embedded a
 #: query in p50 62 / p95 109 ms and two in p50 373 / p95 2,213 ms (interleaved, same process; docs/
