@@ -25,7 +25,6 @@ from memory_core.recall import (
     SUBJECT_RELEVANCE,
     RelevanceIndex,
     VectorTable,
-    asked_subject,
     expand,
     fuse,
     importance,
@@ -34,7 +33,7 @@ from memory_core.recall import (
     strong_terms,
     visible_in,
 )
-from memory_core.subjects import canonical_subject
+from memory_core.subjects import asked_subject, canonical_subject
 from memory_core.textindex import ENTRY_B, ENTRY_DENSE_WEIGHT, ENTRY_K1, BM25Index, tokenize
 
 NOW = datetime(2026, 6, 26, 12, 0, tzinfo=UTC)
