@@ -18,7 +18,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
 import numpy as np
@@ -135,18 +135,45 @@ def visible_in(entry: Entry, chat_type: str, chat: str | None) -> bool:
     return entry.type in GROUP_STANDING_TYPES and not is_sensitive(entry.text)
 
 
+#: A missing time bound, in microseconds since the epoch (recall.RelevanceIndex's per-slot arrays).
+_OPEN_BEFORE = np.iinfo(np.int64).min
+_OPEN_AFTER = np.iinfo(np.int64).max
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _micros(t: datetime) -> int:
+    """Microseconds since the epoch, exact (a naive time is read as UTC, the same for every entry)."""
+    return ((t if t.tzinfo is not None else t.replace(tzinfo=UTC)) - _EPOCH) // _MICROSECOND
+
+
 class RelevanceIndex:
     """BM25 over one namespace's entries, kept between queries and updated by difference.
 
-    A warm query over 10,000 entries is one sparse score pass plus work proportional to the matches;
-    `sync` with the same list object as last time costs nothing.
+    Besides the BM25 postings it holds, by the same slots, each entry's evidence-grade terms
+    (`strong_terms`) and its recall terms in arrays (importance, recency anchor, validity bounds), so a
+    query scores its candidates with numpy and builds `Scored` only for the few it returns. A warm query
+    over 10,000 entries is one sparse score pass plus array work proportional to the matches; `sync` with
+    the same list object as last time costs nothing.
     """
 
     def __init__(self) -> None:
         self._index = BM25Index(k1=ENTRY_K1, b=ENTRY_B)
+        self._strong = BM25Index()  # strong_terms of each entry, slot for slot with `_index`
         self._texts: dict[str, str] = {}
         self.entries: dict[str, Entry] = {}
         self._synced: object = None
+        self._slot_entry: list[Entry | None] = []
+        self._importance: npt.NDArray[np.float64] = np.zeros(0)
+        self._anchor = np.zeros(
+            0, dtype=np.int64
+        )  # recency anchor (last, at, valid_from); _OPEN_BEFORE: none
+        self._valid_from = np.zeros(0, dtype=np.int64)
+        self._valid_to = np.zeros(0, dtype=np.int64)
+        self._said = np.zeros(0, dtype=np.int64)  # valid_from or at (what `as_of` needs); _OPEN_BEFORE: none
+        self._live = np.zeros(0, dtype=bool)
+        self._holders: dict[str, list[int]] = {}
+        self._rows: tuple[VectorTable, object, npt.NDArray[np.intp]] | None = None
 
     def sync(self, entries: Sequence[Entry]) -> None:
         if entries is self._synced:
@@ -154,6 +181,7 @@ class RelevanceIndex:
         wanted = {e.id: e for e in entries}
         for ident in [i for i in self._texts if i not in wanted]:
             self._index.remove(ident)
+            self._strong.remove(ident)
             del self._texts[ident]
         fresh: list[Entry] = []
         for ident, e in wanted.items():
@@ -164,53 +192,141 @@ class RelevanceIndex:
                 fresh.append(e)
             else:
                 self._index.update(ident, _bag(e.text))
+                self._strong.update(ident, _strong_bag(e.text))
             self._texts[ident] = e.text
         if fresh:
             self._bulk_add(fresh)
         self.entries = wanted
         self._synced = entries
+        self._rows = None
+        self._refresh_terms()
 
     def _bulk_add(self, fresh: list[Entry]) -> None:
-        docs: list[int] = []
-        terms: list[int] = []
-        weights: list[float] = []
-        for n, e in enumerate(fresh):
-            for term, count in _bag(e.text).items():
-                docs.append(n)
-                terms.append(self._index.term_id(term))
-                weights.append(float(count))
-        self._index.add_flat(
-            [e.id for e in fresh],
-            np.asarray(docs, dtype=np.int64),
-            np.asarray(terms, dtype=np.int64),
-            np.asarray(weights, dtype=np.float64),
-        )
+        for index, bag in ((self._index, _bag), (self._strong, _strong_bag)):
+            docs: list[int] = []
+            terms: list[int] = []
+            weights: list[float] = []
+            for n, e in enumerate(fresh):
+                for term, count in bag(e.text).items():
+                    docs.append(n)
+                    terms.append(index.term_id(term))
+                    weights.append(float(count))
+            index.add_flat(
+                [e.id for e in fresh],
+                np.asarray(docs, dtype=np.int64),
+                np.asarray(terms, dtype=np.int64),
+                np.asarray(weights, dtype=np.float64),
+            )
+        assert self._strong.slots == self._index.slots  # the two indexes number entries alike
 
-    def relevance(self, query: str) -> dict[str, float]:
-        """id → relevance in [0, 1] for every entry with lexical evidence (others are absent).
+    def _refresh_terms(self) -> None:
+        """The per-slot arrays, from the entries as synced (their hits, times and texts may all change)."""
+        n = self._index.slots
+        self._slot_entry = [None] * n
+        self._importance = np.zeros(n)
+        self._anchor = np.full(n, _OPEN_BEFORE, dtype=np.int64)
+        self._valid_from = np.full(n, _OPEN_BEFORE, dtype=np.int64)
+        self._valid_to = np.full(n, _OPEN_AFTER, dtype=np.int64)
+        self._said = np.full(n, _OPEN_BEFORE, dtype=np.int64)
+        self._live = np.zeros(n, dtype=bool)
+        self._holders = {}
+        for ident, e in self.entries.items():
+            s = self._index.slot_of(ident)
+            assert s is not None
+            self._slot_entry[s] = e
+            self._live[s] = True
+            self._importance[s] = importance(e)
+            anchor = e.last or e.at or e.valid_from
+            if anchor is not None:
+                self._anchor[s] = _micros(anchor)
+            if e.valid_from is not None:
+                self._valid_from[s] = _micros(e.valid_from)
+            if e.valid_to is not None:
+                self._valid_to[s] = _micros(e.valid_to)
+            said = e.valid_from or e.at
+            if said is not None:
+                self._said[s] = _micros(said)
+            key = subject_key(e.subject)
+            if key is not None:
+                self._holders.setdefault(key, []).append(s)
+
+    def holding(self, subject: str) -> npt.NDArray[np.intp]:
+        """Slots of the entries whose subject is `subject` (canonical form)."""
+        return np.asarray(self._holders.get(subject, ()), dtype=np.intp)
+
+    def entry_at(self, slot: int) -> Entry:
+        e = self._slot_entry[slot]
+        assert e is not None
+        return e
+
+    def slot_of(self, ident: str) -> int | None:
+        return self._index.slot_of(ident) if ident in self.entries else None
+
+    def current(self, when: datetime, as_of: bool = False) -> npt.NDArray[np.bool_]:
+        """Per slot: the entry is valid at `when` (`Entry.current`); with `as_of`, also already said then."""
+        w = _micros(when)
+        ok = self._live & (self._valid_from <= w) & (self._valid_to > w)
+        if as_of:
+            ok &= self._said <= w  # an entry with neither valid_from nor at counts as said (_OPEN_BEFORE)
+        return ok
+
+    def importance_of(self, slots: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
+        return self._importance[slots]
+
+    def recency_of(self, slots: npt.NDArray[np.intp], now: datetime) -> npt.NDArray[np.float64]:
+        """`recency` for these slots, to within rounding (recall recomputes it exactly for what it returns)."""
+        anchor = self._anchor[slots]
+        n = _micros(now)
+        age_days = (n - anchor).astype(np.float64) / 86_400e6
+        fresh = (anchor == _OPEN_BEFORE) | (anchor >= n)
+        return np.where(fresh, 1.0, np.exp(-math.log(2) * np.where(fresh, 0.0, age_days) / HALF_LIFE_DAYS))
+
+    def lexical(self, query: str) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+        """(slots, relevance in (0, 1]) of every entry with lexical evidence, in slot order.
 
         When a short query has words (CJK character pairs or Latin words), one shared character is not
         evidence: 项目用什么技术栈 must not recall 用户周末喜欢爬山 through 用. A one-character query (茶)
         still matches by its character. A long query (a whole dialogue) is exempt: there, many single
         characters in common are real topical evidence (the rule costs 4 points of R@10 on MADial).
         """
+        none = (np.empty(0, dtype=np.intp), np.empty(0, dtype=np.float64))
         expanded = expand(evidence_query(query))
         tokens = tokenize(expanded)
         if not tokens:
-            return {}
-        raw = {str(k): v for k, v in self._index.scores(tokens).items() if v > 0}
+            return none
+        scores = self._index.score_array(tokens)
         wanted = strong_terms(expanded) if len(query) <= EVIDENCE_RULE_MAX_CHARS else frozenset()
         if wanted:
-            raw = {k: v for k, v in raw.items() if not wanted.isdisjoint(strong_terms(self._texts[k]))}
-        if not raw:
-            return {}
-        best = max(raw, key=lambda k: raw[k])
-        top = raw[best]
+            scores = np.where(self._strong.having(wanted), scores, 0.0)
+        slots = np.flatnonzero(scores > 0)
+        if not slots.size:
+            return none
+        values = scores[slots]
+        best = int(slots[int(np.argmax(values))])
+        top = float(values.max())
         # How much of the query the best match covers: a weak best match is not made to look strong.
         # (An absolute BM25 scale would not do: idf, and so every score, shrinks in a small namespace.)
         asked = set(tokens)
-        strength = len(asked & set(_tokens(self._texts[best]))) / len(asked)
-        return {k: strength * v / top for k, v in raw.items()}
+        strength = len(asked & set(_tokens(self.entry_at(best).text))) / len(asked)
+        return slots, strength * values / top
+
+    def relevance(self, query: str) -> dict[str, float]:
+        """id → lexical relevance in [0, 1] for every entry with evidence (others are absent)."""
+        slots, values = self.lexical(query)
+        return {self.entry_at(int(s)).id: float(v) for s, v in zip(slots, values, strict=True)}
+
+    def rows(self, table: VectorTable) -> npt.NDArray[np.intp]:
+        """The slot of each row of `table` (−1 for an id not synced), kept while table and entries last."""
+        held = self._rows
+        if held is not None and held[0] is table and held[1] is self._synced:
+            return held[2]
+        out = np.fromiter(
+            (s if (s := self.slot_of(i)) is not None else -1 for i in table.ids),
+            dtype=np.intp,
+            count=len(table.ids),
+        )
+        self._rows = (table, self._synced, out)
+        return out
 
 
 @lru_cache(maxsize=100_000)
@@ -220,6 +336,10 @@ def _tokens(text: str) -> tuple[str, ...]:
 
 def _bag(text: str) -> Counter[str]:
     return Counter(tokenize(text)) or Counter({"\x00empty": 1})
+
+
+def _strong_bag(text: str) -> dict[str, float]:
+    return dict.fromkeys(strong_terms(text), 1.0)
 
 
 _CJK_RUN = re.compile(f"[{HAN}]+")
@@ -309,6 +429,22 @@ class VectorTable:
         return cls(ids, mat)
 
 
+def fuse_arrays(
+    lexical: npt.NDArray[np.float64],
+    cosine: npt.NDArray[np.float64],
+    fusion: Fusion = FUSION,
+    dense_weight: float = DENSE_WEIGHT,
+) -> npt.NDArray[np.float64]:
+    """`fuse` over aligned candidate arrays: lexical relevance (0 = none) and cosine (−inf = none)."""
+    if fusion == "rrf":
+        return rrf([cosine, np.where(lexical > 0, lexical, -np.inf)], [dense_weight, 1.0 - dense_weight])
+    have = np.isfinite(cosine)
+    scaled = np.zeros_like(cosine)
+    if have.any():
+        scaled[have] = minmax(cosine[have])
+    return dense_weight * scaled + (1.0 - dense_weight) * lexical
+
+
 def fuse(
     lexical: dict[str, float],
     dense: dict[str, float],
@@ -324,15 +460,24 @@ def fuse(
         return {}
     cos = np.array([dense.get(i, -np.inf) for i in ids], dtype=np.float64)
     lex = np.array([lexical.get(i, 0.0) for i in ids], dtype=np.float64)
-    if fusion == "rrf":
-        mixed = rrf([cos, np.where(lex > 0, lex, -np.inf)], [dense_weight, 1.0 - dense_weight])
-    else:
-        have = np.isfinite(cos)
-        scaled = np.zeros_like(cos)
-        if have.any():
-            scaled[have] = minmax(cos[have])
-        mixed = dense_weight * scaled + (1.0 - dense_weight) * lex
+    mixed = fuse_arrays(lex, cos, fusion, dense_weight)
     return {i: float(m) for i, m in zip(ids, mixed, strict=True)}
+
+
+def best_rows(
+    cosine: npt.NDArray[np.float64], allowed: npt.NDArray[np.bool_], n: int, floor: float | None = None
+) -> npt.NDArray[np.intp]:
+    """Rows of the `n` best cosines among the `allowed` ones, best first (ties to the lower row): positive,
+    and at least `floor` when one is given. A partial sort: the cost is the matrix, not the ranking."""
+    ok = allowed & ((cosine > 0) if floor is None else (cosine >= floor))
+    rows = np.flatnonzero(ok)
+    if n <= 0 or not rows.size:
+        return np.empty(0, dtype=np.intp)
+    if rows.size > n:
+        values = cosine[rows]
+        kth = np.partition(values, values.size - n)[values.size - n]
+        rows = rows[values >= kth]  # ties at the cut kept whole, then cut by row below
+    return rows[np.lexsort((rows, -cosine[rows]))][:n]
 
 
 def dense_candidates(
@@ -346,16 +491,9 @@ def dense_candidates(
     when one is given (a cosine under the embedder's floor is no vector evidence)."""
     if not len(table.ids):
         return {}
-    cos = table.matrix @ np.asarray(query_vector, dtype=np.float32).reshape(-1)
-    out: dict[str, float] = {}
-    for j in np.argsort(-cos, kind="stable"):
-        c = float(cos[j])
-        if (c <= 0 if floor is None else c < floor) or len(out) >= n:
-            break
-        ident = table.ids[int(j)]
-        if keep(ident):
-            out[ident] = c
-    return out
+    cos = (table.matrix @ np.asarray(query_vector, dtype=np.float32).reshape(-1)).astype(np.float64)
+    allowed = np.fromiter((keep(i) for i in table.ids), dtype=bool, count=len(table.ids))
+    return {table.ids[int(j)]: float(cos[j]) for j in best_rows(cos, allowed, n, floor)}
 
 
 def recall(
@@ -381,43 +519,119 @@ def recall(
     for the query and the entries (a `VectorTable`, or a dict of id → vector), relevance is `fuse`d from the
     lexical matches and the best `DENSE_CANDIDATES` cosines, and an entry needs lexical or vector evidence
     to be returned at all; a cosine below `dense_floor` (floor.DenseFloor) is no vector evidence. Pass the
-    same `index` (and the same `entries`
-    list) between queries to keep the work proportional to the matches.
+    same `index` (and the same `entries` list) between queries to keep the work proportional to the
+    matches: candidates are scored in arrays, and only the returned ones become `Scored`.
     """
     if not query.strip() or (gate and not pulls_memory(query)):
         return []
-    when = as_of or now
     if index is None:
         index = RelevanceIndex()
     index.sync(entries)
-    by_id = index.entries
+    allowed = index.current(as_of or now, as_of is not None)
+    group = chat_type == "group"
 
-    def eligible(e: Entry) -> bool:
-        if as_of is not None and (e.valid_from or e.at or when) > when:
-            return False  # not yet said at `as_of` (an entry without vf starts when it was recorded)
-        return e.current(when) and visible_in(e, chat_type, chat)
+    def visible(slots: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
+        ok = allowed[slots]
+        if group:  # group privacy is per entry (visible_in), and only ever asked of candidates
+            ok &= np.fromiter(
+                (visible_in(index.entry_at(int(s)), chat_type, chat) for s in slots), bool, slots.size
+            )
+        return ok
 
-    lexical = {i: r for i, r in index.relevance(query).items() if eligible(by_id[i])}
-    rel = dict(lexical)
+    cand, rel = index.lexical(query)
+    keep = visible(cand)
+    cand, rel = cand[keep], rel[keep]
     if query_vector is not None and vectors:
         table = vectors if isinstance(vectors, VectorTable) else VectorTable.of(vectors)
-        dense = dense_candidates(
-            table, query_vector, lambda i: i in by_id and eligible(by_id[i]), DENSE_CANDIDATES, dense_floor
-        )
-        if dense:
-            rel = fuse(lexical, dense, fusion, DENSE_WEIGHT if fusion == "rrf" else ENTRY_DENSE_WEIGHT)
+        dense = _dense(index, table, query_vector, allowed, dense_floor, visible)
+        if dense[0].size:
+            cand, rel = _fused(cand, rel, dense, fusion)
     subject = asked_subject(query)
-    holders = [
-        e.id
-        for e in (by_id.values() if subject is not None else ())
-        if subject_key(e.subject) == subject and eligible(e)
-    ]
-    for ident in holders:  # the question names the attribute: its holders are relevant, vectors or not
-        rel[ident] = max(rel.get(ident, 0.0), SUBJECT_RELEVANCE)
-    scored = [
-        Scored(by_id[i], recency(by_id[i], now), importance(by_id[i]), r) for i, r in rel.items() if r > 0
-    ]
+    if subject is not None:  # the question names the attribute: its holders are relevant, vectors or not
+        held = index.holding(subject)
+        cand, rel = _with_holders(cand, rel, held[visible(held)])
+    some = rel > 0
+    cand, rel = cand[some], rel[some]
+    if cand.size > k:  # approximate scores choose the finalists; the exact ones order them
+        score = index.recency_of(cand, now) + index.importance_of(cand) + rel
+        kth = np.partition(score, score.size - k)[score.size - k]
+        near = score >= kth - _SCORE_SLACK
+        cand, rel = cand[near], rel[near]
+    scored = []
+    for s, r in zip(cand.tolist(), rel.tolist(), strict=True):
+        e = index.entry_at(s)
+        scored.append(Scored(e, recency(e, now), importance(e), r))
     return heapq.nsmallest(k, scored, key=lambda s: (-s.score, -s.importance, s.entry.id))
+
+
+#: How far below the k-th approximate score a candidate may sit and still be scored exactly: far above the
+#: rounding between `recency` and `RelevanceIndex.recency_of`, far below any real difference of scores.
+_SCORE_SLACK = 1e-9
+
+
+def _dense(
+    index: RelevanceIndex,
+    table: VectorTable,
+    query_vector: Sequence[float] | npt.ArrayLike,
+    allowed: npt.NDArray[np.bool_],
+    floor: float | None,
+    visible: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]],
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+    """(slots, cosines) of the best `DENSE_CANDIDATES` eligible entries by vector, best first."""
+    if not len(table.ids):
+        return np.empty(0, dtype=np.intp), np.empty(0)
+    slot = index.rows(table)
+    cos = (table.matrix @ np.asarray(query_vector, dtype=np.float32).reshape(-1)).astype(np.float64)
+    ok = slot >= 0
+    ok[ok] = allowed[slot[ok]]
+    rows = best_rows(cos, ok, DENSE_CANDIDATES, floor)
+    want = DENSE_CANDIDATES
+    while True:  # in a group some of the best may be private: look further down until enough are visible
+        seen = visible(slot[rows])
+        if int(seen.sum()) >= DENSE_CANDIDATES or rows.size < want:
+            break
+        want *= 2
+        rows = best_rows(cos, ok, want, floor)
+    rows = rows[seen][:DENSE_CANDIDATES]
+    return slot[rows], cos[rows]
+
+
+def _with_holders(
+    cand: npt.NDArray[np.intp], rel: npt.NDArray[np.float64], held: npt.NDArray[np.intp]
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+    """The candidates with each holder of the asked subject at relevance ≥ SUBJECT_RELEVANCE."""
+    rel = rel.copy()
+    at = {s: n for n, s in enumerate(cand.tolist())}
+    extra = []
+    for s in held.tolist():
+        if s in at:
+            rel[at[s]] = max(rel[at[s]], SUBJECT_RELEVANCE)
+        else:
+            extra.append(s)
+    return (
+        np.concatenate([cand, np.asarray(extra, dtype=np.intp)]),
+        np.concatenate([rel, np.full(len(extra), SUBJECT_RELEVANCE)]),
+    )
+
+
+def _fused(
+    cand: npt.NDArray[np.intp],
+    rel: npt.NDArray[np.float64],
+    dense: tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]],
+    fusion: Fusion,
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+    """The lexical candidates (slot order) then the vector-only ones (cosine order), relevance fused."""
+    d_slots, d_cos = dense
+    pos = np.searchsorted(cand, d_slots)
+    inside = pos < cand.size
+    inside[inside] = cand[pos[inside]] == d_slots[inside]
+    both = np.concatenate([cand, d_slots[~inside]])
+    cos = np.full(both.size, -np.inf)
+    cos[pos[inside]] = d_cos[inside]
+    cos[cand.size :] = d_cos[~inside]
+    lex = np.concatenate([rel, np.zeros(both.size - cand.size)])
+    weight = DENSE_WEIGHT if fusion == "rrf" else ENTRY_DENSE_WEIGHT
+    return both, fuse_arrays(lex, cos, fusion, weight)
 
 
 # ---------------------------------------------------------------------------------------------- resident

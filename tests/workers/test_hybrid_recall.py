@@ -32,8 +32,8 @@ def topic_vectors(texts: list[str]) -> Any:
     return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
 
 
-def test_entries_are_embedded_after_the_write_and_a_recall_embeds_only_its_query(data_dir: Path) -> None:
-    calls: list[tuple[str, int]] = []
+def _service(data_dir: Path, calls: list[tuple[str, int]]) -> MemoryService:
+    """A memory service on `topic_vectors` that logs each embedding call, and two entries written."""
 
     def embed(texts: list[str], kind: Any) -> Any:
         calls.append((kind, len(texts)))
@@ -42,6 +42,12 @@ def test_entries_are_embedded_after_the_write_and_a_recall_embeds_only_its_query
     rt = build(Settings(data_dir=data_dir, now=NOW, config_path=data_dir / "none.toml"), git=False)
     svc = MemoryService(rt, embeddings=Embeddings(embed))
     svc.apply(NS, [Remember(text="weekend hike in the hills"), Remember(text="oolong tea every morning")])
+    return svc
+
+
+def test_entries_are_embedded_after_the_write_and_a_recall_embeds_only_its_query(data_dir: Path) -> None:
+    calls: list[tuple[str, int]] = []
+    svc = _service(data_dir, calls)
     svc.wait_for_embeddings()
     # In the background, after the write: the relevance floor's reference set, then both entries.
     assert ("passage", 2) in calls and {kind for kind, _ in calls} == {"passage"}
@@ -50,3 +56,16 @@ def test_entries_are_embedded_after_the_write_and_a_recall_embeds_only_its_query
     got = svc.recall(NS, "hikers", NOW)  # no shared word (hikers ≠ hike): only the vector can find it
     assert got and got[0].entry.text == "weekend hike in the hills"
     assert calls == [("query", 1)]  # the turn embedded its query and nothing else
+
+
+def test_the_same_question_again_embeds_nothing(data_dir: Path) -> None:
+    """A retried turn (or `/recall` of the same words) reuses the query's vector and finds the same."""
+    calls: list[tuple[str, int]] = []
+    svc = _service(data_dir, calls)
+    svc.wait_for_embeddings()
+    first = [s.entry.text for s in svc.recall(NS, "hikers", NOW)]
+    calls.clear()
+    again = [s.entry.text for s in svc.recall(NS, "hikers", NOW)]
+    assert again == first and again[0] == "weekend hike in the hills" and calls == []
+    assert svc.recall(NS, "oolong", NOW)[0].entry.text == "oolong tea every morning"
+    assert calls == [("query", 1)]  # a new question is embedded
