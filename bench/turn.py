@@ -39,10 +39,10 @@ from tests.fakes.ollama import FakeOllama
 from workers import embedded_redis
 from workers.inbound import Inbound
 from workers.llm import LLM
-from workers.mailbox import Intake
-from workers.runtime import Runtime, build, install
+from workers.mailbox import Intake, handle_message
+from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
-from workers.turn import handle_message, run_turn
+from workers.turn import run_turn
 
 MESSAGES = (
     "我住在余杭区",
@@ -177,14 +177,14 @@ def main() -> None:
                 lambda i: run_turn(chatty, inbound(i, args.users, "bench", "oc_model"), lambda _: None),
                 collections,
             )
-            install(chatty)
             intake = Intake(chatty.redis)  # type: ignore[arg-type]
 
             def job(i: int) -> None:
                 message = inbound(i, args.users, "bench", "oc_job")
                 feishu.note_message(message.message_id, message.chat_id)
                 intake.accept(message)
-                handle_message(message.to_json())
+                with chatty.active():  # as `lucid worker` runs the job
+                    handle_message(message.to_json())
 
             # Distinct chats per user, so the 4/s per-chat pacing does not enter the figure.
             report["feishu_job"] = timed(args.turns, args.users, job, collections)

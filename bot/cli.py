@@ -268,16 +268,14 @@ def parse_as_of(value: str, now: datetime) -> datetime:
 
 @command("recall")
 def cmd_recall(args: argparse.Namespace, rt: Runtime) -> int:
-    """The chat's own recall path (the process's memory service, with its embedder and floor)."""
-    from workers.memory_service import service_for
-
+    """The chat's own recall path (the runtime's memory service, with its embedder and floor)."""
     ns = _ns(args)
     now = rt.clock()
     as_of = parse_as_of(args.as_of, now) if args.as_of else None
     chat_type = args.chat_type
     if chat_type == "group" and not args.chat:
         raise LucidError("--chat-type group needs --chat ID")
-    results = service_for(rt).recall(
+    results = rt.memory.recall(
         ns, args.query, now, k=args.k, as_of=as_of, chat_type=chat_type, chat=args.chat, gate=not args.no_gate
     )
     data = {
@@ -309,10 +307,8 @@ def cmd_recall(args: argparse.Namespace, rt: Runtime) -> int:
 
 @command("search")
 def cmd_search(args: argparse.Namespace, rt: Runtime) -> int:
-    from workers.memory_service import MemoryService
-
     ns = _ns(args)
-    service = MemoryService(rt)
+    service = rt.memory
     hits = service.search(ns, args.query, k=args.k)
     whys = [service.why(ns, args.query, h) for h in hits]
     data = {
@@ -572,8 +568,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from . import doctor
 
             return doctor.run(settings)
-        runtime = build(settings)
-        return COMMANDS[args.command](args, runtime)
+        with build(settings) as runtime:
+            return COMMANDS[args.command](args, runtime)
     except LucidError as exc:
         print(f"lucid: {printable(str(exc))}", file=sys.stderr)
         return 2

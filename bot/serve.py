@@ -180,7 +180,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     webhook in this process. Ctrl-C or SIGTERM stops the webhook, then the children (RQ's warm shutdown), then
     the Redis it started — no orphans. Docker compose runs the same roles as separate containers instead.
     """
-    server = None
+    server, runtime = None, None
     url = settings.redis_url
     # Closing the terminal must not leave the embedded Redis behind: SIGHUP stops like Ctrl-C, also
     # while Redis is still starting (before the event loop's handlers exist).
@@ -205,6 +205,8 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         sock.close()
         _stop_children(children)
+        if runtime is not None:
+            runtime.close()
         if server is not None:
             server.stop()
     return 0
@@ -219,7 +221,8 @@ def bot_only(args: argparse.Namespace, settings: Settings) -> int:
         raise LucidError("`lucid bot` needs REDIS_URL (use `lucid serve` for the all-in-one default)")
     sock = listen(args.host, settings.port)
     try:
-        _serve_webhook(build(settings), sock, list, _banner(settings, args.host))
+        with build(settings) as runtime:
+            _serve_webhook(runtime, sock, list, _banner(settings, args.host))
     finally:
         sock.close()
     return 0
@@ -231,7 +234,8 @@ def worker(args: argparse.Namespace, settings: Settings) -> int:
     url = settings.redis_url or embedded_redis.running_url(settings.data_dir)
     if url is None:
         raise LucidError("`lucid worker` needs Redis: set REDIS_URL, or start `lucid serve`")
-    run_worker(build(settings, redis_url=url), burst=args.burst)
+    with build(settings, redis_url=url) as runtime:
+        run_worker(runtime, burst=args.burst)
     return 0
 
 
@@ -241,7 +245,8 @@ def cron(args: argparse.Namespace, settings: Settings) -> int:
     url = settings.redis_url or embedded_redis.running_url(settings.data_dir)
     if url is None:
         raise LucidError("`lucid cron` needs Redis: set REDIS_URL, or start `lucid serve`")
-    run_cron(build(settings, redis_url=url))
+    with build(settings, redis_url=url) as runtime:
+        run_cron(runtime)
     return 0
 
 

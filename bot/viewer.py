@@ -274,7 +274,7 @@ def view(runtime: Runtime, service: MemoryService, ns: Namespace, query: str = "
 
 def mount(app: web.Application, runtime: Runtime) -> None:
     app[RUNTIME] = runtime
-    app[SERVICE] = MemoryService(runtime)
+    app[SERVICE] = runtime.memory
     app[SESSIONS] = Sessions(runtime.redis)
     app.router.add_get("/admin/viewer", page)
     app.router.add_get("/admin/api/namespaces", namespaces)

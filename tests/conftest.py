@@ -56,13 +56,3 @@ def local_writer(data_dir: Path) -> Writer:
 @pytest.fixture
 def redis_writer(data_dir: Path, redis_client: redis.Redis) -> Writer:
     return Writer(Store(data_dir), RedisLocker(redis_client), RedisOpQueue(redis_client))
-
-
-@pytest.fixture(autouse=True)
-def _fresh_process_runtime() -> Iterator[None]:
-    """Jobs run in-process find their runtime through `workers.runtime.current()`: never let one test's
-    installed runtime (another data dir, another Redis) leak into the next test."""
-    import workers.runtime
-
-    yield
-    workers.runtime._current = None

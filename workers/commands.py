@@ -34,8 +34,7 @@ from memory_core.subjects import asked_subject, recognise, subject_key
 from . import dreaming
 from .inbound import Inbound
 from .memory_card import visible_entries
-from .memory_service import Assembly, MemoryService, service_for
-from .memory_switch import ChatSwitch
+from .memory_service import Assembly, MemoryService
 from .runtime import Runtime
 from .settings import Persona
 
@@ -61,7 +60,7 @@ def stats(runtime: Runtime, ns: Namespace | None = None) -> dict[str, Any]:
         usage = runtime.llm.usage
         out["model"] = {"calls": usage.calls, "tokens": usage.tokens, "failures": usage.failures}
     if ns is not None:
-        book = service_for(runtime).book(ns)
+        book = runtime.memory.book(ns)
         now = runtime.clock()
         current_entries = book.current(now)
         out["memory"] = {
@@ -284,7 +283,7 @@ def run_command(
             return _list_memory(runtime, mem, inbound)
         if inbound.group and not is_admin(persona, inbound):
             return say(inbound, "admin_only")
-        ChatSwitch(runtime.redis).turn(inbound.tenant, inbound.persona, inbound.chat_id, off=switch == "off")
+        runtime.switch.turn(inbound.tenant, inbound.persona, inbound.chat_id, off=switch == "off")
         log.warning("memory %s in chat=%s by open_id=%s", switch, inbound.chat_id, inbound.open_id)
         return say(inbound, f"memory_{switch}")
     if name == "forget":
@@ -318,7 +317,7 @@ def _visible(inbound: Inbound, entries: Sequence[Entry]) -> list[Entry]:
 
 def _list_memory(runtime: Runtime, mem: MemoryService, inbound: Inbound) -> str:
     ordered = visible_entries(runtime, inbound.ns, inbound.chat_type, inbound.chat_id)
-    off = ChatSwitch(runtime.redis).state(inbound.tenant, inbound.persona, inbound.chat_id).off
+    off = runtime.switch.state(inbound.tenant, inbound.persona, inbound.chat_id).off
     if not ordered:
         return say(inbound, "empty") + ("\n" + say(inbound, "memory_is_off") if off else "")
     lines = [say(inbound, "listing", n=len(ordered))]
@@ -590,7 +589,7 @@ def tool_call(
         v.strip() if isinstance(v, str) else ""
         for v in (args.get("text"), args.get("target") or args.get("id"))
     )
-    switch = ChatSwitch(runtime.redis)
+    switch = runtime.switch
     if action in ("add", "update", "share") and not switch.learning(
         inbound.tenant, inbound.persona, inbound.chat_id, generation
     ):

@@ -48,7 +48,6 @@ from memory_core.store import ARCHIVE, DREAMS, MEMORY, PROFILE, Snapshot
 
 from .errors import LLMError, LLMUnavailable, NamespaceBusy
 from .extraction import JUNK_METRIC, answer_facts
-from .memory_switch import ChatSwitch
 from .metrics import Metrics
 from .runtime import Runtime, current
 
@@ -234,7 +233,7 @@ class _Replay:
         since = parse_time(record["watermark"]) if record.get("watermark") else now - REPLAY_LOOKBACK
         done = _done_ids(record.get("done"))
         days = [d for d in self.rt.store.raw_days(self.ns) if d >= f"{since:%Y-%m-%d}.md"]
-        switch, ns = ChatSwitch(self.rt.redis), self.ns
+        switch, ns = self.rt.switch, self.ns
         self.chats = {}
         fresh = (
             m
@@ -274,7 +273,7 @@ class _Replay:
         counts = dict.fromkeys(("added", "updated", "superseded", "unchanged"), 0)
         self.report.rejections = dict(self._model_rejections)  # apply runs twice: count the writer's once
         added: list[str] = []
-        switch, ns = ChatSwitch(self.rt.redis), self.ns
+        switch, ns = self.rt.switch, self.ns
         for op in self.ops:
             chat = self.chats.get(op.origin or "")
             if chat is not None and not switch.learning(ns.tenant, ns.persona, chat):

@@ -16,9 +16,8 @@ from memory_core.secretscan import redact
 
 from .errors import LLMError
 from .llm import LLM
-from .memory_switch import ChatSwitch
 from .metrics import Metrics
-from .runtime import current
+from .runtime import Runtime, current
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +88,13 @@ def extract_facts(
     return facts_to_ops(facts, source, origin=origin, scope=scope)
 
 
-def extract_turn(
+def extract_turn(*args: Any) -> dict[str, Any]:
+    """RQ job: `extract` (same arguments after the runtime) on the worker's runtime."""
+    return extract(current(), *args)
+
+
+def extract(
+    rt: Runtime,
     ns: str,
     user_text: str,
     assistant_text: str = "",
@@ -98,7 +103,7 @@ def extract_turn(
     chat: str | None = None,
     generation: int | None = None,
 ) -> dict[str, Any]:
-    """RQ job: extract from one turn and write the facts through the single writer — unless the chat's
+    """Extract from one turn and write the facts through the single writer — unless the chat's
     memory was switched off (or flipped) since the turn: checked after the model, just before writing.
 
     The bot enqueues `extract_turn` on the `memory` queue after it replied, when a model is configured: the
@@ -106,7 +111,6 @@ def extract_turn(
     phase's (`memory_core.dream_replay`), so both paths store facts the same way. Secrets are never
     forwarded (and the writer would refuse them anyway); a model failure costs nothing but this extraction.
     """
-    rt = current()
     model = rt.settings.dream_model or rt.settings.chat_model
     if rt.llm is None or not model:
         return {"status": "skipped", "reason": "no model configured", "outcomes": []}
@@ -114,7 +118,7 @@ def extract_turn(
         rt.llm, model, user_text, assistant_text, origin=message_id, scope=scope, metrics=Metrics(rt.redis)
     )
     where = Namespace.parse(ns)
-    if chat is not None and not ChatSwitch(rt.redis).learning(where.tenant, where.persona, chat, generation):
+    if chat is not None and not rt.switch.learning(where.tenant, where.persona, chat, generation):
         return {"status": "skipped", "reason": "memory is off in this chat", "outcomes": []}
     outcomes = rt.writer.submit(Namespace.parse(ns), ops) if ops else []
     return {"status": "done", "outcomes": [o.to_json() for o in outcomes]}

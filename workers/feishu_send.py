@@ -449,24 +449,3 @@ def _reset_after(resp: Any) -> float:
 def forget_token(app_id: str) -> None:
     """Drop the SDK's cached tenant token for `app_id`: the SDK keeps an invalid one until it expires."""
     TokenManager.cache.set(f"self_tenant_token:{app_id}", "", 0)
-
-
-# ----------------------------------------------------------------------------------------------- per process
-
-_senders: dict[tuple[str, str, str, int], FeishuSender] = {}
-_senders_lock = threading.Lock()
-
-
-def sender_for(
-    persona: Persona, domain: str, redis_client: redis.Redis | None, send_rate: int = SEND_RATE
-) -> FeishuSender:
-    """One sender per (app, domain) per process, so the SDK client and its connections are reused.
-    `send_rate`: the app's message quota per minute (LUCID_FEISHU_SEND_RATE)."""
-    key = (persona.app_id, persona.app_secret, domain, send_rate)
-    with _senders_lock:
-        sender = _senders.get(key)
-        if sender is None:
-            pacer = Pacer(redis_client, app_limit=(send_rate, 60.0))
-            sender = FeishuSender(persona, domain, redis_client, pacer=pacer)
-            _senders[key] = sender
-        return sender

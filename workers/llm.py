@@ -77,6 +77,12 @@ class LLM:
             except Exception:  # metrics must never break a model call
                 log.debug("on_call hook failed", exc_info=True)
 
+    def close(self) -> None:
+        """Close the HTTP connections of the clients made so far."""
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()  # type: ignore[no-untyped-call]
+
     def _client(self, timeout: float) -> ollama.Client:
         client = self._clients.get(timeout)
         if client is None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from rq import Queue
+from rq import Queue, get_current_job
 from rq.job import JobStatus
 
 from memory_core.namespace import Namespace
@@ -23,6 +23,8 @@ from .metrics import Metrics
 from .queues import queue
 from .redis_backend import ACCEPT, CLAIM, COMPARE_AND_DELETE, HAND_ON, take, text
 from .redis_keys import Keys
+from .runtime import current
+from .turn import busy_notice, chat_pace, feishu_turn
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +144,7 @@ def _enqueue_turn(
     queue: Queue, data: dict[str, Any], job_id: str, pipe: Any, at_front: bool = False, drain: bool = False
 ) -> None:
     queue.enqueue_call(
-        "workers.turn.handle_message",  # by name: the turn module imports this one
+        handle_message,
         args=(data,),
         kwargs={"drain": True} if drain else None,
         job_id=job_id,
@@ -416,3 +418,22 @@ def _readable(key: str, members: list[Any]) -> list[Inbound]:
         except (ValueError, TypeError) as exc:
             log.error("an unreadable inbox entry of ns=%s (the next turn drops it): %s", key, exc)
     return items
+
+
+def handle_message(event: dict[str, Any], drain: bool = False) -> str:
+    """RQ job on "chat": the turn job of `event`'s person (`event`: an `Inbound` as JSON) — their oldest
+    message(s) in order, then the rest handed on to the back of the queue (`mailbox`; `drain` is legacy)."""
+    runtime = current()
+    inbound = Inbound.from_json(event)
+    if runtime.redis is None:
+        feishu_turn(runtime, inbound)
+        return "answered"
+    job = get_current_job()
+    mailbox = Mailbox(runtime.redis, pace=lambda item: chat_pace(runtime, item))
+    return mailbox.deliver(
+        inbound,
+        lambda item: feishu_turn(runtime, item),
+        drain=drain,
+        job_id=job.id if job is not None else None,
+        busy=lambda item, backlog: busy_notice(runtime, item, backlog),
+    )

@@ -31,10 +31,8 @@ from memory_core.subjects import subject_key
 from memory_core.timeline import subject_timelines
 
 from .errors import FeishuError
-from .feishu_send import sender_for
 from .inbound import Inbound
 from .markup import neutralize
-from .memory_service import service_for
 from .redis_keys import Keys
 from .runtime import Runtime, current
 
@@ -260,7 +258,7 @@ def _registration(client: redis.Redis, persona: str, message_id: str) -> Registr
 def visible_entries(runtime: Runtime, ns: Namespace, chat_type: str, chat_id: str) -> list[Entry]:
     """What a memory listing shows in this chat, in the order it shows it (pinned, resident, oldest)."""
     epoch = datetime.min.replace(tzinfo=UTC)
-    entries = service_for(runtime).book(ns).current(runtime.clock())
+    entries = runtime.memory.book(ns).current(runtime.clock())
     shown = [e for e in entries if visible_in(e, chat_type, chat_id)]
     return sorted(shown, key=lambda e: (not e.pinned, not e.resident, e.at or epoch))
 
@@ -304,25 +302,20 @@ def run_action(runtime: Runtime, action: CardAction) -> str:
     elif target is None:
         outcome = "no such entry"
     elif action.op == "history":
-        book = service_for(runtime).book(reg.ns)
+        book = runtime.memory.book(reg.ns)
         steps = subject_timelines(book.entries(), book.archived()).get(subject_key(target.subject) or "", [])
         history = [s.entry for s in steps if visible_in(s.entry, reg.chat_type, reg.chat_id)]
         outcome = "history"
     else:
         op = Forget(id=target.id) if action.op == "forget" else Pin(id=target.id, pinned=action.op == "pin")
-        outcome = service_for(runtime).apply(reg.ns, [op])[0].status
+        outcome = runtime.memory.apply(reg.ns, [op])[0].status
         entries = visible_entries(runtime, reg.ns, reg.chat_type, reg.chat_id)
     if persona is None:
         return outcome
     dream = last_dream(runtime, reg.ns) if admin and reg.chat_type == "p2p" else None
     card = build(entries, reg.lang, reg.chat_type != "p2p", history, dream)
     try:
-        sender = sender_for(
-            persona,
-            persona.api_domain(runtime.settings.feishu_domain),
-            runtime.redis,
-            runtime.settings.send_rate,
-        )
+        sender = runtime.sender(persona)
         sender.patch_card(action.message_id, json.dumps(card, ensure_ascii=False))
     except FeishuError as exc:
         log.error("card on message=%s not updated: %s", action.message_id, exc)

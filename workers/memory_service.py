@@ -13,6 +13,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -46,7 +47,9 @@ from memory_core.writer import RAW_REWRITES
 
 from .embedding import Embeddings, from_settings
 from .redis_keys import Keys
-from .runtime import Runtime
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +62,6 @@ SNIPPET_CHARS = 160
 SEARCH_TOOL_HITS = 5  # the most lines one session_search call returns
 SEARCH_TOOL_POOL = 50  # searched before the p2p filter
 _SAVE_EVERY = 2000
-#: Active-recall searches run here so that the turn can stop waiting at its budget; one at a time per
-#: namespace, so a stuck index costs one thread, not one per message.
-_SEARCHERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="active-recall")
 
 
 @dataclass
@@ -142,6 +142,14 @@ class MemoryService:
         self._searching: dict[Namespace, Future[list[RawHit]]] = {}
         self._tables: dict[Namespace, tuple[tuple[int, int], list[Entry], VectorTable]] = {}
         self._embedding: dict[Namespace, threading.Thread] = {}
+        # Active-recall searches run here so that the turn can stop waiting at its budget; one at a time
+        # per namespace, so a stuck index costs one thread, not one per message.
+        self._searchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="active-recall")
+
+    def close(self) -> None:
+        """Stop the search threads and give background embedding (resumed by a later process) 5 s."""
+        self._searchers.shutdown(wait=False, cancel_futures=True)
+        self.wait_for_embeddings(timeout=5.0)
 
     # -------------------------------------------------------------------------------------- reading
 
@@ -388,7 +396,7 @@ class MemoryService:
                 breaker.record(False, started)  # the last one is still stuck: do not pile up
                 return []
             asked = evidence_query(query)  # the relevance floor's lexical rule, as for the recall tier
-            future = _SEARCHERS.submit(self.search, ns, asked, 8, session or None)
+            future = self._searchers.submit(self.search, ns, asked, 8, session or None)
             self._searching[ns] = future
         try:  # a real timeout: the reply does not wait for a search that overruns its budget
             hits = future.result(timeout=self.active_budget)
@@ -597,20 +605,6 @@ def schedule_flush(runtime: Runtime, ns: Namespace) -> None:
 
 def flush_namespace(ns: str) -> None:
     """RQ job: apply the ops queued for `ns` without a waiting submitter."""
-    from .runtime import current
+    from .runtime import current  # the runtime imports this module
 
     current().writer.flush(Namespace.parse(ns))
-
-
-_services: dict[int, tuple[Runtime, MemoryService]] = {}
-_services_lock = threading.Lock()
-
-
-def service_for(runtime: Runtime) -> MemoryService:
-    """The process's memory service for `runtime` (it caches parsed books and search indexes)."""
-    with _services_lock:
-        held = _services.get(id(runtime))
-        if held is None or held[0] is not runtime:
-            held = (runtime, MemoryService(runtime))
-            _services[id(runtime)] = held
-        return held[1]

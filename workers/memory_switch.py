@@ -17,7 +17,6 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
-from typing import ClassVar
 
 import redis
 
@@ -67,13 +66,12 @@ class TurnMemory:
 
 
 class ChatSwitch:
-    """The per-chat switch of one (tenant, persona, chat)."""
-
-    _local: ClassVar[dict[str, ChatState]] = {}
-    _lock: ClassVar[threading.Lock] = threading.Lock()
+    """The per-chat switches, in Redis (or, without Redis, in this instance: the wiring holds one)."""
 
     def __init__(self, client: redis.Redis | None) -> None:
         self.client = client
+        self._local: dict[str, ChatState] = {}
+        self._lock = threading.Lock()
 
     @staticmethod
     def key(tenant: str, persona: str, chat: str) -> str:

@@ -23,7 +23,7 @@ from memory_core.errors import LucidError
 from memory_core.secretscan import redact
 
 from .errors import FeishuError
-from .feishu_send import FeishuSender, sender_for
+from .feishu_send import FeishuSender
 from .inbound import Inbound
 from .metrics import Metrics
 from .queues import queue
@@ -289,12 +289,7 @@ class Outbox:
             try:
                 if conf is None:
                     raise FeishuError(f"persona {persona} is no longer configured")
-                sender = sender_for(
-                    conf,
-                    conf.api_domain(runtime.settings.feishu_domain),
-                    self.client,
-                    runtime.settings.send_rate,
-                )
+                sender = runtime.sender(conf)
             except FeishuError as exc:
                 self._drop(p, "refused", exc)
                 return "dropped"

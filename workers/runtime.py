@@ -1,10 +1,13 @@
-"""Wiring: build the store, the writer and the Redis connection from settings, once, at an entry point."""
+"""The wiring: one `Runtime` built at each entry point (serve, bot, worker, cron, CLI, tests) holds every
+shared piece; functions take the piece they need, RQ jobs find it with `current()`, `close()` ends it."""
 
 from __future__ import annotations
 
-import contextlib
+import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import redis
@@ -19,10 +22,14 @@ from memory_core.vault import derive_key
 from memory_core.writer import LocalLocker, Writer
 
 from . import embedded_redis, queues
+from .feishu_send import FeishuSender, Pacer
 from .llm import LLM
+from .memory_service import MemoryService
+from .memory_switch import ChatSwitch
 from .metrics import Metrics
 from .redis_backend import RedisLocker, RedisOpQueue
-from .settings import Settings
+from .scratch import LocalScratch, RedisScratch, Scratch
+from .settings import Persona, Settings
 
 
 def make_clock(settings: Settings) -> Callable[[], datetime]:
@@ -41,6 +48,36 @@ class Runtime:
     redis: redis.Redis | None
     clock: Callable[[], datetime]
     llm: LLM | None = None
+    scratch: Scratch = field(init=False, repr=False)
+    switch: ChatSwitch = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.scratch = RedisScratch(self.redis) if self.redis is not None else LocalScratch()
+        self.switch = ChatSwitch(self.redis)
+        self._senders: dict[tuple[str, str, str], FeishuSender] = {}
+        self._memory: MemoryService | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def memory(self) -> MemoryService:
+        """The memory service (parsed books, search indexes): built on first use, one per runtime."""
+        with self._lock:
+            if self._memory is None:
+                self._memory = MemoryService(self)
+            return self._memory
+
+    def sender(self, persona: Persona) -> FeishuSender:
+        """The persona's Feishu app, one per app and domain, so the SDK client and connections are reused.
+        Raises FeishuError when the persona has no app configured."""
+        domain = persona.api_domain(self.settings.feishu_domain)
+        key = (persona.app_id, persona.app_secret, domain)
+        with self._lock:
+            sender = self._senders.get(key)
+            if sender is None:
+                pacer = Pacer(self.redis, app_limit=(self.settings.send_rate, 60.0))
+                sender = FeishuSender(persona, domain, self.redis, pacer=pacer)
+                self._senders[key] = sender
+            return sender
 
     def queue(self, name: str) -> Queue:
         """An RQ queue on this runtime's Redis: `chat` (turns), `memory` (extraction), `dream` (low)."""
@@ -48,23 +85,47 @@ class Runtime:
             raise LucidError("queues need Redis: set REDIS_URL or run `lucid serve` (embedded Redis)")
         return queues.queue(name, self.redis)
 
+    @contextmanager
+    def active(self) -> Iterator[Runtime]:
+        """Make this the runtime `current()` returns (in this thread or task) while the block runs."""
+        token = _current.set(self)
+        try:
+            yield self
+        finally:
+            _current.reset(token)
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the threads this runtime started and close its clients (Redis, Ollama)."""
+        with self._lock:  # lark-oapi keeps no session of its own: dropping the senders is enough
+            memory, self._memory, self._senders = self._memory, None, {}
+        if memory is not None:
+            memory.close()
+        if self.llm is not None:
+            self.llm.close()
+        if self.redis is not None:
+            self.redis.close()
+
 
 QUEUES = ("chat", "memory", "dream")
-_current: Runtime | None = None
-
-
-def install(runtime: Runtime) -> None:
-    """Make `runtime` the one that RQ jobs in this process use (set by `lucid worker` / `serve`)."""
-    global _current
-    _current = runtime
+_current: ContextVar[Runtime | None] = ContextVar("lucid_runtime", default=None)
 
 
 def current() -> Runtime:
-    """The process's runtime; built from the environment on first use inside a worker process."""
-    global _current
-    if _current is None:
-        _current = build(Settings.from_env())
-    return _current
+    """The runtime of the job being run: set by `workers.worker.Worker` around each job (`Runtime.active`).
+    Raises outside one: a job never builds its own wiring from the environment."""
+    runtime = _current.get()
+    if runtime is None:
+        raise LucidError(
+            "no Lucid runtime is active: RQ jobs run on `lucid worker` (workers.worker.Worker), "
+            "other code passes the runtime it was given"
+        )
+    return runtime
 
 
 def connect(url: str) -> redis.Redis:
@@ -119,16 +180,3 @@ def _wants_llm(settings: Settings) -> bool:
     models = [settings.chat_model, settings.dream_model, settings.embed_model]
     models += [p.chat_model for p in settings.personas.values()]
     return any(models)
-
-
-@contextlib.contextmanager
-def with_redis(settings: Settings) -> Iterator[str]:
-    """Yield a Redis URL: REDIS_URL if set, else the embedded server (spawned if needed, stopped after)."""
-    if settings.redis_url:
-        yield settings.redis_url
-        return
-    server = embedded_redis.start(settings.data_dir)
-    try:
-        yield server.url
-    finally:
-        server.stop()

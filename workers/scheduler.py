@@ -21,53 +21,29 @@ from memory_core.namespace import Namespace, list_namespaces
 
 from .dreaming import enqueue_phase, last_run, memory_version, state_key
 from .queues import JSONCronJob
-from .runtime import Runtime, current, install
-from .settings import Settings, duration_seconds
+from .runtime import Runtime, current
+from .settings import DREAM_INTERVALS, Settings
 
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 300
 TICK_QUEUE = "memory"
-DEFAULT_INTERVALS = {
-    "light": timedelta(days=1),
-    "deep": timedelta(days=7),
-    "replay": timedelta(days=7),
-    "profile": timedelta(days=1),
-}
 JITTER_FRACTION = 0.1
 MAX_JITTER = timedelta(hours=2)
 BASELINE_PHASES = ("deep", "replay")  # first sighting records a start instead of running
-
-
-def parse_switch(value: str | None, default: timedelta) -> timedelta | None:
-    """`off` → None (disabled); empty or `on` → the default; `12h`, `3d`, `90m`, `3600` → that interval."""
-    text = (value or "").strip().lower()
-    if text in ("", "on", "yes", "true", "1"):
-        return default
-    if text in ("off", "no", "false", "0", "never"):
-        return None
-    seconds = duration_seconds(text)
-    if seconds is None or seconds <= 0:
-        raise InvalidInput(f"a dream schedule is off, on, or an interval like 12h / 3d / 90m, got {value!r}")
-    return timedelta(seconds=seconds)
 
 
 @dataclass(frozen=True)
 class Cadence:
     """How often each phase runs (absent = switched off) and whether a dream model exists."""
 
-    intervals: Mapping[str, timedelta] = field(default_factory=lambda: dict(DEFAULT_INTERVALS))
+    intervals: Mapping[str, timedelta] = field(default_factory=lambda: dict(DREAM_INTERVALS))
     model: bool = False
 
     @classmethod
-    def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> Cadence:
-        env = os.environ if env is None else env
-        intervals = {}
-        for phase, default in DEFAULT_INTERVALS.items():
-            interval = parse_switch(env.get(f"LUCID_DREAM_{phase.upper()}"), default)
-            if interval is not None:
-                intervals[phase] = interval
-        return cls(intervals, bool(settings.dream_model))
+    def of(cls, settings: Settings) -> Cadence:
+        """The settings' switches, parsed once at start (`Settings.from_env`): a tick never reads the env."""
+        return cls(settings.dream_intervals, bool(settings.dream_model))
 
 
 def jitter(ns_key: str, phase: str, interval: timedelta) -> timedelta:
@@ -120,7 +96,7 @@ def _changes(rt: Runtime, ns: Namespace, records: Mapping[str, Mapping[str, Any]
 def tick_runtime(rt: Runtime) -> dict[str, Any]:
     """One scheduling pass over every namespace: enqueue what is due, record first sightings."""
     now = rt.clock()
-    cadence = Cadence.from_env(rt.settings)
+    cadence = Cadence.of(rt.settings)
     queued: list[str] = []
     waiting: list[str] = []
     spaces = list_namespaces(rt.settings.data_dir)
@@ -163,5 +139,4 @@ def run_cron(rt: Runtime, interval: int = TICK_SECONDS) -> None:
     Run exactly one per deployment: rq's cron has no leader election, and two would tick twice (harmless,
     since jobs are unique per namespace and phase, but wasteful).
     """
-    install(rt)
     make_cron(rt, interval).start()  # type: ignore[no-untyped-call]

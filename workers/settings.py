@@ -7,7 +7,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,38 @@ def parse_reply_deadline(text: str) -> float:
     return seconds
 
 
+DREAM_INTERVALS = {
+    "light": timedelta(days=1),
+    "deep": timedelta(days=7),
+    "replay": timedelta(days=7),
+    "profile": timedelta(days=1),
+}
+
+
+def parse_switch(value: str | None, default: timedelta, name: str = "a dream schedule") -> timedelta | None:
+    """`off` → None (disabled); empty or `on` → the default; `12h`, `3d`, `90m`, `3600` → that interval."""
+    text = (value or "").strip().lower()
+    if text in ("", "on", "yes", "true", "1"):
+        return default
+    if text in ("off", "no", "false", "0", "never"):
+        return None
+    seconds = duration_seconds(text)
+    if seconds is None or seconds <= 0:
+        raise InvalidInput(f"{name} is off, on, or an interval like 12h / 3d / 90m, got {value!r}")
+    return timedelta(seconds=seconds)
+
+
+def parse_dream_switches(env: Mapping[str, str]) -> dict[str, timedelta]:
+    """`LUCID_DREAM_<PHASE>` for each phase: its interval, or absent when switched off."""
+    intervals = {}
+    for phase, default in DREAM_INTERVALS.items():
+        name = f"LUCID_DREAM_{phase.upper()}"
+        interval = parse_switch(env.get(name), default, name)
+        if interval is not None:
+            intervals[phase] = interval
+    return intervals
+
+
 @dataclass(frozen=True)
 class Settings:
     """Nothing reads the environment at import time. Secrets (app secrets, the vault key, the admin token) are
@@ -101,6 +133,7 @@ class Settings:
     now: datetime | None = None
     reply_deadline: float = REPLY_DEADLINE
     send_rate: int = SEND_RATE
+    dream_intervals: Mapping[str, timedelta] = field(default_factory=lambda: dict(DREAM_INTERVALS))
     personas: Mapping[str, Persona] = field(default_factory=dict)
 
     @classmethod
@@ -139,6 +172,7 @@ class Settings:
             now=now,
             reply_deadline=parse_reply_deadline(deadline_text) if deadline_text else REPLY_DEADLINE,
             send_rate=parse_send_rate(rate_text) if rate_text else SEND_RATE,
+            dream_intervals=parse_dream_switches(env),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)

@@ -8,15 +8,13 @@ import contextlib
 import hashlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
 import redis
-from rq import get_current_job
 
 from memory_core.errors import LucidError
 from memory_core.forgetting import FORGOTTEN
@@ -40,25 +38,23 @@ from .commands import (
     tool_call,
 )
 from .errors import FeishuError, LLMError, LLMUnavailable
-from .extraction import extract_turn
-from .feishu_send import FeishuSender, sender_for
+from .extraction import extract, extract_turn
+from .feishu_send import FeishuSender
 from .inbound import Inbound, TurnLimits, TurnResult
-from .mailbox import Mailbox
 from .memory_card import build as memory_card
 from .memory_card import last_dream, register, visible_entries
-from .memory_service import Assembly, MemoryService, service_for
-from .memory_switch import ChatSwitch, TurnMemory, per_message_off
+from .memory_service import Assembly, MemoryService
+from .memory_switch import TurnMemory, per_message_off
 from .metrics import Metrics
 from .outbox import send_reply
 from .redis_backend import text
 from .redis_keys import Keys
-from .runtime import Runtime, current
+from .runtime import Runtime
+from .scratch import Scratch
 from .settings import Persona
 
 log = logging.getLogger(__name__)
 
-SESSION_TTL = 30 * 60
-LANGUAGE_TTL = 30 * 86400  # a conversation's language outlives its sessions
 THINKING_TTL = 24 * 3600  # a turn's reaction id, kept so a redo can remove a killed attempt's
 
 
@@ -82,15 +78,14 @@ def run_turn(
     started = time.monotonic()
     result = TurnResult()
     persona = runtime.settings.personas.get(inbound.persona) or Persona(inbound.persona)
-    mem = service_for(runtime)
-    scratch = Scratch(runtime.redis)
+    mem, scratch = runtime.memory, runtime.scratch
     after: Callable[[], None] | None = None
     try:
         inbound = _with_language(scratch, inbound)
         quiet, said = per_message_off(inbound.text) if inbound.kind == "text" else (False, inbound.text)
         if quiet:
             inbound = replace(inbound, text=said)
-        state = ChatSwitch(runtime.redis).state(inbound.tenant, inbound.persona, inbound.chat_id)
+        state = runtime.switch.state(inbound.tenant, inbound.persona, inbound.chat_id)
         turn_memory = TurnMemory(quiet=quiet, chat_off=state.off, generation=state.generation)
         command = parse_command(inbound.text) if inbound.kind == "text" and inbound.text.strip() else None
         if inbound.kind != "text":
@@ -468,7 +463,7 @@ def _enqueue_extraction(runtime: Runtime, inbound: Inbound, reply: str, generati
         inbound.chat_id, generation,
     )  # fmt: skip
     if runtime.redis is None:  # the terminal chat without Redis: after the reply was printed
-        extract_turn(*args)
+        extract(runtime, *args)
         return
     job_id = "extract-" + hashlib.sha1(f"{inbound.persona}:{inbound.message_id}".encode()).hexdigest()[:24]
     try:
@@ -479,133 +474,17 @@ def _enqueue_extraction(runtime: Runtime, inbound: Inbound, reply: str, generati
         log.warning("extraction not queued for message=%s: %s", inbound.message_id, type(exc).__name__)
 
 
-# --------------------------------------------------------------------------------------------- scratch
-
-
-class Scratch:
-    """Short-lived conversation state: the session id, recent turns for the model, the model-down flag.
-
-    In Redis when there is one (every worker sees the same), else in this process (the terminal chat).
-    Message text kept here is redacted first.
-    """
-
-    _local: ClassVar[dict[str, tuple[float, Any]]] = {}
-    _lock: ClassVar[threading.Lock] = threading.Lock()
-
-    def __init__(self, client: redis.Redis | None) -> None:
-        self.client = client
-
-    def _get(self, key: str) -> Any:
-        with self._lock:
-            held = self._local.get(key)
-            return held[1] if held and held[0] > time.monotonic() else None
-
-    def _set(self, key: str, value: Any, ttl: float) -> None:
-        with self._lock:
-            self._local[key] = (time.monotonic() + ttl, value)
-
-    def session(self, key: str, candidate: str) -> str:
-        """The chat's session id: kept while messages come within 30 minutes of each other."""
-        full = Keys.session(key)
-        if self.client is not None:
-            pipe = self.client.pipeline()
-            pipe.set(full, candidate, nx=True, ex=SESSION_TTL)
-            pipe.get(full)
-            pipe.expire(full, SESSION_TTL)
-            value = pipe.execute()[1]
-            return value.decode() if isinstance(value, bytes) else str(value or candidate)
-        value = self._get(full) or candidate
-        self._set(full, value, SESSION_TTL)
-        return str(value)
-
-    def history(self, key: str) -> list[dict[str, str]]:
-        full = Keys.history(key)
-        if self.client is not None:
-            raw = self.client.lrange(full, 0, -1)
-            return [json.loads(r) for r in reversed(raw)]
-        return list(self._get(full) or [])
-
-    def add_history(self, key: str, user: str, assistant: str, turns: int) -> None:
-        full = Keys.history(key)
-        pair = [
-            {"role": "user", "content": redact(user)},
-            {"role": "assistant", "content": redact(assistant)},
-        ]
-        if self.client is not None:
-            pipe = self.client.pipeline()
-            pipe.lpush(full, *[json.dumps(m, ensure_ascii=False) for m in pair])
-            pipe.ltrim(full, 0, 2 * turns - 1)
-            pipe.expire(full, SESSION_TTL)
-            pipe.execute()
-            return
-        self._set(full, (list(self._get(full) or []) + pair)[-2 * turns :], SESSION_TTL)
-
-    def language(self, key: str) -> str | None:
-        full = Keys.language(key)
-        if self.client is not None:
-            value = self.client.get(full)
-            return value.decode() if isinstance(value, bytes) else value
-        got = self._get(full)
-        return str(got) if got else None
-
-    def set_language(self, key: str, lang: str) -> None:
-        full = Keys.language(key)
-        if self.client is not None:
-            if self.client.get(full) != lang.encode():
-                self.client.set(full, lang, ex=LANGUAGE_TTL)
-            return
-        self._set(full, lang, LANGUAGE_TTL)
-
-    def drop_history(self, key: str) -> None:
-        full = Keys.history(key)
-        if self.client is not None:
-            self.client.delete(full)
-        else:
-            with self._lock:
-                self._local.pop(full, None)
-
-    def flag(self, name: str, ttl: float) -> None:
-        if self.client is not None:
-            self.client.set(Keys.flag(name), "1", px=max(1, int(ttl * 1000)))
-        else:
-            self._set(name, True, ttl)
-
-    def flagged(self, name: str) -> bool:
-        if self.client is not None:
-            return bool(self.client.exists(Keys.flag(name)))
-        return bool(self._get(name))
-
-
-def handle_message(event: dict[str, Any], drain: bool = False) -> str:
-    """RQ job on "chat": the turn job of `event`'s person (`event`: an `Inbound` as JSON) — their oldest
-    message(s) in order, then the rest handed on to the back of the queue (`mailbox`; `drain` is legacy)."""
-    runtime = current()
-    inbound = Inbound.from_json(event)
-    if runtime.redis is None:
-        feishu_turn(runtime, inbound)
-        return "answered"
-    job = get_current_job()
-    mailbox = Mailbox(runtime.redis, pace=lambda item: _chat_pace(runtime, item))
-    return mailbox.deliver(
-        inbound,
-        lambda item: feishu_turn(runtime, item),
-        drain=drain,
-        job_id=job.id if job is not None else None,
-        busy=lambda item, backlog: busy_notice(runtime, item, backlog),
-    )
-
-
 def _sender(runtime: Runtime, inbound: Inbound) -> FeishuSender | None:
     persona = runtime.settings.personas.get(inbound.persona)
     if persona is None:
         return None
     try:
-        return sender_for(persona, runtime.settings.feishu_domain, runtime.redis, runtime.settings.send_rate)
+        return runtime.sender(persona)
     except FeishuError:
         return None
 
 
-def _chat_pace(runtime: Runtime, inbound: Inbound) -> float:
+def chat_pace(runtime: Runtime, inbound: Inbound) -> float:
     sender = _sender(runtime, inbound)
     return sender.pacer.ahead(inbound.chat_id) if sender is not None else 0.0
 
@@ -636,12 +515,7 @@ def feishu_turn(runtime: Runtime, inbound: Inbound) -> TurnResult | None:
         log.error("message=%s is for unknown persona %s; dropped", inbound.message_id, inbound.persona)
         return None
     try:
-        sender = sender_for(
-            persona,
-            persona.api_domain(runtime.settings.feishu_domain),
-            runtime.redis,
-            runtime.settings.send_rate,
-        )
+        sender = runtime.sender(persona)
     except FeishuError as exc:
         log.error("message=%s: %s", inbound.message_id, exc)
         return None

@@ -6,30 +6,44 @@ from __future__ import annotations
 
 import gc
 import threading
+from typing import Any
 
-from rq import SimpleWorker
+from rq import Queue, SimpleWorker
+from rq.job import Job
 
 from memory_core.errors import InvalidInput
 
-from . import dreaming, extraction, scheduler  # noqa: F401  (the job modules, loaded before the first job)
+from . import dreaming, extraction, mailbox, memory_card, outbox, scheduler  # noqa: F401  (the job modules)
 from .mailbox import Sweeper
 from .outbox import Outbox
 from .queues import SERIALIZER
-from .runtime import QUEUES, Runtime, install
+from .runtime import QUEUES, Runtime
+
+
+class Worker(SimpleWorker):
+    """RQ's in-process worker, running each job with `runtime` as `runtime.current()`: how a job gets its
+    wiring (`lucid worker`, and every test that runs jobs)."""
+
+    def __init__(self, runtime: Runtime, queues: tuple[str, ...] = QUEUES, **kwargs: Any) -> None:
+        if runtime.redis is None:
+            raise InvalidInput("`lucid worker` needs Redis: set REDIS_URL or use `lucid serve`")
+        names = [runtime.queue(name) for name in queues]
+        super().__init__(names, connection=runtime.redis, serializer=SERIALIZER, **kwargs)
+        self.runtime = runtime
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        with self.runtime.active():
+            super().execute_job(job, queue)
 
 
 def run_worker(runtime: Runtime, burst: bool = False) -> bool:
     """Work the queues until stopped (or, with `burst`, until they are empty); True if it ran any job."""
-    if runtime.redis is None:
-        raise InvalidInput("`lucid worker` needs Redis: set REDIS_URL or use `lucid serve`")
-    install(runtime)
+    worker = Worker(runtime)
     # SimpleWorker runs each job in this process instead of a fork: the memory service's parsed books,
     # relevance and raw-archive indexes and the Feishu token stay warm between turns (a fork would
     # reload a 200k-message index from disk for every message). Scale out with more worker processes.
     gc.freeze()  # lark-oapi and friends leave ~400k long-lived objects; keep full collections short
-    worker = SimpleWorker(
-        [runtime.queue(name) for name in QUEUES], connection=runtime.redis, serializer=SERIALIZER
-    )
+    assert runtime.redis is not None
     stop = threading.Event()
     sweeper = threading.Thread(
         target=Sweeper(runtime.redis, also=[Outbox(runtime.redis).rescue]).run,
@@ -42,3 +56,4 @@ def run_worker(runtime: Runtime, burst: bool = False) -> bool:
         return bool(worker.work(burst=burst, with_scheduler=True))
     finally:
         stop.set()
+        sweeper.join(timeout=5.0)

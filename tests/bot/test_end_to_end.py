@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import redis
 from aiohttp.test_utils import TestClient
-from rq import SimpleWorker
 
 from bot.app import create_app
 from memory_core.lineformat import RawMessage, parse_raw
@@ -38,16 +37,13 @@ from tests.fakes.feishu_events import (
 )
 from tests.fakes.ollama import FakeOllama
 from workers.llm import LLM
-from workers.queues import SERIALIZER
-from workers.runtime import Runtime, build, install
+from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
+from workers.worker import Worker
 
 KEY = "e2e-encrypt-key"
 BOT = "ou_e2e_bot_0000000000000000000000"
 ClientFactory = Callable[..., Any]
-
-
-Worker = SimpleWorker  # the real one: its pub/sub listener (`subscribe`) runs, as in `lucid worker`
 
 
 def parse_raw_file(text: str) -> list[RawMessage]:
@@ -107,8 +103,7 @@ class Harness:
         assert set(statuses) == {200}
 
     def work(self) -> None:
-        install(self.worker)
-        Worker(["chat"], connection=self.redis, serializer=SERIALIZER).work(burst=True)
+        Worker(self.worker, ("chat",)).work(burst=True)
 
     def replies_to(self, events: list[dict[str, Any]]) -> list[str]:
         """The replies in the order Feishu received them, one entry per reply to these messages."""

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import redis
 from aiohttp.test_utils import TestClient
-from rq import SimpleWorker
 
 from bot.app import create_app
 from memory_core.namespace import Namespace
@@ -21,9 +20,9 @@ from tests.fakes.feishu import FakeFeishu
 from tests.fakes.feishu_events import ALICE, BOB, TENANT_KEY, VERIFICATION_TOKEN, deliver, message_event
 from tests.fakes.feishu_ws import FakeFeishuWS
 from workers import embedded_redis
-from workers.queues import SERIALIZER
-from workers.runtime import Runtime, build, install
+from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
+from workers.worker import Worker
 
 APP, SECRET, BOT = "cli_ws_app", "ws-secret", "ou_ws_bot"
 
@@ -85,8 +84,7 @@ async def _ack(ws: FakeFeishuWS, frame: str) -> int | None:
 
 
 def _work(runtime: Runtime, client: redis.Redis) -> None:
-    install(runtime)
-    SimpleWorker(["chat"], connection=client, serializer=SERIALIZER).work(burst=True)
+    Worker(runtime, ("chat",)).work(burst=True)
 
 
 async def test_an_event_over_the_long_connection_is_acked_and_answered(

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import redis
 from aiohttp.test_utils import TestClient
-from rq import SimpleWorker
 
 from bot.app import create_app
 from memory_core.namespace import Namespace
@@ -31,9 +30,9 @@ from tests.fakes.feishu_events import (
     message_event,
 )
 from tests.fakes.feishu_ws import FakeFeishuWS
-from workers.queues import SERIALIZER
-from workers.runtime import Runtime, build, install
+from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
+from workers.worker import Worker
 
 KEY, BOT, APP = "card-key", "ou_card_bot", "cli_cards"
 
@@ -74,8 +73,7 @@ class Chat:
         return dict(await resp.json())
 
     def work(self) -> None:
-        install(self.runtime)
-        SimpleWorker(["chat"], connection=self.redis, serializer=SERIALIZER).work(burst=True)
+        Worker(self.runtime, ("chat",)).work(burst=True)
 
     def card_reply(self, message_id: str) -> str:
         (sent,) = [m for m in self.feishu.sent if m.parent_id == message_id]

@@ -23,6 +23,7 @@ from tests.reliability.harness import (
     reply_text,
     wait_for,
 )
+from workers.mailbox import handle_message
 from workers.queues import fetch, queue
 
 
@@ -48,7 +49,7 @@ async def test_a_pickle_payload_planted_in_a_job_is_refused_and_runs_nothing(
     for field, target in targets.items():
         # A real-looking turn job, then its stored `data` (zlib'd, as RQ keeps it) or `meta` replaced.
         job = chat.enqueue_call(
-            "workers.turn.handle_message", args=({"persona": "x"},), job_id=f"planted-{field}", at_front=True
+            handle_message, args=({"persona": "x"},), job_id=f"planted-{field}", at_front=True
         )
         evil = pickle.dumps(Payload(target))
         client.hset(job.key, field, zlib.compress(evil) if field == "data" else evil)

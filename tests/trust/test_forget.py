@@ -31,7 +31,6 @@ from tests.trust.turns import (
 )
 from workers.dreaming import run_phase
 from workers.mailbox import Intake
-from workers.memory_service import service_for
 from workers.runtime import Runtime
 
 
@@ -175,7 +174,7 @@ def test_forgotten_raw_lines_never_reach_a_prompt_or_a_search(
     assert text not in searched
     hits = json.loads(searched)["results"]
     assert hits and all(text not in h["text"] for h in hits)
-    snippets = service_for(rt).active_recall(ns(), query, session="none", chat="oc_p2p_alice")
+    snippets = rt.memory.active_recall(ns(), query, session="none", chat="oc_p2p_alice")
     assert all(text not in s.text for s in snippets)
 
 

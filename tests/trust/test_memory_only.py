@@ -15,7 +15,6 @@ from bot import cli
 from bot.viewer import view
 from memory_core.ops import Remember
 from tests.trust.recall_helpers import TENANT, make_runtime, memory_text, ns, turn
-from workers.memory_service import service_for
 from workers.runtime import Runtime
 
 
@@ -111,7 +110,7 @@ def test_chat_lucid_recall_and_the_viewer_find_the_same_answer(
         ["recall", "我住在哪", "--data", str(data_dir), "--tenant", TENANT, "--user", "alice", "--json"]
     )
     printed = json.loads(capsys.readouterr().out)
-    rows = [r for r in view(rt, service_for(rt), ns(), "我住在哪")["recall"] if r["relevance"]]
+    rows = [r for r in view(rt, rt.memory, ns(), "我住在哪")["recall"] if r["relevance"]]
 
     assert answer.startswith("根据我的记忆：我现在在西湖区")
     assert code == 0 and printed["results"][0]["text"] == "我现在在西湖区"

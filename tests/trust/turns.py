@@ -10,16 +10,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rq import SimpleWorker
-
 from memory_core.namespace import Namespace
 from tests.fakes.ollama import FakeOllama
 from workers.inbound import Inbound, TurnResult
 from workers.llm import LLM
-from workers.queues import SERIALIZER
-from workers.runtime import Runtime, build, install
+from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
 from workers.turn import run_turn
+from workers.worker import Worker
 
 MODEL = "qwen3:4b"
 GROUP = "oc_trust_group_0001"
@@ -40,9 +38,7 @@ def make_runtime(
     model = MODEL if ollama else None
     built = Settings(data_dir=data_dir, personas=personas, chat_model=model, dream_model=model, **settings)
     runtime = build(built, redis_url, git=git)
-    runtime = replace(runtime, llm=LLM(ollama.url, timeout=5.0, retries=0) if ollama else None)
-    install(runtime)  # jobs run in this process (extraction, replay) find it, as `lucid worker` does
-    return runtime
+    return replace(runtime, llm=LLM(ollama.url, timeout=5.0, retries=0) if ollama else None)
 
 
 def msg(text: str, user: str = "alice", *, group: bool = False, chat: str = GROUP) -> Inbound:
@@ -87,9 +83,7 @@ def entry_id(runtime: Runtime, words: str, user: str = "alice") -> str:
 def run_jobs(runtime: Runtime, *queues: str) -> None:
     """Run what is queued, as a worker process does (a real RQ SimpleWorker, burst)."""
     assert runtime.redis is not None
-    SimpleWorker([runtime.queue(q) for q in queues], connection=runtime.redis, serializer=SERIALIZER).work(
-        burst=True
-    )
+    Worker(runtime, queues).work(burst=True)
 
 
 def system_prompt(ollama: FakeOllama, n: int = -1) -> str:

@@ -19,11 +19,9 @@ from typing import Any
 
 import pytest
 import redis
-from rq import SimpleWorker
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
-import workers.runtime as runtime_module
 from memory_core.book import Book
 from memory_core.errors import InvalidInput
 from memory_core.history import undo
@@ -36,11 +34,12 @@ from tests.fakes.ollama import BrokenBody, Delay, FakeOllama, Garbage
 from workers.dreaming import enqueue_phase, format_report, run_phase
 from workers.extraction import extract_facts
 from workers.llm import LLM
-from workers.queues import SERIALIZER, fetch
+from workers.queues import fetch
 from workers.redis_backend import RedisLocker, RedisOpQueue
 from workers.runtime import QUEUES, Runtime
 from workers.scheduler import Cadence, due_phases, jitter, make_cron, tick_runtime
 from workers.settings import Settings
+from workers.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = Namespace.of("t1", "u1", "default")
@@ -56,9 +55,6 @@ class Clock:
 
     def __call__(self) -> datetime:
         return self.now
-
-
-QuietWorker = SimpleWorker  # the real one: its pub/sub listener (`subscribe`) runs, as in `lucid worker`
 
 
 @dataclass
@@ -83,7 +79,7 @@ class Env:
 
     def drain(self) -> None:
         queues = [self.rt.queue(name) for name in QUEUES]
-        QuietWorker(queues, connection=self.rt.redis, serializer=SERIALIZER).work(burst=True)
+        Worker(self.rt).work(burst=True)
         failed = {
             i: fetch(i, self.rt.redis).latest_result()
             for q in queues
@@ -120,7 +116,6 @@ def env(
     clock = Clock(T0)
     with FakeOllama() as fake:
         rt = make_runtime(data_dir, redis_client, clock, fake.url, MODEL)
-        monkeypatch.setattr(runtime_module, "_current", rt)  # what `lucid worker` does with install()
         yield Env(rt, clock, fake, redis_url)
 
 
@@ -310,26 +305,12 @@ def test_without_a_dream_model_the_model_phases_do_nothing_and_say_so(
     assert rt.store.read_text(NS, DREAMS) is None
 
 
-def children(pid: int) -> list[int]:
-    """Pids whose parent is `pid` (from /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
 def _personas_file(tmp_path: Path) -> Path:
     path = tmp_path / "lucid.toml"
     path.write_text("[personas.default]\n", "utf-8")
     return path
 
 
-JSON_ONLY = "workers.queues.JSONOnly"  # the serializer of every Lucid queue
 _KILLED_WORKER_ENV = (
     "LUCID_DATA",
     "REDIS_URL",
@@ -355,17 +336,8 @@ def test_a_worker_killed_mid_job_loses_nothing_and_the_job_runs_again(env: Env, 
         str(_personas_file(tmp_path)),
     )
     child_env = {**os.environ, "PYTHONPATH": str(ROOT), **dict(zip(_KILLED_WORKER_ENV, values, strict=True))}
-    worker = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "rq"),
-            "worker",
-            "--burst",
-            "--url",
-            env.redis_url,
-            "-S",
-            JSON_ONLY,
-            "dream",
-        ],
+    worker = subprocess.Popen(  # `lucid worker`: the job runs in the worker process itself
+        [sys.executable, "-m", "bot.cli", "worker", "--burst"],
         cwd=ROOT,
         env=child_env,
         start_new_session=True,
@@ -377,15 +349,8 @@ def test_a_worker_killed_mid_job_loses_nothing_and_the_job_runs_again(env: Env, 
         assert worker.poll() is None, worker.stderr.read().decode() if worker.stderr else ""
         time.sleep(0.02)
     assert env.fake.chat_requests, "the worker never asked the model"
-    horses = children(worker.pid)  # rq forks a work-horse per job, in its own process group
-    assert horses, "the job should be running in a work-horse"
-    for pid in (*horses, worker.pid):  # the machine dies: the worker and its horse, mid-job
-        os.kill(pid, signal.SIGKILL)
+    os.kill(worker.pid, signal.SIGKILL)  # the machine dies, mid-job
     worker.wait()
-    deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{pid}").exists() for pid in horses) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in horses)
 
     assert {n: env.read(n) for n in before} == before and env.rt.store.history(NS)[0]["rev"] == head
     queue = env.rt.queue("dream")
@@ -515,7 +480,7 @@ def test_after_ten_days_of_downtime_each_overdue_phase_runs_once(env: Env) -> No
 
 
 def test_due_phases_switches_cadence_and_first_sighting() -> None:
-    on = Cadence.from_env(Settings(dream_model=MODEL), {})
+    on = Cadence.of(Settings(dream_model=MODEL))
     changed = dict.fromkeys(("light", "deep", "replay", "profile"), True)
     day = timedelta(days=1)
     ran = {p: T0 for p in changed}
@@ -525,13 +490,13 @@ def test_due_phases_switches_cadence_and_first_sighting() -> None:
     assert due_phases(ran, {**changed, "light": False}, T0 + 30 * day, on) == ["deep", "replay", "profile"]
     never = dict.fromkeys(changed)
     assert due_phases(never, changed, T0, on) == ["light", "profile"]  # deep/replay start a week later
-    no_model = Cadence.from_env(Settings(), {})
+    no_model = Cadence.of(Settings())
     assert due_phases(ran, changed, T0 + 30 * day, no_model) == ["light"]
-    switched = Cadence.from_env(
-        Settings(dream_model=MODEL), {"LUCID_DREAM_LIGHT": "off", "LUCID_DREAM_DEEP": "2d"}
+    switched = Cadence.of(
+        Settings.from_env({"LUCID_DREAM_LIGHT": "off", "LUCID_DREAM_DEEP": "2d"}, dream_model=MODEL)
     )
     assert due_phases(ran, changed, T0 + 3 * day, switched) == ["deep", "profile"]
-    with pytest.raises(InvalidInput):
-        Cadence.from_env(Settings(), {"LUCID_DREAM_PROFILE": "sometimes"})
+    with pytest.raises(InvalidInput, match="LUCID_DREAM_PROFILE"):
+        Settings.from_env({"LUCID_DREAM_PROFILE": "sometimes"})
     spread = {jitter(f"ns{i}", "light", day) for i in range(50)}
     assert len(spread) > 40 and max(spread) < timedelta(hours=2)  # namespaces do not all dream at once

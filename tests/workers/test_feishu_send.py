@@ -10,6 +10,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -23,8 +24,9 @@ from tests.fakes.feishu import (
     server_error,
     token_invalid,
 )
-from workers.feishu_send import FeishuError, FeishuSender, Pacer, Retry, sender_for, split
-from workers.settings import Persona
+from workers.feishu_send import FeishuError, FeishuSender, Pacer, Retry, split
+from workers.runtime import build
+from workers.settings import Persona, Settings
 
 CHAT = "oc_send_test_chat"
 
@@ -199,15 +201,17 @@ def test_sends_of_one_app_stay_under_its_quota_per_window(redis_client: redis.Re
     assert most_in_any_window(paced, 1.9) <= 20
 
 
-def test_a_bigger_quota_raises_the_per_second_cap_too(redis_client: redis.Redis) -> None:
+def test_a_bigger_quota_raises_the_per_second_cap_too(redis_url: str, tmp_path: Path) -> None:
     """An app granted more than 1000 per minute is not held at the default 40/s: the schedule the pacer
     hands out for 120 replies to 120 chats spans over 3 s at the default quota (40/s, and 1000/min after
     a burst of 33) and a fraction of a second at 12,000 per minute (480/s)."""
 
     def span(rate: int) -> float:
         persona = Persona("p", app_id=f"cli_{uuid.uuid4().hex[:12]}", app_secret="s")
-        pacer = sender_for(persona, "http://127.0.0.1:9", redis_client, rate).pacer
-        slots = [pacer.reserve(persona.app_id, None) for _ in range(120)]
+        settings = Settings(data_dir=tmp_path, feishu_domain="http://127.0.0.1:9", send_rate=rate)
+        with build(settings, redis_url, git=False) as runtime:  # the sender the wiring gives a worker
+            pacer = runtime.sender(persona).pacer
+            slots = [pacer.reserve(persona.app_id, None) for _ in range(120)]
         return max(slots)
 
     assert span(1000) >= 2.9  # 40/s: 120 sends need ~3 s

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -13,7 +14,6 @@ from memory_core.namespace import Namespace
 from memory_core.ops import Forget, Remember
 from tests.fakes.ollama import FakeOllama
 from workers.memory_service import MemoryService
-from workers.queues import SERIALIZER
 from workers.runtime import build
 from workers.settings import Settings
 
@@ -21,7 +21,7 @@ NS = Namespace.of("t1", "alice", "default")
 NOW = datetime(2026, 6, 26, 12, 0, tzinfo=UTC)
 
 
-def _service(data_dir: Path, redis_url: str | None = None, **settings: object) -> MemoryService:
+def _service(data_dir: Path, redis_url: str | None = None, **settings: Any) -> MemoryService:
     rt = build(
         Settings(data_dir=data_dir, now=NOW, config_path=data_dir / "none.toml", **settings),
         redis_url=redis_url,
@@ -116,9 +116,7 @@ def test_embeddings_through_ollama_and_fallback_when_it_is_down(data_dir: Path) 
 def test_a_record_without_waiting_is_applied_by_the_flush_job(
     data_dir: Path, redis_client: redis.Redis, redis_url: str
 ) -> None:
-    from rq import SimpleWorker
-
-    from workers.runtime import install
+    from workers.worker import Worker
 
     svc = _service(data_dir, redis_url)
     msg = RawMessage(
@@ -126,9 +124,5 @@ def test_a_record_without_waiting_is_applied_by_the_flush_job(
     )
     assert svc.record(NS, msg, wait=False) is None
     assert not (data_dir / "t1/alice/default/raw").exists()  # queued, not yet written
-    install(svc.runtime)
-
-    SimpleWorker([svc.runtime.queue("memory")], connection=redis_client, serializer=SERIALIZER).work(
-        burst=True
-    )
+    Worker(svc.runtime, ("memory",)).work(burst=True)
     assert [h.id for h in svc.search(NS, "记住了")] == ["om_reply"]

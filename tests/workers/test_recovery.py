@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq import Worker as RQWorker
 from rq.job import JobStatus
 
@@ -29,9 +29,10 @@ from tests.reliability.harness import BOT, Stack, chat_responder, text_of, wait_
 from workers.inbound import Inbound
 from workers.mailbox import INBOXES, Intake, Mailbox, Sweeper, turn_job_id
 from workers.metrics import Metrics
-from workers.queues import SERIALIZER, fetch
-from workers.runtime import Runtime, build, install
+from workers.queues import fetch
+from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
+from workers.worker import Worker
 
 MODEL = "qwen3:4b"
 _clock = itertools.count(1)
@@ -72,9 +73,6 @@ def busy_workers(client: redis.Redis) -> int:
     return sum(1 for w in RQWorker.all(connection=client) if w.get_current_job_id())
 
 
-Worker = SimpleWorker  # the real one: its pub/sub listener (`subscribe`) runs, as in `lucid worker`
-
-
 def in_process(tmp_path: Path, redis_url: str, feishu: FakeFeishu) -> Runtime:
     persona = Persona("x", app_id=f"cli_{uuid.uuid4().hex[:12]}", app_secret="secret", bot_open_id=BOT)
     settings = Settings(data_dir=tmp_path / "data", feishu_domain=feishu.url, personas={"x": persona})
@@ -82,9 +80,7 @@ def in_process(tmp_path: Path, redis_url: str, feishu: FakeFeishu) -> Runtime:
 
 
 def work(runtime: Runtime) -> None:
-    assert runtime.redis is not None
-    install(runtime)
-    Worker(["chat"], connection=runtime.redis, serializer=SERIALIZER).work(burst=True)
+    Worker(runtime, ("chat",)).work(burst=True)
 
 
 # ------------------------------------------------------------------------------------------ killed worker

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import redis
-from rq import SimpleWorker
 from rq.registry import ScheduledJobRegistry
 
 from memory_core.errors import InvalidInput
@@ -26,14 +25,11 @@ from workers.inbound import Inbound
 from workers.mailbox import Intake
 from workers.metrics import Metrics
 from workers.outbox import Outbox, send_reply
-from workers.queues import SERIALIZER
-from workers.runtime import Runtime, build, install
+from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings, parse_reply_deadline
+from workers.worker import Worker
 
 CHAT = "oc_p2p_delivery_chat"
-
-
-Worker = SimpleWorker  # the real one: its pub/sub listener (`subscribe`) runs, as in `lucid worker`
 
 
 @pytest.fixture
@@ -47,9 +43,7 @@ def make_runtime(data_dir: Path, redis_url: str, fake: FakeFeishu, deadline: flo
     settings = Settings(
         data_dir=data_dir, feishu_domain=fake.url, personas={"p": persona}, reply_deadline=deadline
     )
-    runtime = build(settings, redis_url, git=False)
-    install(runtime)  # the jobs this process's worker runs use it
-    return runtime
+    return build(settings, redis_url, git=False)
 
 
 @pytest.fixture
@@ -81,9 +75,7 @@ def work_until(rt: Runtime, done: Callable[[], bool], timeout: float) -> bool:
     """Run the worker (scheduler included: it enqueues retries that are due) until `done()` or timeout."""
     deadline = time.monotonic() + timeout
     while True:
-        Worker(["chat", "memory"], connection=rt.redis, serializer=SERIALIZER).work(
-            burst=True, with_scheduler=True
-        )
+        Worker(rt, ("chat", "memory")).work(burst=True, with_scheduler=True)
         if done():
             return True
         if time.monotonic() > deadline:
@@ -290,9 +282,7 @@ def test_a_parked_reply_whose_retry_job_never_runs_is_rescued_by_the_sweeper(
     send(rt, first)
 
     def work_without_scheduler() -> None:
-        Worker(["chat", "memory"], connection=rt.redis, serializer=SERIALIZER).work(
-            burst=True, with_scheduler=False
-        )
+        Worker(rt, ("chat", "memory")).work(burst=True, with_scheduler=False)
 
     work_without_scheduler()
     assert len(parked(rt)) == 1 and scheduled(rt) == 1 and not replies(fake, first.message_id)

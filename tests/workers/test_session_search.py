@@ -16,7 +16,6 @@ from memory_core.lineformat import RawMessage
 from memory_core.namespace import Namespace
 from tests.fakes.ollama import FakeOllama
 from tests.workers.test_turn import make_runtime, msg
-from workers.memory_service import service_for
 from workers.turn import run_turn
 
 PAST = datetime(2026, 5, 3, 9, 0, tzinfo=UTC)
@@ -38,7 +37,7 @@ def _past(rt: Any, user: str, ident: str, text: str, chat_type: str = "p2p") -> 
     message = RawMessage(
         id=ident, ts=PAST, speaker=user, text=text, chat=chat, chat_type=chat_type, session="old"
     )
-    assert service_for(rt).record(Namespace.of("t1", user, "default"), message).status == "recorded"
+    assert rt.memory.record(Namespace.of("t1", user, "default"), message).status == "recorded"
 
 
 def _tool_answers(fake: FakeOllama) -> list[dict[str, Any]]:

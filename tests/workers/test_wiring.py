@@ -1,0 +1,116 @@
+"""One wiring per entry point: jobs get it from the worker or fail loudly, settings are parsed once at start,
+and `close()` ends what the runtime started. Real Redis, real RQ workers, real `lucid` processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import redis
+from rq import SimpleWorker
+from rq.registry import FailedJobRegistry
+
+from memory_core.errors import LucidError
+from memory_core.lineformat import RawMessage
+from memory_core.namespace import Namespace
+from memory_core.ops import Remember
+from workers.queues import SERIALIZER, fetch
+from workers.runtime import Runtime, build, current
+from workers.scheduler import make_cron
+from workers.settings import Settings
+from workers.worker import Worker
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = Namespace.of("t1", "alice", "default")
+
+
+def _runtime(data_dir: Path, redis_url: str, env: dict[str, str] | None = None) -> Runtime:
+    settings = replace(Settings.from_env(env or {}), data_dir=data_dir, config_path=data_dir / "none.toml")
+    return build(settings, redis_url, git=False)
+
+
+def test_a_job_run_without_the_wiring_fails_loudly_and_loses_nothing(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    with pytest.raises(LucidError, match="no Lucid runtime is active"):
+        current()
+    with _runtime(data_dir, redis_url) as rt:
+        msg = RawMessage(id="om_1", ts=datetime(2026, 6, 1, tzinfo=UTC), speaker="alice", text="我住在西湖区")
+        assert rt.memory.record(NS, msg, wait=False) is None  # queued in Redis, a flush job to apply it
+        # A stock RQ worker has no Lucid wiring: the job fails with the reason, it builds nothing itself.
+        SimpleWorker([rt.queue("memory")], connection=redis_client, serializer=SERIALIZER).work(burst=True)
+        failed = FailedJobRegistry(queue=rt.queue("memory")).get_job_ids()
+        assert len(failed) == 1
+        result = fetch(failed[0], redis_client).latest_result()
+        assert result is not None and "no Lucid runtime is active" in (result.exc_string or "")
+        assert not rt.store.raw_days(NS)  # nothing written by a half-wired job
+        FailedJobRegistry(queue=rt.queue("memory")).requeue(failed[0])  # the op is still queued in Redis
+        Worker(rt, ("memory",)).work(burst=True)  # `lucid worker`'s Worker gives the job its wiring
+        assert [m.text for m in rt.store.iter_raw(NS)] == ["我住在西湖区"]
+
+
+@pytest.mark.parametrize("role", ["worker", "cron", "serve"])
+def test_a_bad_dream_switch_stops_the_process_at_start(tmp_path: Path, role: str) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("LUCID_") and k != "REDIS_URL"},
+        "LUCID_DATA": str(tmp_path / "data"),
+        "LUCID_DREAM_DEEP": "fortnight",
+        "PYTHONPATH": str(ROOT),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "bot.cli", role],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "LUCID_DREAM_DEEP" in out.stderr and "fortnight" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "data").exists()  # refused before anything started
+
+
+def test_the_tick_uses_the_switches_parsed_at_start_not_the_environment_now(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with (
+        _runtime(data_dir, redis_url, {"LUCID_DREAM_LIGHT": "off"}) as off,
+        _runtime(data_dir, redis_url) as on,
+    ):
+        off.writer.submit(NS, [Remember(text="我住在西湖区", source="user")])
+        # What the environment says later (a bad value, too) no longer matters to a running process.
+        monkeypatch.setenv("LUCID_DREAM_LIGHT", "fortnight")
+        queued = []
+        for rt in (off, on):
+            make_cron(rt).enqueue_jobs()
+            Worker(rt, ("memory",)).work(burst=True)
+            assert FailedJobRegistry(queue=rt.queue("memory")).get_job_ids() == []
+            queued.append(rt.queue("dream").job_ids)
+        # `off`'s tick queued nothing (light switched off, no dream model); `on`'s queued light.
+        assert queued == [[], [f"dream-light-{NS.key}"]]
+
+
+def test_close_stops_the_threads_the_runtime_started(data_dir: Path, redis_url: str) -> None:
+    before = set(threading.enumerate())  # other tests' runtimes may still have theirs
+    rt = _runtime(data_dir, redis_url)
+    msg = RawMessage(id="om_1", ts=datetime(2026, 6, 1, tzinfo=UTC), speaker="alice", text="我喜欢喝乌龙茶")
+    mem = rt.memory  # held past close(): its threads must stop all the same
+    mem.record(NS, msg)
+    assert mem.active_recall(NS, "我喜欢喝什么茶", session="s2", chat="oc_alice")
+    assert _threads("active-recall", before)
+    rt.close()
+    deadline = time.monotonic() + 30
+    while _threads("active-recall", before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _threads("active-recall", before)
+
+
+def _threads(prefix: str, before: set[threading.Thread]) -> list[threading.Thread]:
+    return [t for t in set(threading.enumerate()) - before if t.name.startswith(prefix) and t.is_alive()]
