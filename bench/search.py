@@ -34,7 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rank_bm25 import BM25Okapi
 
 from memory_core.lineformat import RawMessage
+from memory_core.namespace import Namespace
 from memory_core.rawindex import RawIndex
+from memory_core.store import Store
 from memory_core.textindex import STOPWORDS, tokenize
 
 FUNCTION_CHARS = "的了是我你他在吗呢啊吧也都就和有这那个一不没要会能可以还"
@@ -218,12 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     report["query_right_after_an_add"] = ms(after)
 
     with tempfile.TemporaryDirectory() as tmp:
+        store, ns = Store(Path(tmp), git=False), Namespace.of("bench", "u", "p")
         t0 = time.perf_counter()
-        index.save(tmp)
+        store.save_cache(ns, "raw", index.dump(), index.manifest())
         saved = time.perf_counter() - t0
         size = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file())
         t0 = time.perf_counter()
-        loaded = RawIndex.load(tmp)
+        held = store.load_cache(ns, "raw")
+        assert held is not None
+        loaded = RawIndex.restore(*held)
         report["persistence"] = {
             "save_s": round(saved, 2),
             "load_s": round(time.perf_counter() - t0, 2),

@@ -6,33 +6,31 @@ question; the message they answer ("What did you paint?") shares many, so the co
 (+10 to +15 R@10 on LoCoMo dev). A query that names a speaker lifts that speaker's messages, because the
 context spreads both speakers' names over every document.
 
-The index is derived: the Markdown archive is the source of truth, and `save`/`load` only cache this
-structure (JSON + npz, no pickle) so a restart need not re-tokenise. `load` raises `StaleIndex` when the
-cache cannot be used; the caller then rebuilds from the archive.
+The index is derived: the Markdown archive is the source of truth, and `dump`/`restore` only turn this
+structure into files (JSON + npz, no pickle; the store writes them) so a restart need not re-tokenise.
+`restore` raises `StaleIndex` when the cache cannot be used; the caller rebuilds from the archive.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import re
-import shutil
-import uuid
+import zipfile
 from bisect import bisect_left, bisect_right
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from .cjk import HAN, KANA
 from .entry import as_utc
-from .errors import StaleIndex, UnsafePath
+from .errors import StaleIndex
 from .lineformat import RawMessage
-from .store import no_symlink
 from .textindex import (
     RRF_K,
     TOKENIZER_VERSION,
@@ -470,65 +468,41 @@ class RawIndex:
             "last_id": self.last_id,
         }
 
-    def save(self, directory: str | os.PathLike[str]) -> None:
-        """Write the derived cache: a fresh `gen-*` folder, then `manifest.json` pointing to it (atomic
-        rename), then old generations are deleted. A crash at any point leaves a readable cache or none."""
-        root = Path(directory)
-        gen = f"gen-{uuid.uuid4().hex[:12]}"
-        (root / gen).mkdir(parents=True)
+    def dump(self) -> dict[str, bytes]:
+        """The derived cache as files (JSON + npz, no pickle), for `Store.save_cache` with `manifest()`."""
         msgs = [
             None
             if m is None
             else [m.id, m.ts.isoformat(), m.speaker, m.text, m.chat, m.chat_type, m.role, m.session, m.extra]
             for m in self._msgs
         ]
-        (root / gen / "messages.json").write_text(json.dumps(msgs), encoding="ascii")
-        (root / gen / "terms.json").write_text(json.dumps(self._bm25.terms), encoding="ascii")
         arrays = self._bm25.export_arrays()
         if self._vec is not None:
             arrays["vectors"] = self._vec[: len(self._msgs)]
             arrays["has_vec"] = self._has_vec[: len(self._msgs)]
-        with open(root / gen / "index.npz", "wb") as fh:
-            np.savez(fh, allow_pickle=False, **arrays)
-        manifest = dict(self.manifest(), generation=gen)
-        tmp = root / f".manifest.{gen}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=1), encoding="ascii")
-        os.replace(tmp, root / "manifest.json")
-        for old in root.glob("gen-*"):
-            if old.name != gen and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
+        npz = io.BytesIO()
+        np.savez(npz, allow_pickle=False, **arrays)
+        return {
+            "messages.json": json.dumps(msgs).encode("ascii"),
+            "terms.json": json.dumps(self._bm25.terms).encode("ascii"),
+            "index.npz": npz.getvalue(),
+        }
 
     @classmethod
-    def read_manifest(cls, directory: str | os.PathLike[str]) -> dict[str, object] | None:
-        """The cache's manifest (count, last_id, versions), or None when there is no readable cache."""
-        try:
-            path = no_symlink(Path(directory), Path(directory) / "manifest.json")
-            data = json.loads(path.read_text(encoding="ascii"))
-        except (OSError, ValueError, UnsafePath):
-            return None
-        return data if isinstance(data, dict) else None
-
-    @classmethod
-    def load(cls, directory: str | os.PathLike[str], embedder: Embedder | None = None) -> RawIndex:
-        """Read a cache written by `save`. Raises StaleIndex if it is missing, torn or of another version."""
-        manifest = cls.read_manifest(directory)
+    def restore(
+        cls, manifest: Mapping[str, Any], read: Callable[[str], bytes], embedder: Embedder | None = None
+    ) -> RawIndex:
+        """The index `dump` wrote, its files read with `read(name)`. Raises StaleIndex if they are missing,
+        torn or of another version."""
         fresh = cls(embedder)
-        if manifest is None:
-            raise StaleIndex("no readable index cache")
         expected = fresh.manifest()
         for field in ("format", "tokenizer", "recipe"):
             if manifest.get(field) != expected[field]:
                 raise StaleIndex(f"index cache has another {field}: {manifest.get(field)!r}")
-        name = str(manifest.get("generation"))
-        if not re.fullmatch(r"gen-[0-9a-f]{12}", name):
-            raise StaleIndex(f"index cache names no generation of its own: {name[:40]!r}")
-        gen = Path(directory) / name
         try:
-            for part in ("", "messages.json", "terms.json", "index.npz"):  # never read through a link
-                no_symlink(Path(directory), gen / part)
-            msgs = json.loads((gen / "messages.json").read_text(encoding="ascii"))
-            terms = json.loads((gen / "terms.json").read_text(encoding="ascii"))
-            with np.load(gen / "index.npz", allow_pickle=False) as npz:
+            msgs = json.loads(read("messages.json").decode("ascii"))
+            terms = json.loads(read("terms.json").decode("ascii"))
+            with np.load(io.BytesIO(read("index.npz")), allow_pickle=False) as npz:
                 arrays = {name: npz[name] for name in npz.files}
             for row in msgs:
                 if row is None:
@@ -551,7 +525,7 @@ class RawIndex:
                     )
             keys = [None if m is None else m.id for m in fresh._msgs]
             fresh._bm25 = BM25Index.from_arrays(terms, keys, arrays)
-        except (OSError, ValueError, KeyError, TypeError, UnsafePath) as exc:
+        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
             raise StaleIndex(f"index cache is unreadable: {exc}") from exc
         if len(fresh) != manifest.get("count") or len(fresh._msgs) != manifest.get("slots"):
             raise StaleIndex("index cache does not match its manifest")

@@ -12,9 +12,11 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import stat
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -358,6 +360,44 @@ class Store:
         path = self.file(ns, ".vault", "secrets.enc")
         return path.read_text().split() if path.exists() else []
 
+    # -------------------------------------------------------------------------------------- caches
+
+    def save_cache(
+        self, ns: Namespace, name: str, files: Mapping[str, bytes], manifest: Mapping[str, Any]
+    ) -> None:
+        """Replace the derived cache `.index/<name>/` (not in git; rebuildable from the Markdown): its files go
+        to a fresh `gen-*` folder, then `manifest.json`, naming that folder, replaces the old one (temp file,
+        fsync, rename), then older folders are deleted. A crash at any point leaves the old cache or the new.
+        """
+        root = self.file(ns, ".index", name)
+        gen = f"gen-{uuid.uuid4().hex[:12]}"
+        folder = self.file(ns, ".index", name, gen)
+        folder.mkdir(parents=True)
+        for part, data in files.items():
+            atomic_write(self.file(ns, ".index", name, gen, part), data, durable=False)
+        _fsync_dir(folder)
+        _kill_point("cache")
+        atomic_write(root / "manifest.json", json.dumps({**manifest, "generation": gen}).encode())
+        for old in root.glob("gen-*"):
+            if old.name != gen and not old.is_symlink() and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+
+    def load_cache(self, ns: Namespace, name: str) -> tuple[dict[str, Any], Callable[[str], bytes]] | None:
+        """The cache `save_cache` wrote last: its manifest and a reader of its files; None if there is no
+        readable one. Raises UnsafePath when a link is planted on the way."""
+        try:
+            manifest = json.loads(self.file(ns, ".index", name, "manifest.json").read_bytes())
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            return None
+        gen = manifest.get("generation") if isinstance(manifest, dict) else None
+        if not isinstance(gen, str) or not re.fullmatch(r"gen-[0-9a-f]{12}", gen):
+            return None
+
+        def read(part: str) -> bytes:
+            return self.file(ns, ".index", name, gen, part).read_bytes()
+
+        return manifest, read
+
     # -------------------------------------------------------------------------------------- raw archive
 
     def raw_day_name(self, when: datetime) -> str:
@@ -688,7 +728,7 @@ _isolated = False
 
 
 def _kill_point(name: str) -> None:
-    """The fault suite's SIGKILL inside a commit (LUCID_KILL_POINT=objects|index|ref|pack)."""
+    """The fault suite's SIGKILL inside a commit (LUCID_KILL_POINT=objects|index|ref|pack) or a cache save."""
     if os.environ.get("LUCID_KILL_POINT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -12,7 +12,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,7 +40,7 @@ from memory_core.recall import (
     resident_snapshot,
     strong_terms,
 )
-from memory_core.store import ARCHIVE, MEMORY, PROFILE, atomic_write, no_symlink
+from memory_core.store import ARCHIVE, MEMORY, PROFILE
 from memory_core.textindex import STOP_CHARS
 from memory_core.writer import RAW_REWRITES
 
@@ -302,11 +301,11 @@ class MemoryService:
     def _raw_cache(self, ns: Namespace) -> _RawCache:
         cache = self._raw.get(ns)
         store = self.runtime.store
-        cache_dir = store.file(ns, ".index", "raw")  # UnsafePath if .index or raw/ is a link
+        store.file(ns, ".index", "raw")  # UnsafePath if .index or raw/ is a link
         rewrites = int(store.state_value(ns, RAW_REWRITES) or 0)
         days = store.raw_days(ns)
         if cache is None:
-            cache = self._load_raw(cache_dir)
+            cache = self._load_raw(ns)
             self._raw[ns] = cache
         if cache.rewrites != rewrites or not set(cache.offsets) <= set(days):
             # Lines were rewritten in place (a forget) or days removed (an erase): rebuild from the Markdown.
@@ -338,30 +337,29 @@ class MemoryService:
             cache.offsets[day] = done + end
         cache.unsaved += grew
         if cache.unsaved >= _SAVE_EVERY:
-            self._save_raw(cache, cache_dir)
+            self._save_raw(ns, cache)
         return cache
 
-    @staticmethod
-    def _load_raw(cache_dir: Path) -> _RawCache:
+    def _load_raw(self, ns: Namespace) -> _RawCache:
+        held = self.runtime.store.load_cache(ns, "raw")
+        if held is None:
+            return _RawCache(RawIndex(), {})
+        manifest, read = held
         try:
-            index = RawIndex.load(cache_dir)
-            offsets = json.loads(no_symlink(cache_dir, cache_dir / "offsets.json").read_text())
+            index = RawIndex.restore(manifest, read)
+            offsets = manifest.get("offsets")
             if not isinstance(offsets, dict):
-                raise StaleIndex("bad offsets")
-            rewrites = int(offsets.pop(RAW_REWRITES, 0))
+                raise StaleIndex("no offsets")
+            rewrites = int(manifest.get(RAW_REWRITES, 0))
             return _RawCache(index, {str(k): int(v) for k, v in offsets.items()}, rewrites=rewrites)
-        except (StaleIndex, FileNotFoundError, ValueError, OSError):
+        except (StaleIndex, ValueError, TypeError, OSError):
             return _RawCache(RawIndex(), {})
 
-    @staticmethod
-    def _save_raw(cache: _RawCache, cache_dir: Path) -> None:
+    def _save_raw(self, ns: Namespace, cache: _RawCache) -> None:
+        """The index and how far into each day file it has read switch together (one manifest)."""
+        meta = {**cache.index.manifest(), "offsets": cache.offsets, RAW_REWRITES: cache.rewrites}
         try:
-            cache.index.save(cache_dir)
-            atomic_write(
-                cache_dir / "offsets.json",
-                json.dumps({**cache.offsets, RAW_REWRITES: cache.rewrites}).encode(),
-                durable=False,
-            )
+            self.runtime.store.save_cache(ns, "raw", cache.index.dump(), meta)
             cache.unsaved = 0
         except OSError as exc:
             log.warning("could not save the search index cache: %s", exc)

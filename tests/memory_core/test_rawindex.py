@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
@@ -12,8 +16,11 @@ import numpy.typing as npt
 import pytest
 
 from memory_core.lineformat import RawMessage
+from memory_core.namespace import Namespace
 from memory_core.rawindex import RawIndex, StaleIndex, session_key
+from memory_core.store import Store
 
+ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
 
 
@@ -177,18 +184,32 @@ def test_bulk_add_scores_like_one_by_one_adds() -> None:
         assert {h.id: h.score for h in mixed.search(query, k=60)} == pytest.approx(expected, rel=1e-5)
 
 
+NS = Namespace.of("t", "u", "p")
+
+
+def save(store: Store, index: RawIndex) -> None:
+    store.save_cache(NS, "raw", index.dump(), index.manifest())
+
+
+def load(store: Store, embedder: CharEmbedder | None = None) -> RawIndex:
+    held = store.load_cache(NS, "raw")
+    if held is None:
+        raise StaleIndex("no cache")
+    return RawIndex.restore(*held, embedder=embedder)
+
+
 def test_save_and_load_give_identical_results(tmp_path: Path) -> None:
+    store, cache = Store(tmp_path, git=False), NS.path(tmp_path) / ".index" / "raw"
     index = built()
     index.remove("m4")
-    index.save(tmp_path)
+    save(store, index)
     index.add(msg("m9", "sunrise again", minute=9))
-    index.save(tmp_path)  # a second save replaces the first generation
-    assert len(list(tmp_path.glob("gen-*"))) == 1
-    loaded = RawIndex.load(tmp_path)
+    save(store, index)  # a second save replaces the first generation
+    assert len(list(cache.glob("gen-*"))) == 1
+    loaded = load(store)
     assert len(loaded) == len(index) == 5 and loaded.last_id == "m9"
-    assert RawIndex.read_manifest(tmp_path) == dict(
-        index.manifest(), generation=next(tmp_path.glob("gen-*")).name
-    )
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert manifest == dict(index.manifest(), generation=next(cache.glob("gen-*")).name)
     for query in ["sunrise", "茶", "paint Ann", "train"]:
         assert loaded.search(query) == index.search(query)
     # The loaded index keeps working incrementally, exactly like the original.
@@ -199,20 +220,45 @@ def test_save_and_load_give_identical_results(tmp_path: Path) -> None:
 
 
 def test_an_unusable_cache_says_stale(tmp_path: Path) -> None:
+    store, cache = Store(tmp_path, git=False), NS.path(tmp_path) / ".index" / "raw"
     with pytest.raises(StaleIndex):
-        RawIndex.load(tmp_path)
-    built().save(tmp_path)
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
-    (tmp_path / "manifest.json").write_text(json.dumps(dict(manifest, tokenizer=-1)))
+        load(store)
+    save(store, built())
+    manifest = json.loads((cache / "manifest.json").read_text())
+    (cache / "manifest.json").write_text(json.dumps(dict(manifest, tokenizer=-1)))
     with pytest.raises(StaleIndex):
-        RawIndex.load(tmp_path)
-    (tmp_path / "manifest.json").write_text(json.dumps(dict(manifest, count=99)))
+        load(store)
+    (cache / "manifest.json").write_text(json.dumps(dict(manifest, count=99)))
     with pytest.raises(StaleIndex):
-        RawIndex.load(tmp_path)
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    (next(tmp_path.glob("gen-*")) / "index.npz").write_bytes(b"torn")
+        load(store)
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    (next(cache.glob("gen-*")) / "index.npz").write_bytes(b"torn")
     with pytest.raises(StaleIndex):
-        RawIndex.load(tmp_path)
+        load(store)
+
+
+def test_a_crash_mid_save_leaves_the_old_cache_whole(tmp_path: Path) -> None:
+    """SIGKILLed after the new generation's files, before its manifest: the old cache still loads."""
+    store, cache = Store(tmp_path, git=False), NS.path(tmp_path) / ".index" / "raw"
+    old = built()
+    save(store, old)
+    manifest = (cache / "manifest.json").read_bytes()
+    script = (
+        "import sys; from pathlib import Path; from memory_core.store import Store; "
+        "from tests.memory_core.test_rawindex import built, msg, save; "
+        "index = built(); index.add(msg('m9', 'a kayak at sunrise', minute=9)); "
+        "save(Store(Path(sys.argv[1]), git=False), index)"
+    )
+    env = {**os.environ, "LUCID_KILL_POINT": "cache", "PYTHONPATH": str(ROOT)}
+    died = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True)
+    assert died.returncode == -signal.SIGKILL, died.stderr.decode()[-2000:]
+    assert len(list(cache.glob("gen-*"))) == 2  # the dead save's folder is there, unnamed
+    assert (cache / "manifest.json").read_bytes() == manifest
+    loaded = load(store)
+    assert len(loaded) == len(old) and "m9" not in loaded
+    assert loaded.search("sunrise") == old.search("sunrise")
+    save(store, loaded)  # the next save clears the dead one's folder
+    assert len(list(cache.glob("gen-*"))) == 1
 
 
 class CharEmbedder:
@@ -237,8 +283,9 @@ def test_vectors_are_computed_apart_from_add_and_survive_a_reload(tmp_path: Path
     hits = index.search("乌龙茶", exclude_session="s2")
     assert hits[0].id == "m3" and all(h.session != "s2" for h in hits)
     assert all(0.0 <= h.score <= 1.0 for h in hits)
-    index.save(tmp_path)
-    loaded = RawIndex.load(tmp_path, embedder=CharEmbedder())
+    store = Store(tmp_path, git=False)
+    save(store, index)
+    loaded = load(store, embedder=CharEmbedder())
     assert loaded.search("乌龙茶") == index.search("乌龙茶")
 
 
