@@ -509,20 +509,9 @@ class RawIndex:
                     fresh._place_removed()
                 else:
                     mid, ts, speaker, text, chat, chat_type, role, session, extra = row
-                    extra_pairs = tuple((str(a), str(b)) for a, b in extra)
-                    fresh._place(
-                        RawMessage(
-                            mid,
-                            datetime.fromisoformat(ts),
-                            speaker,
-                            text,
-                            chat,
-                            chat_type,
-                            role,
-                            session,
-                            extra_pairs,
-                        )
-                    )
+                    pairs = tuple((str(a), str(b)) for a, b in extra)
+                    when = datetime.fromisoformat(ts)
+                    fresh._place(RawMessage(mid, when, speaker, text, chat, chat_type, role, session, pairs))
             keys = [None if m is None else m.id for m in fresh._msgs]
             fresh._bm25 = BM25Index.from_arrays(terms, keys, arrays)
         except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:

@@ -365,10 +365,8 @@ class Store:
     def save_cache(
         self, ns: Namespace, name: str, files: Mapping[str, bytes], manifest: Mapping[str, Any]
     ) -> None:
-        """Replace the derived cache `.index/<name>/` (not in git; rebuildable from the Markdown): its files go
-        to a fresh `gen-*` folder, then `manifest.json`, naming that folder, replaces the old one (temp file,
-        fsync, rename), then older folders are deleted. A crash at any point leaves the old cache or the new.
-        """
+        """Replace the derived cache `.index/<name>/`: the files into a fresh `gen-*` folder, then an atomic
+        `manifest.json` naming it, then older folders deleted. A crash leaves the old cache or the new."""
         root = self.file(ns, ".index", name)
         gen = f"gen-{uuid.uuid4().hex[:12]}"
         folder = self.file(ns, ".index", name, gen)

@@ -1,8 +1,5 @@
-"""Short-lived conversation state: the session id, recent turns for the model, the language, flags.
-
-Two implementations of one interface, chosen once by the wiring: in Redis when there is one (every worker
-sees the same), else in this process (the terminal chat). Message text kept here is redacted first.
-"""
+"""Short-lived conversation state (session id, recent turns, language, flags), message text redacted first:
+in Redis when there is one (every worker sees the same), else in this process; the wiring picks one."""
 
 from __future__ import annotations
 
@@ -31,24 +28,21 @@ class RedisScratch:
 
     def session(self, key: str, candidate: str) -> str:
         """The chat's session id: kept while messages come within 30 minutes of each other."""
-        full = Keys.session(key)
         pipe = self.client.pipeline()
-        pipe.set(full, candidate, nx=True, ex=SESSION_TTL)
-        pipe.get(full)
-        pipe.expire(full, SESSION_TTL)
+        pipe.set(Keys.session(key), candidate, nx=True, ex=SESSION_TTL)
+        pipe.get(Keys.session(key))
+        pipe.expire(Keys.session(key), SESSION_TTL)
         value = pipe.execute()[1]
         return value.decode() if isinstance(value, bytes) else str(value or candidate)
 
     def history(self, key: str) -> list[dict[str, str]]:
-        raw = self.client.lrange(Keys.history(key), 0, -1)
-        return [json.loads(r) for r in reversed(raw)]
+        return [json.loads(r) for r in reversed(self.client.lrange(Keys.history(key), 0, -1))]
 
     def add_history(self, key: str, user: str, assistant: str, turns: int) -> None:
-        full = Keys.history(key)
         pipe = self.client.pipeline()
-        pipe.lpush(full, *[json.dumps(m, ensure_ascii=False) for m in _pair(user, assistant)])
-        pipe.ltrim(full, 0, 2 * turns - 1)
-        pipe.expire(full, SESSION_TTL)
+        pipe.lpush(Keys.history(key), *[json.dumps(m, ensure_ascii=False) for m in _pair(user, assistant)])
+        pipe.ltrim(Keys.history(key), 0, 2 * turns - 1)
+        pipe.expire(Keys.history(key), SESSION_TTL)
         pipe.execute()
 
     def drop_history(self, key: str) -> None:
@@ -59,9 +53,8 @@ class RedisScratch:
         return value.decode() if isinstance(value, bytes) else value
 
     def set_language(self, key: str, lang: str) -> None:
-        full = Keys.language(key)
-        if self.client.get(full) != lang.encode():
-            self.client.set(full, lang, ex=LANGUAGE_TTL)
+        if self.client.get(Keys.language(key)) != lang.encode():
+            self.client.set(Keys.language(key), lang, ex=LANGUAGE_TTL)
 
     def flag(self, name: str, ttl: float) -> None:
         self.client.set(Keys.flag(name), "1", px=max(1, int(ttl * 1000)))
@@ -71,7 +64,7 @@ class RedisScratch:
 
 
 class LocalScratch:
-    """The same, in this process only (no Redis): values expire as the Redis keys would."""
+    """The same in this process (no Redis: the terminal chat); values expire as the Redis keys would."""
 
     def __init__(self) -> None:
         self._held: dict[str, tuple[float, Any]] = {}
@@ -87,33 +80,31 @@ class LocalScratch:
             self._held[key] = (time.monotonic() + ttl, value)
 
     def session(self, key: str, candidate: str) -> str:
-        value = str(self._get(f"session:{key}") or candidate)
-        self._set(f"session:{key}", value, SESSION_TTL)
+        value = str(self._get(Keys.session(key)) or candidate)
+        self._set(Keys.session(key), value, SESSION_TTL)
         return value
 
     def history(self, key: str) -> list[dict[str, str]]:
-        return list(self._get(f"history:{key}") or [])
+        return list(self._get(Keys.history(key)) or [])
 
     def add_history(self, key: str, user: str, assistant: str, turns: int) -> None:
-        kept = (self.history(key) + _pair(user, assistant))[-2 * turns :]
-        self._set(f"history:{key}", kept, SESSION_TTL)
+        self._set(Keys.history(key), (self.history(key) + _pair(user, assistant))[-2 * turns :], SESSION_TTL)
 
     def drop_history(self, key: str) -> None:
-        with self._lock:
-            self._held.pop(f"history:{key}", None)
+        self._set(Keys.history(key), None, 0)
 
     def language(self, key: str) -> str | None:
-        got = self._get(f"lang:{key}")
+        got = self._get(Keys.language(key))
         return str(got) if got else None
 
     def set_language(self, key: str, lang: str) -> None:
-        self._set(f"lang:{key}", lang, LANGUAGE_TTL)
+        self._set(Keys.language(key), lang, LANGUAGE_TTL)
 
     def flag(self, name: str, ttl: float) -> None:
-        self._set(f"flag:{name}", True, ttl)
+        self._set(Keys.flag(name), True, ttl)
 
     def flagged(self, name: str) -> bool:
-        return bool(self._get(f"flag:{name}"))
+        return bool(self._get(Keys.flag(name)))
 
 
 Scratch = RedisScratch | LocalScratch

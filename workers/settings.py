@@ -80,12 +80,8 @@ def parse_reply_deadline(text: str) -> float:
     return seconds
 
 
-DREAM_INTERVALS = {
-    "light": timedelta(days=1),
-    "deep": timedelta(days=7),
-    "replay": timedelta(days=7),
-    "profile": timedelta(days=1),
-}
+_DAY, _WEEK = timedelta(days=1), timedelta(days=7)
+DREAM_INTERVALS = {"light": _DAY, "deep": _WEEK, "replay": _WEEK, "profile": _DAY}
 
 
 def parse_switch(value: str | None, default: timedelta, name: str = "a dream schedule") -> timedelta | None:
@@ -103,13 +99,9 @@ def parse_switch(value: str | None, default: timedelta, name: str = "a dream sch
 
 def parse_dream_switches(env: Mapping[str, str]) -> dict[str, timedelta]:
     """`LUCID_DREAM_<PHASE>` for each phase: its interval, or absent when switched off."""
-    intervals = {}
-    for phase, default in DREAM_INTERVALS.items():
-        name = f"LUCID_DREAM_{phase.upper()}"
-        interval = parse_switch(env.get(name), default, name)
-        if interval is not None:
-            intervals[phase] = interval
-    return intervals
+    names = {phase: f"LUCID_DREAM_{phase.upper()}" for phase in DREAM_INTERVALS}
+    switches = {p: parse_switch(env.get(names[p]), d, names[p]) for p, d in DREAM_INTERVALS.items()}
+    return {phase: interval for phase, interval in switches.items() if interval is not None}
 
 
 @dataclass(frozen=True)
