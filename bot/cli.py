@@ -188,8 +188,12 @@ def cmd_show(args: argparse.Namespace, rt: Runtime) -> int:
 
 @command("history")
 def cmd_history(args: argparse.Namespace, rt: Runtime) -> int:
-    rows = rt.store.history(_ns(args), limit=args.limit)
-    _emit(args, {"results": rows}, "\n".join(f"{r['rev'][:10]}  {r['time']}  {r['message']}" for r in rows))
+    """What changed, in words, newest first; each row's revision is what `lucid undo` takes."""
+    from memory_core.history import rows
+
+    shown = rows(rt.store, _ns(args), limit=args.limit, every=args.all)
+    text = "\n".join(r.line() for r in shown) or "(no change to memory yet)"
+    _emit(args, {"results": [r.to_json() for r in shown]}, text)
     return 0
 
 
@@ -201,8 +205,15 @@ def cmd_undo(args: argparse.Namespace, rt: Runtime) -> int:
     rev = done.revision
     _emit(
         args,
-        {"message": done.message, "undone": done.rev, "revision": rev, "entries": done.entries},
-        f"{done.message} → {rev[:10] if rev else 'nothing left to undo'} ({done.entries} entries restored)",
+        {
+            "message": done.message,
+            "summary": done.summary,
+            "undone": done.rev,
+            "revision": rev,
+            "entries": done.entries,
+        },
+        f"undo {done.rev[:10]}: {done.summary} → {rev[:10] if rev else 'nothing left to undo'} "
+        f"({done.entries} entries restored)",
     )
     return 0
 
@@ -473,8 +484,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="plan and show the would-be changes; write nothing")
     _common(p)
 
-    p = sub.add_parser("history", help="git history of the namespace")
-    p.add_argument("--limit", type=int, default=50)
+    p = sub.add_parser("history", help="what changed in memory, in words, newest first (revisions for undo)")
+    p.add_argument("--limit", type=int, default=50, help="how many rows (default 50)")
+    p.add_argument(
+        "--all", action="store_true", help="also commits that only recorded messages or hit counts"
+    )
     _common(p)
 
     p = sub.add_parser(
