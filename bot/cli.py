@@ -16,12 +16,13 @@ from typing import Any
 from memory_core.dream import PHASES
 from memory_core.entry import TYPES, Entry
 from memory_core.errors import InvalidInput, LucidError, NotFound
-from memory_core.ids import pin_refusal, resolve_id, successor_of
+from memory_core.ids import resolve_id
 from memory_core.importer import parse_import
 from memory_core.lineformat import format_time, parse_time
 from memory_core.namespace import Namespace
 from memory_core.ops import Forget, Pin, Remember, entry_to_json
 from memory_core.store import ARCHIVE, MEMORY
+from workers.memory_service import MemoryService, service_for, statement
 from workers.runtime import Runtime, build
 from workers.settings import Settings, duration_seconds
 
@@ -56,13 +57,20 @@ def _short(entry_id: str | None) -> str:
     return (entry_id or "")[:8]
 
 
+def _service(rt: Runtime) -> MemoryService:
+    """The memory service a chat turn writes through: every memory write of the CLI goes through it too,
+    so the same rules apply (the writer's screening, protection, supersede, redaction; the service's
+    statement typing, pin check and what a write sets off)."""
+    return service_for(rt)
+
+
 # ------------------------------------------------------------------------------------------ memory
 
 
 @command("remember")
 def cmd_remember(args: argparse.Namespace, rt: Runtime) -> int:
-    op = Remember(text=args.text, type=args.type, subject=args.subject, source="user", pinned=args.pin)
-    outcome = rt.writer.submit(_ns(args), [op])[0]
+    op = statement(args.text, type=args.type, subject=args.subject, pinned=args.pin)
+    outcome = _service(rt).apply(_ns(args), [op])[0]
     text = f"{outcome.status} {outcome.id or ''}".strip()
     if outcome.superseded:
         text += f" (supersedes {', '.join(outcome.superseded)})"
@@ -87,16 +95,13 @@ def _entry(args: argparse.Namespace, rt: Runtime) -> tuple[Entry | None, list[En
 @command("forget")
 def cmd_forget(args: argparse.Namespace, rt: Runtime) -> int:
     from workers import erasure
-    from workers.memory_service import drop_short_history
 
     entry, _ = _entry(args, rt)
     ident = entry.id if entry else args.id
     if args.purge:
         outcome = erasure.purge(rt, _ns(args), ident)
     else:
-        outcome = rt.writer.submit(_ns(args), [Forget(id=ident)])[0]
-        if outcome.ok:
-            drop_short_history(rt, _ns(args))
+        outcome = _service(rt).apply(_ns(args), [Forget(id=ident)])[0]
     _emit(
         args,
         outcome.to_json(),
@@ -124,11 +129,11 @@ def cmd_erase(args: argparse.Namespace, rt: Runtime) -> int:
 
 @command("pin")
 def cmd_pin(args: argparse.Namespace, rt: Runtime) -> int:
-    entry, every = _entry(args, rt)
+    entry, _ = _entry(args, rt)
     ident = entry.id if entry else args.id
-    if entry and not args.unpin and (why := pin_refusal(entry, rt.clock(), successor_of(every, ident))):
+    if entry and not args.unpin and (why := _service(rt).pin_refusal(_ns(args), entry)):
         raise InvalidInput(f"not pinned: {why}")
-    outcome = rt.writer.submit(_ns(args), [Pin(id=ident, pinned=not args.unpin)])[0]
+    outcome = _service(rt).apply(_ns(args), [Pin(id=ident, pinned=not args.unpin)])[0]
     _emit(
         args,
         outcome.to_json(),
@@ -231,7 +236,7 @@ def cmd_import(args: argparse.Namespace, rt: Runtime) -> int:
     for ns, ops in plan.ops.items():
         for start in range(0, len(ops), args.batch):
             chunk = ops[start : start + args.batch]
-            for outcome in rt.writer.submit(ns, chunk, timeout=600):
+            for outcome in _service(rt).apply(ns, chunk, timeout=600):
                 key = str(outcome.kind) if outcome.ok else outcome.status
                 counts[key] = counts.get(key, 0) + 1
             done += len(chunk)
@@ -280,15 +285,13 @@ def parse_as_of(value: str, now: datetime) -> datetime:
 @command("recall")
 def cmd_recall(args: argparse.Namespace, rt: Runtime) -> int:
     """The chat's own recall path (the process's memory service, with its embedder and floor)."""
-    from workers.memory_service import service_for
-
     ns = _ns(args)
     now = rt.clock()
     as_of = parse_as_of(args.as_of, now) if args.as_of else None
     chat_type = args.chat_type
     if chat_type == "group" and not args.chat:
         raise LucidError("--chat-type group needs --chat ID")
-    results = service_for(rt).recall(
+    results = _service(rt).recall(
         ns, args.query, now, k=args.k, as_of=as_of, chat_type=chat_type, chat=args.chat, gate=not args.no_gate
     )
     data = {
@@ -320,10 +323,8 @@ def cmd_recall(args: argparse.Namespace, rt: Runtime) -> int:
 
 @command("search")
 def cmd_search(args: argparse.Namespace, rt: Runtime) -> int:
-    from workers.memory_service import MemoryService
-
     ns = _ns(args)
-    service = MemoryService(rt)
+    service = _service(rt)
     hits = service.search(ns, args.query, k=args.k)
     whys = [service.why(ns, args.query, h) for h in hits]
     data = {
@@ -435,7 +436,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("remember", help="write one memory through the single writer")
     p.add_argument("text")
-    p.add_argument("--type", default="fact", choices=TYPES)
+    p.add_argument(
+        "--type",
+        choices=TYPES,
+        help="default: read from the words, as in a chat (我是… identity, 我喜欢… preference)",
+    )
     p.add_argument("--subject", help="attribute for contradiction handling, e.g. 所在地")
     p.add_argument("--pin", action="store_true", help="pin it (always resident)")
     _common(p)
