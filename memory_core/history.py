@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
@@ -99,6 +99,7 @@ def _changed_lines(before: Files, after: Files) -> tuple[dict[str, State], dict[
     return old, new
 
 
+@lru_cache(maxsize=4)  # each version is read twice: as one commit's "after", then the next one's "before"
 def _body(text: str) -> tuple[list[str], Counter[str]]:
     """A memory file's preamble (before its first `## ` section) and its other lines, counted."""
     lines = [line.rstrip("\r") for line in text.split("\n")]
@@ -365,7 +366,7 @@ def _depth(subject: str) -> int:
     return depth
 
 
-def describe(before: Files, after: Files, known: set[str] | None = None) -> list[Change]:
+def describe(before: Files, after: Files, known: Callable[[str], bool] | None = None) -> list[Change]:
     """What changed between two versions, entry by entry, in words (usage counters aside). A supersede is
     one change (the new entry, with the old text), not two. `known`: ids whose text may be shown (the
     entries still in memory; None: every one)."""
@@ -373,11 +374,11 @@ def describe(before: Files, after: Files, known: set[str] | None = None) -> list
     ended_by = {old: ident for ident, (_, new) in changes.items() if new for old in new[1].supersedes}
     out: list[Change] = []
     for ident, (was, became) in changes.items():
-        shown = known is None or ident in known
+        shown = known is None or known(ident)
         text = became[1].text if became and shown else None
         if was is None:
             olds = [changes[o][0] for o in became[1].supersedes if o in changes] if became else []
-            old_texts = [o[1].text for o in olds if o and (known is None or o[1].id in known)]
+            old_texts = [o[1].text for o in olds if o and (known is None or known(o[1].id))]
             if olds:
                 out.append(Change("superseded", ident, text, " / ".join(old_texts) if old_texts else None))
             else:
@@ -451,7 +452,13 @@ class _Reader:
     def __init__(self, store: Store, ns: Namespace) -> None:
         self.store, self.ns = store, ns
         self._files: dict[str, Files] = {}
-        self.known = set(states(store.files_at(ns, "HEAD")))
+        head = store.files_at(ns, "HEAD")
+        self._head = [head.get(MEMORY) or "", head.get(ARCHIVE) or ""]
+
+    def known(self, ident: str) -> bool:
+        """Whether entry `ident` is still in memory (MEMORY.md or ARCHIVE.md as last committed): the
+        writer renders every line's metadata starting with its id, so no parse of the whole file."""
+        return any(f"{META_OPEN}id={ident}{end}" in text for text in self._head for end in (";", "-->"))
 
     def files(self, rev: str) -> Files:
         if rev not in self._files:
