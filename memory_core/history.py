@@ -1,20 +1,5 @@
-"""Undo by revision, entry by entry: what one commit changed, and how to take it back today.
-
-A whole-file `git revert` fails as soon as any later commit touched the same file, and every dream run
-prepends DREAMS.md, every recall bumps a hit counter. So an undo works on entries instead: the entries
-(by id, with where they live — MEMORY.md or ARCHIVE.md) a commit changed are put back as they were
-before it, provided no later change touched them since (usage counters `hc`/`last` do not count, and
-are kept). PROFILE.md is restored if nobody changed it since; DREAMS.md is merged run by run (the
-commit's journal runs leave, runs it removed come back), so the journal never blocks an undo. If a later
-commit changed one of the same entries, the undo is refused and names them; nothing is written.
-
-`rows` tells each commit in words (`remembered 2 (…) · superseded 1 (old → new)`, `dream light: …`,
-`hand edit: 1 changed`, `undo of REV: …`), read from what it changed: a row per commit that changed an
-entry other than its usage counters, or PROFILE.md (the messages and hit counts of a turn fold into its
-row). A bare `lucid undo` takes the first row that is not undone and is not itself an undo, so repeating
-it steps further back; `undo REV` of an undo commit redoes (and a bare undo right after takes that redo
-back). Words of an entry no longer in memory (forgotten) are never shown, only its id.
-"""
+"""`lucid history` in words and `lucid undo` by revision, entry by entry (docs/ARCHITECTURE.md, History and
+undo)."""
 
 from __future__ import annotations
 
@@ -29,8 +14,8 @@ from typing import TYPE_CHECKING, Literal
 
 from .book import Book
 from .entry import Entry
-from .errors import LucidError, UndoRefused
-from .lineformat import MAX_LINE_CHARS, META_OPEN, LineError, parse_entry, parse_file
+from .errors import LineError, LucidError, UndoRefused
+from .lineformat import MAX_LINE_CHARS, META_OPEN, parse_entry, parse_file
 from .ops import Forget
 from .recall import SHARE_KEY
 from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, Snapshot, Store
