@@ -16,12 +16,13 @@ from typing import Any
 from memory_core.dream import PHASES
 from memory_core.entry import TYPES, Entry
 from memory_core.errors import InvalidInput, LucidError, NotFound
-from memory_core.ids import pin_refusal, resolve_id, successor_of
+from memory_core.ids import resolve_id
 from memory_core.importer import parse_import
 from memory_core.lineformat import format_time, parse_time
 from memory_core.namespace import Namespace
 from memory_core.ops import Forget, Pin, Remember, entry_to_json
 from memory_core.store import ARCHIVE, MEMORY
+from workers.memory_service import statement
 from workers.runtime import Runtime, build
 from workers.settings import Settings, duration_seconds
 
@@ -61,8 +62,8 @@ def _short(entry_id: str | None) -> str:
 
 @command("remember")
 def cmd_remember(args: argparse.Namespace, rt: Runtime) -> int:
-    op = Remember(text=args.text, type=args.type, subject=args.subject, source="user", pinned=args.pin)
-    outcome = rt.writer.submit(_ns(args), [op])[0]
+    op = statement(args.text, type=args.type, subject=args.subject, pinned=args.pin)
+    outcome = rt.memory.apply(_ns(args), [op])[0]
     text = f"{outcome.status} {outcome.id or ''}".strip()
     if outcome.superseded:
         text += f" (supersedes {', '.join(outcome.superseded)})"
@@ -87,16 +88,13 @@ def _entry(args: argparse.Namespace, rt: Runtime) -> tuple[Entry | None, list[En
 @command("forget")
 def cmd_forget(args: argparse.Namespace, rt: Runtime) -> int:
     from workers import erasure
-    from workers.memory_service import drop_short_history
 
     entry, _ = _entry(args, rt)
     ident = entry.id if entry else args.id
     if args.purge:
         outcome = erasure.purge(rt, _ns(args), ident)
     else:
-        outcome = rt.writer.submit(_ns(args), [Forget(id=ident)])[0]
-        if outcome.ok:
-            drop_short_history(rt, _ns(args))
+        outcome = rt.memory.apply(_ns(args), [Forget(id=ident)])[0]
     _emit(
         args,
         outcome.to_json(),
@@ -124,11 +122,11 @@ def cmd_erase(args: argparse.Namespace, rt: Runtime) -> int:
 
 @command("pin")
 def cmd_pin(args: argparse.Namespace, rt: Runtime) -> int:
-    entry, every = _entry(args, rt)
+    entry, _ = _entry(args, rt)
     ident = entry.id if entry else args.id
-    if entry and not args.unpin and (why := pin_refusal(entry, rt.clock(), successor_of(every, ident))):
+    if entry and not args.unpin and (why := rt.memory.pin_refusal(_ns(args), entry)):
         raise InvalidInput(f"not pinned: {why}")
-    outcome = rt.writer.submit(_ns(args), [Pin(id=ident, pinned=not args.unpin)])[0]
+    outcome = rt.memory.apply(_ns(args), [Pin(id=ident, pinned=not args.unpin)])[0]
     _emit(
         args,
         outcome.to_json(),
@@ -188,8 +186,12 @@ def cmd_show(args: argparse.Namespace, rt: Runtime) -> int:
 
 @command("history")
 def cmd_history(args: argparse.Namespace, rt: Runtime) -> int:
-    rows = rt.store.history(_ns(args), limit=args.limit)
-    _emit(args, {"results": rows}, "\n".join(f"{r['rev'][:10]}  {r['time']}  {r['message']}" for r in rows))
+    """What changed, in words, newest first; each row's revision is what `lucid undo` takes."""
+    from memory_core.history import rows
+
+    shown = rows(rt.store, _ns(args), limit=args.limit, every=args.all)
+    text = "\n".join(r.line() for r in shown) or "(no change to memory yet)"
+    _emit(args, {"results": [r.to_json() for r in shown]}, text)
     return 0
 
 
@@ -201,8 +203,15 @@ def cmd_undo(args: argparse.Namespace, rt: Runtime) -> int:
     rev = done.revision
     _emit(
         args,
-        {"message": done.message, "undone": done.rev, "revision": rev, "entries": done.entries},
-        f"{done.message} → {rev[:10] if rev else 'nothing left to undo'} ({done.entries} entries restored)",
+        {
+            "message": done.message,
+            "summary": done.summary,
+            "undone": done.rev,
+            "revision": rev,
+            "entries": done.entries,
+        },
+        f"undo {done.rev[:10]}: {done.summary} → {rev[:10] if rev else 'nothing left to undo'} "
+        f"({done.entries} entries restored)",
     )
     return 0
 
@@ -220,7 +229,7 @@ def cmd_import(args: argparse.Namespace, rt: Runtime) -> int:
     for ns, ops in plan.ops.items():
         for start in range(0, len(ops), args.batch):
             chunk = ops[start : start + args.batch]
-            for outcome in rt.writer.submit(ns, chunk, timeout=600):
+            for outcome in rt.memory.apply(ns, chunk, timeout=600):
                 key = str(outcome.kind) if outcome.ok else outcome.status
                 counts[key] = counts.get(key, 0) + 1
             done += len(chunk)
@@ -420,7 +429,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("remember", help="write one memory through the single writer")
     p.add_argument("text")
-    p.add_argument("--type", default="fact", choices=TYPES)
+    p.add_argument(
+        "--type",
+        choices=TYPES,
+        help="default: read from the words, as in a chat (我是… identity, 我喜欢… preference)",
+    )
     p.add_argument("--subject", help="attribute for contradiction handling, e.g. 所在地")
     p.add_argument("--pin", action="store_true", help="pin it (always resident)")
     _common(p)
@@ -469,8 +482,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="plan and show the would-be changes; write nothing")
     _common(p)
 
-    p = sub.add_parser("history", help="git history of the namespace")
-    p.add_argument("--limit", type=int, default=50)
+    p = sub.add_parser("history", help="what changed in memory, in words, newest first (revisions for undo)")
+    p.add_argument("--limit", type=int, default=50, help="how many rows (default 50)")
+    p.add_argument(
+        "--all", action="store_true", help="also commits that only recorded messages or hit counts"
+    )
     _common(p)
 
     p = sub.add_parser(

@@ -1,33 +1,24 @@
-"""Undo by revision, entry by entry: what one commit changed, and how to take it back today.
-
-A whole-file `git revert` fails as soon as any later commit touched the same file, and every dream run
-prepends DREAMS.md, every recall bumps a hit counter. So an undo works on entries instead: the entries
-(by id, with where they live — MEMORY.md or ARCHIVE.md) a commit changed are put back as they were
-before it, provided no later change touched them since (usage counters `hc`/`last` do not count, and
-are kept). PROFILE.md is restored if nobody changed it since; DREAMS.md is merged run by run (the
-commit's journal runs leave, runs it removed come back), so the journal never blocks an undo. If a later
-commit changed one of the same entries, the undo is refused and names them; nothing is written.
-
-"Meaningful" (what a bare `lucid undo` picks): a commit that changed an entry other than its usage
-counters, or PROFILE.md — not one that only recorded messages or counted hits. A bare undo skips undo
-commits and what they undid, so repeating it steps further back; `undo REV` of an undo commit redoes
-(and a bare undo right after takes that redo back).
-"""
+"""`lucid history` in words and `lucid undo` by revision, entry by entry (docs/ARCHITECTURE.md, History and
+undo)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import lru_cache
+from itertools import islice
 from typing import TYPE_CHECKING, Literal
 
 from .book import Book
 from .entry import Entry
-from .errors import UndoRefused
-from .lineformat import parse_file
+from .errors import LineError, LucidError, UndoRefused
+from .lineformat import MAX_LINE_CHARS, META_OPEN, parse_entry, parse_file
 from .ops import Forget
-from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, Snapshot
+from .recall import SHARE_KEY
+from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, Snapshot, Store
 
 if TYPE_CHECKING:
     from .namespace import Namespace
@@ -40,14 +31,65 @@ _RUN_TIME = re.compile(r"^## (\S+)")
 
 
 def states(files: Files) -> dict[str, State]:
-    """Every entry of MEMORY.md and ARCHIVE.md by id, with the file it lives in."""
+    """Every entry of MEMORY.md and ARCHIVE.md by id, with the file it lives in (read-only: shared)."""
+    return _states(files.get(MEMORY), files.get(ARCHIVE))
+
+
+@lru_cache(maxsize=4)  # a history walk reads each version twice: as a commit's "after", then "before"
+def _states(memory: str | None, archive: str | None) -> dict[str, State]:
     out: dict[str, State] = {}
-    for name, where in ((ARCHIVE, "archive"), (MEMORY, "memory")):
-        text = files.get(name)
+    for text, where in ((archive, "archive"), (memory, "memory")):
         if text:
             for e in parse_file(text).entries():
                 out[e.id] = (where, e)  # type: ignore[assignment]
     return out
+
+
+_MISSING_CHECKS = 200  # ids looked up in the other version's text before a full parse is cheaper
+
+
+def _changed_lines(before: Files, after: Files) -> tuple[dict[str, State], dict[str, State]] | None:
+    """The states of just the entries on lines that differ between two versions — what `states` would
+    give for them, without parsing a whole file of thousands of lines per commit. None where only a full
+    parse reads right: a changed preamble, a changed line without an id of its own (a hand-written line's
+    id depends on its neighbours), an id twice, or an id that may sit on an unchanged line elsewhere."""
+    old: dict[str, State] = {}
+    new: dict[str, State] = {}
+    for name, where in ((ARCHIVE, "archive"), (MEMORY, "memory")):
+        a, b = before.get(name) or "", after.get(name) or ""
+        if a == b:
+            continue
+        (head_a, lines_a), (head_b, lines_b) = _body(a), _body(b)
+        if head_a != head_b:
+            return None
+        for lines, out in ((lines_a - lines_b, old), (lines_b - lines_a, new)):
+            for line, copies in lines.items():
+                if not line.startswith("- ") or len(line) > MAX_LINE_CHARS:
+                    continue  # a heading, a note, a set-aside line: no entry
+                if META_OPEN not in line or copies > 1:
+                    return None
+                try:
+                    entry = parse_entry(line)
+                except LineError:
+                    continue
+                if entry.id in out:
+                    return None
+                out[entry.id] = (where, entry)  # type: ignore[assignment]
+    missing = [(i, before) for i in new if i not in old] + [(i, after) for i in old if i not in new]
+    if len(missing) > _MISSING_CHECKS:
+        return None
+    for ident, files in missing:
+        if any(f"id={ident}" in (files.get(n) or "") for n in (MEMORY, ARCHIVE)):
+            return None
+    return old, new
+
+
+@lru_cache(maxsize=4)  # each version is read twice: as one commit's "after", then the next one's "before"
+def _body(text: str) -> tuple[list[str], Counter[str]]:
+    """A memory file's preamble (before its first `## ` section) and its other lines, counted."""
+    lines = [line.rstrip("\r") for line in text.split("\n")]
+    start = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    return lines[:start], Counter(lines[start:])
 
 
 def _essence(state: State | None) -> tuple[str, Entry] | None:
@@ -59,11 +101,12 @@ def _essence(state: State | None) -> tuple[str, Entry] | None:
 
 def entry_changes(before: Files, after: Files) -> dict[str, tuple[State | None, State | None]]:
     """Entries whose place or content (usage counters aside) differ between two versions."""
-    old, new = states(before), states(after)
+    old, new = _changed_lines(before, after) or (states(before), states(after))
     return {
-        ident: (old.get(ident), new.get(ident))
+        ident: (was, now)
         for ident in sorted(set(old) | set(new))
-        if _essence(old.get(ident)) != _essence(new.get(ident))
+        # an unchanged line parses to the same entry (parse_entry is cached): the cheap test first
+        if (was := old.get(ident)) != (now := new.get(ident)) and _essence(was) != _essence(now)
     }
 
 
@@ -204,31 +247,282 @@ class Undone:
     subject: str
     revision: str | None
     entries: int
+    summary: str = ""  # the undone commit in words, as `lucid history` shows it
 
     @property
     def message(self) -> str:
         return f"undo {self.rev[:10]}: {self.subject}"
 
 
-_UNDO_SUBJECT = re.compile(r"undo ([0-9a-f]{7,40}):")
+_UNDO_SUBJECT = re.compile(r"undo ([0-9a-f]{7,40}): ")
+_RECORDED = re.compile(r"\b(\d+) recorded\b")
+SCAN = 200  # commits read by `lucid history` and a bare `lucid undo`
+VERBS = (
+    "remembered",
+    "superseded",
+    "reworded",
+    "forgot",
+    "pinned",
+    "unpinned",
+    "archived",
+    "restored",
+    "shared",
+    "unshared",
+    "ended",
+    "changed",
+)
+_QUOTES = 2  # texts quoted per verb
+GONE = "[gone]"  # in place of words no longer in memory
+_QUOTE_CHARS = 24
 
 
-def last_meaningful(writer: Writer, ns: Namespace, scan: int = 200) -> str:
-    """The newest commit that changed memory (not messages or hit counts) and is not undone yet; undo
-    commits are skipped, so `lucid undo` again steps further back. Raises UndoRefused if none."""
-    store = writer.store
-    rows = store.revisions_touching(ns, (MEMORY, ARCHIVE, PROFILE), scan)
-    undone: list[str] = []
-    for rev, subject in rows:
+@dataclass(frozen=True)
+class Change:
+    """One entry's change in words. `text`/`was` (its text before) are None for an entry that is not
+    in memory any more (forgotten): `lucid history` never brings forgotten words back."""
+
+    verb: str
+    id: str
+    text: str | None = None
+    was: str | None = None
+
+    def quote(self) -> str | None:
+        if self.verb in ("superseded", "reworded") and (self.was or self.text) is not None:
+            return f"{_cut(self.was) if self.was else GONE} → {_cut(self.text) if self.text else GONE}"
+        return _cut(self.text) if self.text is not None else None
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"verb": self.verb, "id": self.id, "text": self.text, "was": self.was}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One commit of a namespace in words, as `lucid history` shows it and `lucid undo` targets it."""
+
+    rev: str
+    time: str
+    subject: str  # the git subject line
+    kind: str  # memory | dream | hand edit | undo | recovered
+    summary: str
+    changes: tuple[Change, ...] = ()
+    profile: bool = False  # PROFILE.md changed
+    messages: int = 0  # messages recorded in this commit (folded in, never a row of their own)
+    undone_by: str | None = None
+
+    @property
+    def undoable(self) -> bool:
+        """It changed memory (not only messages or hit counts), so `lucid undo REV` has work to do."""
+        return bool(self.changes) or self.profile
+
+    @property
+    def takeback(self) -> bool:
+        """An undo (not a redo: an undo of an undo puts a change back, and counts as one)."""
+        return _depth(self.subject) % 2 == 1
+
+    def line(self) -> str:
+        done = f"  [undone by {self.undone_by[:10]}]" if self.undone_by else ""
+        return f"{self.rev[:10]}  {self.time}  {self.summary}{done}"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "rev": self.rev,
+            "time": self.time,
+            "message": self.subject,
+            "kind": self.kind,
+            "summary": self.summary,
+            "changes": [c.to_json() for c in self.changes],
+            "profile": self.profile,
+            "messages": self.messages,
+            "undoable": self.undoable,
+            "undone_by": self.undone_by,
+        }
+
+
+def _cut(text: str | None) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= _QUOTE_CHARS else text[: _QUOTE_CHARS - 1] + "…"
+
+
+def _depth(subject: str) -> int:
+    """How many undos deep a subject is: `undo A: undo B: memory: …` is 2."""
+    depth = 0
+    while m := _UNDO_SUBJECT.match(subject):
+        depth, subject = depth + 1, subject[m.end() :]
+    return depth
+
+
+def describe(before: Files, after: Files, known: Callable[[str], bool] | None = None) -> list[Change]:
+    """What changed between two versions, entry by entry, in words (usage counters aside). A supersede is
+    one change (the new entry, with the old text), not two. `known`: ids whose text may be shown (the
+    entries still in memory; None: every one)."""
+    changes = entry_changes(before, after)
+    ended_by = {old: ident for ident, (_, new) in changes.items() if new for old in new[1].supersedes}
+    out: list[Change] = []
+    for ident, (was, became) in changes.items():
+        shown = known is None or known(ident)
+        text = became[1].text if became and shown else None
+        if was is None:
+            olds = [changes[o][0] for o in became[1].supersedes if o in changes] if became else []
+            old_texts = [o[1].text for o in olds if o and (known is None or known(o[1].id))]
+            if olds:
+                out.append(Change("superseded", ident, text, " / ".join(old_texts) if old_texts else None))
+            else:
+                out.append(Change("remembered", ident, text))
+            continue
+        if became is None:
+            out.append(Change("forgot", ident))
+            continue
+        (w_where, w), (b_where, b) = was, became
+        if w_where != b_where:
+            verb = "archived" if b_where == "archive" else "restored"
+        elif w.valid_to is None and b.valid_to is not None:
+            if ended_by.get(ident) in changes:
+                continue  # told as the supersede of the entry that ends it
+            verb = "ended"
+        elif w.text != b.text:
+            out.append(Change("reworded", ident, text, w.text if shown else None))
+            continue
+        elif w.pinned != b.pinned:
+            verb = "pinned" if b.pinned else "unpinned"
+        elif (w.mark(SHARE_KEY) is None) != (b.mark(SHARE_KEY) is None):
+            verb = "shared" if b.mark(SHARE_KEY) is not None else "unshared"
+        elif w.valid_to is not None and b.valid_to is None:
+            verb = "restored"
+        elif w.at is None and w.with_changes(at=b.at, source=b.source) == b:
+            continue  # a hand-written line stamped with when the writer first saw it: bookkeeping
+        else:
+            verb = "changed"
+        out.append(Change(verb, ident, text))
+    return out
+
+
+def words(changes: Sequence[Change], profile: bool = False) -> str:
+    """`remembered 2 (我喜欢爬山; 我对花生过敏) · superseded 1 (我在余杭区 → 我在西湖区) · forgot 1`."""
+    parts = []
+    for verb in VERBS:
+        mine = [c for c in changes if c.verb == verb]
+        if not mine:
+            continue
+        quotes = [q for c in mine if (q := c.quote())]
+        shown = "; ".join(quotes[:_QUOTES]) + ("; …" if len(quotes) > _QUOTES else "")
+        parts.append(f"{verb} {len(mine)}" + (f" ({shown})" if shown else ""))
+    if profile:
+        parts.append("profile rewritten")
+    return " · ".join(parts)
+
+
+def _hand_words(changes: Sequence[Change], profile: bool) -> str:
+    counts = Counter(
+        "added" if c.verb == "remembered" else "deleted" if c.verb == "forgot" else "changed" for c in changes
+    )
+    parts = [f"{counts[k]} {k}" for k in ("added", "changed", "deleted") if counts[k]]
+    return "hand edit: " + ", ".join(parts + (["profile changed"] if profile else []) or ["no memory"])
+
+
+def _kind(subject: str) -> str:
+    if _UNDO_SUBJECT.match(subject):
+        return "undo"
+    if subject.startswith("dream "):
+        return "dream"
+    if subject.startswith("manual edit"):
+        return "hand edit"
+    if subject.startswith("recover"):
+        return "recovered"
+    return "memory"
+
+
+class _Reader:
+    """Commits of one namespace described in words; each file version parsed once."""
+
+    def __init__(self, store: Store, ns: Namespace) -> None:
+        self.store, self.ns = store, ns
+        self._files: dict[str, Files] = {}
+        head = store.files_at(ns, "HEAD")
+        self._head = [head.get(MEMORY) or "", head.get(ARCHIVE) or ""]
+
+    def known(self, ident: str) -> bool:
+        """Whether entry `ident` is still in memory (MEMORY.md or ARCHIVE.md as last committed): the
+        writer renders every line's metadata starting with its id, so no parse of the whole file."""
+        return any(f"{META_OPEN}id={ident}{end}" in text for text in self._head for end in (";", "-->"))
+
+    def files(self, rev: str) -> Files:
+        if rev not in self._files:
+            self._files[rev] = self.store.files_at(self.ns, rev)
+        return self._files[rev]
+
+    def row(self, rev: str, time: str, subject: str, touched: bool, depth: int = 0) -> Row:
+        kind = _kind(subject)
+        changes: list[Change] = []
+        profile = False
+        if touched:
+            before, after = self.files(f"{rev}^"), self.files(rev)
+            changes = describe(before, after, self.known)
+            profile = (before.get(PROFILE) or "") != (after.get(PROFILE) or "")
+        found = _RECORDED.search(subject) if kind == "memory" else None
+        messages = int(found.group(1)) if found else 0
+        if kind == "dream":
+            summary = subject
+        elif kind == "hand edit":
+            summary = _hand_words(changes, profile)
+        elif kind == "undo":
+            summary = self._undo_words(subject, depth)
+        else:
+            summary = words(changes, profile)
+        if not summary:
+            recorded = f"recorded {messages} message{'s' * (messages != 1)}" if messages else ""
+            summary = recorded or "recall counts"
+        return Row(rev, time, subject, kind, summary, tuple(changes), profile, messages)
+
+    def _undo_words(self, subject: str, depth: int) -> str:
         m = _UNDO_SUBJECT.match(subject)
-        target = next((s for r, s in rows if m is not None and r.startswith(m.group(1))), "")
-        if m is not None and not _UNDO_SUBJECT.match(target):  # an undo of an undo is a redo: a change
-            undone.append(m.group(1))
+        assert m is not None
+        target = m.group(1)
+        if depth < 3:
+            try:
+                full = self.store.resolve(self.ns, target)
+                inner = self.row(full, "", self.store.subject(self.ns, full), True, depth + 1).summary
+                return f"undo of {target[:10]}: {inner}"
+            except LucidError:
+                pass
+        return f"undo of {target[:10]}: {subject[m.end() :]}"
+
+
+def rows(store: Store, ns: Namespace, limit: int = 50, *, every: bool = False, scan: int = SCAN) -> list[Row]:
+    """The namespace's history in words, newest first: each commit that changed memory (with `every`,
+    also those that only recorded messages or counted hits). A commit taken back by a later undo (that
+    is not itself undone) carries `undone_by`."""
+    return list(islice(iter_rows(store, ns, every=every, scan=max(scan, limit)), limit))
+
+
+def iter_rows(
+    store: Store, ns: Namespace, *, every: bool = False, scan: int = SCAN, kinds: Collection[str] = ()
+) -> Iterator[Row]:
+    """`rows`, lazily, over the newest `scan` commits; `kinds` (e.g. "dream"): only rows of those."""
+    log = store.history(ns, limit=scan)
+    if not log:
+        return
+    touching = {rev for rev, _ in store.revisions_touching(ns, (MEMORY, ARCHIVE, PROFILE), scan)}
+    reader = _Reader(store, ns)
+    undone: dict[str, str] = {}  # revision prefix → the undo that took it back
+    for commit in log:
+        rev, subject = commit["rev"], commit["message"]
+        by = next((u for t, u in undone.items() if rev.startswith(t)), None)
+        if (m := _UNDO_SUBJECT.match(subject)) is not None and by is None:
+            undone[m.group(1)] = rev
+        if (rev not in touching and not every) or (kinds and _kind(subject) not in kinds):
             continue
-        if any(rev.startswith(u) for u in undone):
-            continue
-        if meaningful(store.files_at(ns, f"{rev}^"), store.files_at(ns, rev)):
-            return rev
+        row = reader.row(rev, commit["time"], subject, rev in touching)
+        if row.undoable or every:
+            yield replace(row, undone_by=by)
+
+
+def last_meaningful(writer: Writer, ns: Namespace, scan: int = SCAN) -> str:
+    """What a bare `lucid undo` takes back: the newest row of `lucid history` that is not undone yet and
+    is not itself an undo (so `lucid undo` again steps further back; a redo counts as a change). Raises
+    UndoRefused if none."""
+    for row in iter_rows(writer.store, ns, scan=scan):
+        if row.undone_by is None and not row.takeback:
+            return row.rev
     raise UndoRefused("no change to memory left to undo in the history")
 
 
@@ -237,6 +531,7 @@ def undo(writer: Writer, ns: Namespace, rev: str | None = None) -> Undone:
     store = writer.store
     full = store.resolve(ns, rev) if rev else last_meaningful(writer, ns)
     subject = store.subject(ns, full)
+    summary = _Reader(store, ns).row(full, "", subject, True).summary
     before, after = store.files_at(ns, f"{full}^"), store.files_at(ns, full)
     restored = 0
 
@@ -254,4 +549,4 @@ def undo(writer: Writer, ns: Namespace, rev: str | None = None) -> Undone:
 
     done = Undone(full, subject, None, 0)
     report = writer.transact(ns, change, done.message)
-    return Undone(full, subject, report.revision if report else None, restored)
+    return Undone(full, subject, report.revision if report else None, restored, summary)

@@ -15,7 +15,6 @@ from memory_core.cjk import HAN
 from memory_core.dream import PHASES
 from memory_core.entry import TYPES, Entry
 from memory_core.errors import LucidError
-from memory_core.ids import pin_refusal, successor_of
 from memory_core.injection import carries_instruction
 from memory_core.intents import (
     asks_about_me,
@@ -34,7 +33,7 @@ from memory_core.subjects import asked_subject, recognise, subject_key
 from . import dreaming
 from .inbound import Inbound
 from .memory_card import visible_entries
-from .memory_service import Assembly, MemoryService
+from .memory_service import Assembly, MemoryService, statement
 from .runtime import Runtime
 from .settings import Persona
 
@@ -383,7 +382,7 @@ def _pin(runtime: Runtime, mem: MemoryService, inbound: Inbound, target: str, pi
 
 
 def _pin_refusal(runtime: Runtime, mem: MemoryService, inbound: Inbound, entry: Entry) -> str | None:
-    return pin_refusal(entry, runtime.clock(), successor_of(mem.book(inbound.ns).entries(), entry.id))
+    return mem.pin_refusal(inbound.ns, entry)
 
 
 def _share_target(
@@ -444,9 +443,7 @@ def dream_status(runtime: Runtime, ns: Namespace, lines: int = 20) -> dict[str, 
 
 
 def remember_op(text: str, inbound: Inbound, source: str = "user") -> Remember:
-    found = recognise(text)
-    subject = found.subject if found else None
-    return Remember(text, classify_type(text), subject, source, inbound.message_id, inbound.scope)
+    return statement(text, source=source, origin=inbound.message_id, scope=inbound.scope)
 
 
 def deterministic_intent(text: str) -> tuple[str, str]:

@@ -23,7 +23,7 @@ import redis
 
 from memory_core.entry import Entry
 from memory_core.errors import LucidError
-from memory_core.history import undo
+from memory_core.history import iter_rows, undo
 from memory_core.namespace import Namespace
 from memory_core.ops import Forget, Pin
 from memory_core.recall import visible_in
@@ -135,9 +135,9 @@ class Dream:
 
 
 def last_dream(runtime: Runtime, ns: Namespace) -> Dream | None:
-    for row in runtime.store.history(ns, limit=50):
-        if row["message"].startswith("dream "):
-            return Dream(row["rev"], row["message"])
+    """The newest dream that changed memory, in `lucid history`'s words; None if it is undone already."""
+    for row in iter_rows(runtime.store, ns, scan=50, kinds=("dream",)):
+        return None if row.undone_by else Dream(row.rev, row.summary)
     return None
 
 

@@ -24,9 +24,11 @@ from memory_core.errors import LineError, StaleIndex
 from memory_core.explain import Why, explain
 from memory_core.floor import REFERENCE, evidence_query
 from memory_core.forgetting import checked_profile
+from memory_core.ids import pin_refusal, successor_of
+from memory_core.intents import classify_type
 from memory_core.lineformat import RawMessage, format_time, parse_file, parse_raw
 from memory_core.namespace import Namespace
-from memory_core.ops import Kind, Op, Outcome, Record, Touch, message_to_json
+from memory_core.ops import Kind, Op, Outcome, Record, Remember, Touch, message_to_json
 from memory_core.rawindex import RawHit, RawIndex
 from memory_core.recall import (
     RESIDENT_BUDGET,
@@ -41,6 +43,7 @@ from memory_core.recall import (
     strong_terms,
 )
 from memory_core.store import ARCHIVE, MEMORY, PROFILE
+from memory_core.subjects import recognise
 from memory_core.textindex import STOP_CHARS
 from memory_core.writer import RAW_REWRITES
 
@@ -519,8 +522,10 @@ class MemoryService:
 
     # -------------------------------------------------------------------------------------- writing
 
-    def apply(self, ns: Namespace, ops: Sequence[Op]) -> list[Outcome]:
-        outcomes = self.runtime.writer.submit(ns, ops)
+    def apply(self, ns: Namespace, ops: Sequence[Op], timeout: float = 60.0) -> list[Outcome]:
+        """Every write of a chat turn, a card, a tool and the CLI: the writer's rules, then what follows
+        from them (a forget drops the short history; new or changed entries get vectors)."""
+        outcomes = self.runtime.writer.submit(ns, ops, timeout=timeout)
         if any(o.status == "forgotten" for o in outcomes):
             drop_short_history(self.runtime, ns)
         if self.embeddings is not None and any(
@@ -544,6 +549,13 @@ class MemoryService:
                 self._raw_cache(ns)  # picks the new line up from the day file, as every process does
         return outcome
 
+    def pin_refusal(self, ns: Namespace, entry: Entry) -> str | None:
+        """Why `entry` may not be pinned (no longer current: it names its successor), or None."""
+        book = self.book(ns)
+        return pin_refusal(
+            entry, self.runtime.clock(), successor_of(book.entries() + book.archived(), entry.id)
+        )
+
     def feedback(self, ns: Namespace, ids: Sequence[str], now: datetime) -> None:
         """Hit feedback (hits + 1, last = now) without slowing the turn: queued for the next batch."""
         if not ids:
@@ -554,6 +566,30 @@ class MemoryService:
             queue.push(ns, [op])  # applied with the next write of this namespace (the reply's record)
         else:
             self.apply(ns, [op])
+
+
+def statement(
+    text: str,
+    *,
+    source: str = "user",
+    origin: str | None = None,
+    scope: str | None = None,
+    type: str | None = None,
+    subject: str | None = None,
+    pinned: bool = False,
+) -> Remember:
+    """What a person asked to be remembered, as every edge stores it: the type (identity, preference and
+    instruction are resident and protected) and the subject read from the words unless given."""
+    found = recognise(text) if subject is None else None
+    return Remember(
+        text,
+        type or classify_type(text),
+        subject or (found.subject if found else None),
+        source,
+        origin,
+        scope,
+        pinned=pinned,
+    )
 
 
 def _content_terms(text: str) -> frozenset[str]:

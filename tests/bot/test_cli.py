@@ -166,7 +166,7 @@ def test_demo_tells_the_seed_story(tmp_path: Path) -> None:
 
 
 def test_dream_dry_run_shows_the_would_be_diff_and_writes_nothing(data_dir: Path) -> None:
-    lucid(data_dir, "remember", "我喜欢爬山")
+    lucid(data_dir, "remember", "我喜欢爬山", "--type", "fact")  # a fact grows cold; a preference stays
     before = (data_dir / "default/default/default/MEMORY.md").read_text("utf-8")
     later = {"LUCID_NOW": "2027-06-01T00:00:00Z"}
     dry = lucid(data_dir, "dream", "--phase", "light", "--dry-run", "--json", env=later)

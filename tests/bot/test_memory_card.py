@@ -16,6 +16,7 @@ import redis
 from aiohttp.test_utils import TestClient
 
 from bot.app import create_app
+from memory_core.history import rows
 from memory_core.namespace import Namespace
 from tests.fakes.feishu_cards import FakeFeishuCards, card_action_event
 from tests.fakes.feishu_events import (
@@ -250,9 +251,12 @@ async def test_an_admin_card_offers_the_last_dream_and_its_undo_button_takes_it_
         for b in row["columns"][1]["elements"]
         if b["behaviors"][0]["value"]["op"] == "undo"
     )
+    dream_words = next(r.summary for r in rows(chat.runtime.store, ns) if r.kind == "dream")
+    assert f"上次做梦：{dream_words}" in _texts(card)  # the words `lucid history` shows
     await chat.post(card_action_event(undo, operator=ALICE, message_id=card_msg, chat_id="oc_x"))
     chat.work()
     assert "余杭区" in chat.memory()  # the archived line is back where it was
+    assert "上次做梦" not in _texts(chat.feishu.card_shown(card_msg))  # no undo offered for it again
 
     # someone who is not an admin gets no dream on their card, and a forged undo does nothing
     await chat.say("我住在拱墅区", who=BOB)

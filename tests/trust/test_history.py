@@ -115,9 +115,12 @@ class TestBareUndo:
         writer, ns = writer_of(lucid, at(0))
         message = {"id": "m1", "ts": at(0), "speaker": "alice", "text": "你好", "chat": "c1"}
         writer.submit(ns, [Record(message=message)])
-        assert lucid.history()[0]["message"] == "memory: 1 recorded"
+        every = lucid.ok("history", "--all", "--json").json()["results"]
+        assert every[0]["summary"] == "recorded 1 message" and not every[0]["undoable"]
+        shown = lucid.history()[0]  # a commit of messages only is no row of its own
+        assert shown["summary"] == "remembered 1 (我喜欢爬山)"
         ran = lucid.ok("undo")
-        assert re.match(r"undo [0-9a-f]{10}: memory: 1 added", ran.out)
+        assert ran.out.startswith(f"undo {shown['rev'][:10]}: remembered 1 (我喜欢爬山)")
         assert lucid.current_texts() == ["我住在余杭区"]
         assert (lucid.root / "raw").is_dir() and "你好" in "".join(
             p.read_text("utf-8") for p in (lucid.root / "raw").iterdir()
@@ -128,9 +131,10 @@ class TestBareUndo:
         tea = lucid.ok("remember", "I am allergic to peanuts", "--json").json()
         writer, ns = writer_of(lucid, at(0))
         writer.submit(ns, [Touch(ids=(tea["id"],), at=at(0))])  # a chat turn used it
-        assert lucid.history()[0]["message"] == "memory: 1 updated"
+        assert lucid.ok("history", "--all", "--json").json()["results"][0]["summary"] == "recall counts"
+        assert lucid.history()[0]["summary"] == "remembered 1 (I am allergic to peanuts)"
         ran = lucid.ok("undo")
-        assert "memory: 1 added" in ran.out
+        assert "remembered 1 (I am allergic to peanuts)" in ran.out
         assert lucid.current_texts() == ["I like hiking"]
 
     def test_nothing_to_undo_is_a_clear_refusal(self, lucid: Lucid) -> None:
@@ -146,7 +150,7 @@ class TestBareUndo:
         lucid.ok("remember", "我住在杭州")
         lucid.ok("undo")
         second = lucid.ok("undo")
-        assert "memory: 1 added" in second.out
+        assert "remembered 1 (我对花生过敏)" in second.out
         assert lucid.current_texts() == ["我喜欢爬山"]
         redo = lucid.history()[0]["rev"]  # the newest undo commit, undone by revision: a redo
         lucid.ok("undo", redo[:10])
