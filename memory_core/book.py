@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -20,12 +21,14 @@ from .lineformat import (
     empty_archive_file,
     empty_memory_file,
     parse_time,
+    render_entry,
 )
 from .ops import Edit, Forget, Op, Outcome, Pin, Put, Remember, Touch, entry_from_json
 from .secretscan import contains_secret, holds_redaction
 from .subjects import CANONICAL, recognise, subject_key
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_PLACEMENT = {"resident": "resident", "recall": "recall"}  # MEMORY.md's section of each tier
 CHAT_BOUND = re.compile(
     r"这个群|本群|这群|群里|咱们群|我们群|这个频道|这个话题|in this (?:group|chat|channel|thread)|"
     r"here in (?:the|this) (?:group|chat)",
@@ -90,6 +93,9 @@ class _Side:
     slots: list[_Slot] = field(default_factory=list)
     entries: dict[str, Entry] = field(default_factory=dict)
 
+    # the slots and entries as the file on disk holds them (`settle`): what only-appended is measured against
+    base: tuple[list[_Slot], dict[str, Entry]] = field(default_factory=lambda: ([], {}))
+
     @classmethod
     def load(cls, doc: MemoryFile) -> _Side:
         side = cls(doc.preamble, {}, [])
@@ -106,7 +112,21 @@ class _Side:
                     side.slots.append(_Slot(sec.name, entry_id=it.id))
                 else:
                     side.slots.append(_Slot(sec.name, line=it))
+        side.settle()
         return side
+
+    def settle(self) -> None:
+        self.base = (list(self.slots), dict(self.entries))
+
+    def added(self) -> list[_Slot] | None:
+        """The slots added at the end since `settle`, if nothing else changed (every entry the same
+        object, every old slot in place); None otherwise."""
+        slots, entries = self.base
+        if len(self.slots) < len(slots) or any(map(operator.is_not, self.slots, slots)):
+            return None
+        if any(map(operator.is_not, map(self.entries.get, entries), entries.values())):
+            return None
+        return self.slots[len(slots) :]
 
     def add(self, entry: Entry, section: str) -> None:
         self.entries[entry.id] = entry
@@ -278,7 +298,39 @@ class Book:
         return out
 
     def memory_file(self) -> MemoryFile:
-        return self.memory.render({"resident": "resident", "recall": "recall"})
+        return self.memory.render(_PLACEMENT)
+
+    def memory_appended(self, text: str) -> str | None:
+        """The lines to append to `text` to get `render_file(self.memory_file())`, when `text` is MEMORY.md
+        as rendered from this book at its last `settle` and the only change since is new entries at the
+        end of the last section (the common batch: new memories). None: render the whole file."""
+        new, archived = self.memory.added(), self.archive.added()
+        if not new or archived is None or archived:
+            return None
+        last = self.memory.section_order[-1]
+
+        def section(slot: _Slot) -> str:
+            if slot.entry_id is None:
+                return slot.section
+            return _PLACEMENT["resident" if self.memory.entries[slot.entry_id].resident else "recall"]
+
+        if any(slot.entry_id is None or section(slot) != last for slot in new):
+            return None
+        before = next((s for s in reversed(self.memory.base[0]) if section(s) == last), None)
+        if before is None:  # the section was empty: its heading, then a blank line before the items
+            end, lead = (self.memory.headings.get(last) or f"## {last.capitalize()}") + "\n", "\n"
+        elif before.entry_id is not None:
+            end, lead = render_entry(self.memory.entries[before.entry_id]) + "\n", ""
+        else:
+            end, lead = (before.line.line if before.line else "") + "\n", ""
+        if not text.endswith(end):
+            return None
+        return lead + "".join(render_entry(self.memory.entries[s.entry_id]) + "\n" for s in new if s.entry_id)
+
+    def settle(self) -> None:
+        """The book is now what the files on disk hold (the writer wrote them from it)."""
+        self.memory.settle()
+        self.archive.settle()
 
     def archive_file(self) -> MemoryFile:
         return self.archive.render()

@@ -4,6 +4,7 @@ atomic and fenced (layout: docs/ARCHITECTURE.md, "The writer").
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import fcntl
@@ -20,6 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -74,12 +76,12 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
+def atomic_write(path: Path, data: bytes, durable: bool = True, sync: bool = True) -> None:
     """Write `data` to `path` so that readers and crashes see the old or the new file, never a mix.
 
-    `durable=False` skips the directory fsync: for derived bookkeeping (state, journal) whose loss after
-    a power cut only makes the next batch re-check the files, never loses or tears memory."""
-    tmp = _stage(path, data)
+    `durable=False` skips the directory fsync, `sync=False` every fsync: for bookkeeping whose loss after a
+    power cut only makes the next batch re-check the files, never loses or tears memory."""
+    tmp = _stage(path, data, sync)
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -90,20 +92,61 @@ def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
         _fsync_dir(path.parent)
 
 
-def _stage(path: Path, data: bytes) -> str:
-    """Write `data` to a synced temp file beside `path`; the caller renames it into place."""
+def _stage(path: Path, data: bytes, sync: bool = True) -> str:
+    """Write `data` to a (synced) temp file beside `path`; the caller renames it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     return tmp
+
+
+def _append(path: Path, at: int, data: bytes, rel: str) -> None:
+    """Append `data` to the file at `path`, which must still be `at` bytes long and still be the file at
+    `path` once written (an editor's save by rename in between means the append went nowhere). A failed
+    write (disk full) is taken back: the file ends as it was."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    try:
+        if os.fstat(fd).st_size != at:
+            raise ConcurrentChange(rel)
+        try:
+            half = len(data) // 2
+            _write_all(fd, data[:half])  # in two: the fault suite kills between them (a cut append)
+            _kill_point("append")
+            _write_all(fd, data[half:])
+            os.fdatasync(fd)
+        except OSError:
+            os.ftruncate(fd, at)
+            raise
+        if os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+            raise ConcurrentChange(rel)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _truncate(path: Path, size: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+        try:
+            if os.fstat(fd).st_size > size:
+                os.ftruncate(fd, size)
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -134,30 +177,34 @@ def flocked(path: Path) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The tracked files of a namespace as bytes, and the hashes the writer last recorded for them."""
+    """The tracked files of a namespace as bytes, and the hashes the writer last recorded for them.
+
+    `rendered`: the hash of the MEMORY.md the writer last rendered from its book (not a hand edit's)."""
 
     files: Mapping[str, bytes | None]
     recorded: Mapping[str, str]
+    rendered: str | None = None
 
     def text(self, name: str) -> str | None:
         data = self.files.get(name)
         return None if data is None else data.decode("utf-8", errors="surrogateescape")
 
+    @cached_property
+    def hashes(self) -> dict[str, str]:
+        return {n: _sha(d) for n, d in self.files.items() if d is not None}
+
     @property
     def version(self) -> str:
         """A hash over every tracked file: it moves whenever anything a batch depends on changes."""
-        return version_of({n: _sha(d) for n, d in self.files.items() if d is not None})
+        return version_of(self.hashes)
 
     def hand_edited(self) -> list[str]:
         """Files whose content differs from what the writer last wrote (a person edited them)."""
-        edited = []
-        for name in TRACKED:
-            data = self.files.get(name)
-            if data is None:
-                continue
-            if self.recorded.get(name) != _sha(data):
-                edited.append(name)
-        return edited
+        return [n for n in TRACKED if n in self.hashes and self.recorded.get(n) != self.hashes[n]]
+
+    def rendered_memory(self) -> bool:
+        """Whether MEMORY.md is exactly what the writer rendered (so new lines may simply be appended)."""
+        return self.rendered is not None and self.hashes.get(MEMORY) == self.rendered
 
 
 def version_of(hashes: Mapping[str, str]) -> str:
@@ -201,7 +248,9 @@ class Store:
                 files[name] = self.file(ns, name).read_bytes()
             except FileNotFoundError:
                 files[name] = None
-        return Snapshot(files, self._read_state(ns).get("hashes", {}))
+        written = self._written(ns)
+        rendered = written.get("rendered")
+        return Snapshot(files, written.get("hashes") or {}, rendered if isinstance(rendered, str) else None)
 
     def read_text(self, ns: Namespace, name: str) -> str | None:
         try:
@@ -210,11 +259,29 @@ class Store:
             return None
 
     def _read_state(self, ns: Namespace) -> dict[str, Any]:
+        return self._read_json(ns, "state.json") or {}
+
+    def _read_json(self, ns: Namespace, name: str) -> dict[str, Any] | None:
+        """A JSON object under `.lucid/`: None if the file is missing, {} if it is not one (torn)."""
         try:
-            data = json.loads(self._meta(ns, "state.json").read_text("utf-8"))
-            return data if isinstance(data, dict) else {}
-        except (FileNotFoundError, ValueError):
+            data = json.loads(self._meta(ns, name).read_text("utf-8"))
+        except FileNotFoundError:
+            return None
+        except ValueError:
             return {}
+        return data if isinstance(data, dict) else {}
+
+    def _written(self, ns: Namespace) -> dict[str, Any]:
+        """The writer's record of its last write (hashes, the commit it may fold into, the MEMORY.md it
+        rendered). Older data directories kept the hashes and the fold in state.json."""
+        written = self._read_json(ns, "written.json")
+        if written is None:
+            state = self._read_state(ns)
+            return {k: state[k] for k in ("hashes", "fold") if k in state}
+        return written
+
+    def written_value(self, ns: Namespace, key: str) -> Any:
+        return self._written(ns).get(key)
 
     def _update_state(self, ns: Namespace, **values: Any) -> None:
         # Read-modify-write under a lock: the writer (hashes) and jobs (watermarks) both update it.
@@ -224,9 +291,6 @@ class Store:
             atomic_write(
                 self._meta(ns, "state.json"), json.dumps(state, sort_keys=True).encode(), durable=False
             )
-
-    def _write_state(self, ns: Namespace, hashes: Mapping[str, str]) -> None:
-        self._update_state(ns, hashes=dict(hashes))
 
     def state_value(self, ns: Namespace, key: str) -> Any:
         """A small persisted value of the namespace (phase watermarks, last-run times); not in git."""
@@ -272,12 +336,17 @@ class Store:
         before: Snapshot,
         files: Mapping[str, str],
         raw: Mapping[str, str] | None = None,
+        journal: Mapping[str, Any] | None = None,
     ) -> dict[str, str]:
-        """Write the changed tracked files and raw day files atomically (caller holds `fenced`).
+        """Write the changed tracked files and raw day files (caller holds `fenced`); returns the new
+        hashes of every tracked file.
 
-        The ARCHIVE is written before MEMORY so that a crash between the two duplicates an entry rather
-        than losing it. Returns the new hashes of every tracked file. Raises ConcurrentChange (a
-        StoreError) if a tracked file changed on disk since `before` was read: a hand edit raced us.
+        A file whose new content only extends what is on disk (new memories, new messages) is appended to;
+        any other is replaced by rename, ARCHIVE before MEMORY so that a crash between the two duplicates
+        an entry rather than losing it. `journal` is written after every temp file is staged and before
+        anything changes, with what each append adds (synced when there is one: a crash cuts an append
+        short, recovery takes it back). Raises ConcurrentChange (a StoreError) if a tracked file changed on
+        disk since `before` was read: a hand edit raced us.
         """
         root = self.file(ns)
         root.mkdir(parents=True, exist_ok=True)
@@ -287,51 +356,127 @@ class Store:
             if now != before.files.get(name):
                 raise ConcurrentChange(name)
         hashes = {n: _sha(d) for n, d in before.files.items() if d is not None}
-        # Stage every temp file first: ENOSPC or EACCES then hits before any file is replaced.
-        writes: list[tuple[Path, bytes]] = [
-            (self.file(ns, "raw", name), content.encode("utf-8", errors="surrogateescape"))
-            for name, content in (raw or {}).items()
-        ]
+        writes: list[tuple[str, bytes, bytes | None]] = []  # (path in the namespace, new, current)
+        for name, content in (raw or {}).items():
+            path = self.file(ns, "raw", name)
+            current = path.read_bytes() if path.exists() else None
+            writes.append((f"raw/{name}", content.encode("utf-8", errors="surrogateescape"), current))
         for name in (ARCHIVE, PROFILE, DREAMS, MEMORY):
             if name in files:
                 data = files[name].encode("utf-8", errors="surrogateescape")
                 hashes[name] = _sha(data)
                 if data != before.files.get(name):
-                    writes.append((self.file(ns, name), data))
+                    writes.append((name, data, before.files.get(name)))
+        prior = {
+            rel: cur for rel, data, cur in writes if cur and len(data) > len(cur) and data.startswith(cur)
+        }
+        appends = {rel: (len(cur), data[len(cur) :]) for rel, data, _ in writes if (cur := prior.get(rel))}
+        # Stage every temp file first: ENOSPC or EACCES then hits before any file is replaced.
         staged: list[tuple[str, Path]] = []
+        appended: list[tuple[Path, int]] = []
         try:
-            for path, data in writes:
-                staged.append((_stage(path, data), path))
+            for rel, data, _ in writes:
+                if rel not in appends:
+                    path = self.file(ns, *rel.split("/"))
+                    staged.append((_stage(path, data), path))
+            if journal is not None:
+                self.write_journal(
+                    ns,
+                    {
+                        **journal,
+                        "target": {name: hashes[name] for name in files},
+                        "appends": {
+                            rel: {
+                                "at": at,
+                                "data": base64.b64encode(more).decode(),
+                                "before": base64.b64encode(prior[rel][-64:]).decode(),
+                            }
+                            for rel, (at, more) in appends.items()
+                        },
+                    },
+                    sync=bool(appends),
+                )
+            for rel, (at, more) in appends.items():
+                path = self.file(ns, *rel.split("/"))
+                _append(path, at, more, rel)
+                appended.append((path, at))
             for tmp, path in staged:
                 os.replace(tmp, path)
             for directory in {path.parent for _, path in staged}:
                 _fsync_dir(directory)
-        except OSError as exc:
+        except BaseException as exc:
+            for path, at in appended:  # nothing of a failed batch stays: what it appended is taken back
+                _truncate(path, at)
             for tmp, _ in staged:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
-            raise StoreError(_os_message(exc, root)) from exc
+            if journal is not None:
+                self.clear_journal(ns)
+            if isinstance(exc, OSError) and not isinstance(exc, ConcurrentChange):
+                raise StoreError(_os_message(exc, root)) from exc
+            raise
         return hashes
 
+    def undo_cut_appends(self, ns: Namespace, journal: Mapping[str, Any]) -> None:
+        """Take back an append the journal's batch did not finish (a crash or a power cut mid-write): the
+        file ends as it was before the batch, never with a torn line. A file that is not exactly what the
+        batch left (a person edited it since) is left alone."""
+        for rel, spec in (journal.get("appends") or {}).items():
+            try:
+                path = self.file(ns, *str(rel).split("/"))
+                at, more = int(spec["at"]), base64.b64decode(spec["data"])
+                before = base64.b64decode(spec["before"])
+                data = path.read_bytes()
+            except (FileNotFoundError, KeyError, TypeError, ValueError):
+                continue
+            tail = data[at:]
+            ours = len(data) >= at >= len(before) and data[at - len(before) : at] == before
+            if ours and len(tail) < len(more) and more.startswith(tail):
+                _truncate(path, at)
+                log.warning("took back a cut append of %s/%s (%d of %d bytes)", ns, rel, len(tail), len(more))
+
     def record_hashes(self, ns: Namespace, hashes: Mapping[str, str], **values: Any) -> None:
-        """Record what the writer wrote (and other writer state, e.g. the commit that may be folded)."""
-        self._update_state(ns, hashes=dict(hashes), **values)
+        """Record what the writer wrote (and other writer state, e.g. the commit that may be folded).
+
+        Not synced: after a power cut a lost or torn record only makes the next batch take the files as a
+        hand edit and commit them as one (nothing is lost; the guard errs on the side of a person)."""
+        with flocked(self._meta(ns, "state.lock")):
+            written = self._written(ns)
+            written.update(values, hashes=dict(hashes))
+            atomic_write(
+                self._meta(ns, "written.json"),
+                json.dumps(written, sort_keys=True).encode(),
+                durable=False,
+                sync=False,
+            )
 
     # ---------------------------------------------------------------------------- journal (crash window)
 
-    def write_journal(self, ns: Namespace, journal: Mapping[str, Any]) -> None:
-        atomic_write(self._meta(ns, "journal.json"), json.dumps(journal).encode(), durable=False)
+    def write_journal(self, ns: Namespace, journal: Mapping[str, Any], sync: bool = False) -> None:
+        """Written in place (the file stays between batches, emptied): a journal cut short is not JSON and
+        counts as none, which is right, since nothing of its batch was written yet. Synced only with
+        `sync`: a journal lost to a power cut leaves files that differ from the recorded hashes, which the
+        next batch commits as a hand edit; only an append needs its journal to survive (to be taken back)."""
+        path = self._meta(ns, "journal.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        created = not path.exists()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            _write_all(fd, json.dumps(journal).encode())
+            if sync:
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        if sync and created:
+            _fsync_dir(path.parent)
 
     def read_journal(self, ns: Namespace) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self._meta(ns, "journal.json").read_text("utf-8"))
-            return data if isinstance(data, dict) else None
-        except (FileNotFoundError, ValueError):
-            return None
+        data = self._read_json(ns, "journal.json")
+        return data or None
 
     def clear_journal(self, ns: Namespace) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self._meta(ns, "journal.json").unlink()
+            os.truncate(self._meta(ns, "journal.json"), 0)
 
     def set_aside(self, ns: Namespace, name: str, line: str) -> str:
         """Keep a hand-edited line too long to be memory, verbatim, out of the files and out of git (private
@@ -493,6 +638,11 @@ class Store:
         try:
             return self._commit(ns, message, exact, amend)
         except (pygit2.GitError, OSError) as exc:
+            if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
+                raise StoreError(
+                    f"disk full while committing {ns} to git: the files are written and are committed "
+                    "by the next write once space is freed"
+                ) from exc
             raise StoreError(f"git commit of {ns} failed: {exc}") from exc
 
     def _commit(
@@ -726,7 +876,8 @@ _isolated = False
 
 
 def _kill_point(name: str) -> None:
-    """The fault suite's SIGKILL inside a commit (LUCID_KILL_POINT=objects|index|ref|pack) or a cache save."""
+    """The fault suite's SIGKILL inside a write (LUCID_KILL_POINT=append|objects|index|ref|pack) or a cache
+    save."""
     if os.environ.get("LUCID_KILL_POINT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
 

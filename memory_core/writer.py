@@ -375,32 +375,30 @@ class Writer:
             extra = change(book, snap) if change is not None else None
             files: dict[str, str] = {}
             if book.changed:
-                files[MEMORY] = render_file(book.memory_file())
-                files[ARCHIVE] = render_file(book.archive_file())
+                text = snap.text(MEMORY) or ""
+                more = book.memory_appended(text) if snap.rendered_memory() else None
+                if more is not None:  # only new lines: appended, the rest is not rendered again
+                    files[MEMORY] = text + more
+                else:
+                    files[MEMORY] = render_file(book.memory_file())
+                    files[ARCHIVE] = render_file(book.archive_file())
+            rendered = MEMORY in files
             rewritten = self._forget_elsewhere(ns, snap, book, forgotten, raw, files, now)
             for name, text in (extra or {}).items():
                 files[name] = redact(text) if name in (PROFILE, DREAMS) else text
+                rendered = rendered and name != MEMORY
             if not files and not raw:
                 self._publish(ns, ops, report.outcomes)
                 return report
             msg = message or _message(_counts(report.outcomes))
             try:
                 with self.store.fenced(ns, lease.token, lease.held):
-                    self.store.write_journal(
-                        ns,
-                        {
-                            "message": msg,
-                            "ops": [r for r, _ in ops if r],
-                            "outcomes": [o.to_json() for o in report.outcomes],
-                            "target": {
-                                name: hashlib.sha256(
-                                    text.encode("utf-8", errors="surrogateescape")
-                                ).hexdigest()
-                                for name, text in files.items()
-                            },
-                        },
-                    )
-                    hashes = self.store.replace_files(ns, snap, files, raw)
+                    journal = {
+                        "message": msg,
+                        "ops": [r for r, _ in ops if r],
+                        "outcomes": [o.to_json() for o in report.outcomes],
+                    }
+                    hashes = self.store.replace_files(ns, snap, files, raw, journal)
             except ConcurrentChange:
                 self.store.clear_journal(ns)
                 log.info("namespace %s changed under the batch (hand edit); re-reading", ns.key)
@@ -429,7 +427,11 @@ class Writer:
             fold = (
                 {"rev": report.revision, "at": format_time(now), "counts": dict(counts)} if filler else None
             )
-            self.store.record_hashes(ns, hashes, **({"fold": fold} if report.revision else {}))
+            if rendered:
+                book.settle()  # the files now hold this book: the next batch may append to them
+            mark = hashes.get(MEMORY) if rendered else snap.rendered if snap.rendered_memory() else None
+            fold_value = {"fold": fold} if report.revision else {}
+            self.store.record_hashes(ns, hashes, rendered=mark, **fold_value)
             self.store.clear_journal(ns)
             if change is None:
                 self._books[ns] = (version_of(hashes), book)
@@ -440,7 +442,7 @@ class Writer:
     def _foldable(self, ns: Namespace, now: datetime) -> tuple[str | None, Counter[str]]:
         """The commit of messages and hit counts this batch folds into its own (HEAD, if it is one made
         within FOLD_WINDOW), and its counts: one commit per turn, not one per recorded message."""
-        fold = self.store.state_value(ns, "fold")
+        fold = self.store.written_value(ns, "fold")
         if not isinstance(fold, dict) or not fold.get("rev") or not isinstance(fold.get("counts"), dict):
             return None, Counter()
         try:
@@ -548,6 +550,7 @@ class Writer:
         journal = self.store.read_journal(ns)
         if journal is None:
             return
+        self.store.undo_cut_appends(ns, journal)
         snap = self.store.snapshot(ns)
         current = _hashes(snap)
         target = journal.get("target") or {}

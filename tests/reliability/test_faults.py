@@ -327,7 +327,8 @@ def test_a_writer_sigkilled_mid_batch_loses_no_acknowledged_op(
         time.sleep(0.05 + rng.random() * 0.5)
         victim.kill()
         kills += 1
-        cut += (ns.path(data) / ".lucid" / "journal.json").exists()  # a batch cut between write and commit
+        journal = ns.path(data) / ".lucid" / "journal.json"
+        cut += journal.exists() and journal.stat().st_size > 0  # a batch cut between write and commit
         out, _ = victim.communicate()
         done = [i for i, _ in acks(out)]
         acked["C"].update(done)
@@ -910,13 +911,13 @@ _MID_COMMIT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("point", ["objects", "index", "ref", "pack"])
+@pytest.mark.parametrize("point", ["append", "objects", "index", "ref", "pack"])
 def test_a_writer_sigkilled_mid_commit_leaves_a_repository_the_next_writer_commits_to(
     point: str, tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """The writer is SIGKILLed inside its in-process git commit: after the objects are written, after the
-    index is replaced, after the branch ref moved, and between writing a pack and dropping the loose
-    objects it holds. No acknowledged op is lost, the op being committed is applied once, and the next
+    """The writer is SIGKILLed inside its write: halfway through appending new lines to a file, and inside
+    its in-process git commit: after the objects are written, after the index is replaced, after the
+    branch ref moved, and between writing a pack and dropping the loose objects it holds. No acknowledged op is lost, the op being committed is applied once, and the next
     writer commits on top: `git fsck` accepts the repository and `git status` is clean."""
     from memory_core.ops import Remember
     from memory_core.store import Store
@@ -941,11 +942,16 @@ def test_a_writer_sigkilled_mid_commit_leaves_a_repository_the_next_writer_commi
     killed_at = max(acked, default=-1) + 1  # the op whose commit was cut
     assert writer.submit(ns, [Remember(text="下一个写者的第一件事")])[0].status == "added"
     root = ns.path(data)
-    texts = Counter(e.text for e in parse_file((root / "MEMORY.md").read_text("utf-8")).entries())
+    doc = parse_file((root / "MEMORY.md").read_text("utf-8"))
+    assert doc.problems() == []  # no torn line
+    texts = Counter(e.text for e in doc.entries())
     expected = ["杀之前就确认过的事", "下一个写者的第一件事"] + [f"被杀的写者记下第{i}件事" for i in acked]
     assert [t for t in expected if texts[t] != 1] == []  # every acknowledged op, once
     assert texts[f"被杀的写者记下第{killed_at}件事"] <= 1  # the cut one: applied at most once
     assert max(texts.values()) == 1
+    day = root / "raw" / "2026-06-01.md"
+    raw = day.read_text("utf-8") if day.exists() else ""
+    assert all(line.endswith("-->") for line in raw.splitlines()[2:])  # no torn message line either
     fsck = subprocess.run(["git", "-C", str(root), "fsck", "--strict"], capture_output=True, text=True)
     assert fsck.returncode == 0, fsck.stderr
     assert git(root, "status", "--porcelain").strip() == ""

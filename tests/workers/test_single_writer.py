@@ -187,6 +187,52 @@ def test_sigkill_at_any_point_never_tears_a_file(data_dir: Path) -> None:
     assert len(ids) == len(set(ids))
 
 
+_APPENDER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from memory_core.namespace import Namespace
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    w = Writer(Store(Path(sys.argv[1])))
+    ns = Namespace.of("t1", "u1", "default")
+    for i in range(3):
+        print(w.submit(ns, [Remember(text=f"被杀的写者记下的第{i}件事，这一行够长" * 3)])[0].status, flush=True)
+    """
+)
+
+
+def test_sigkill_mid_append_leaves_no_torn_line_once_recovered(data_dir: Path) -> None:
+    """The kill point inside the append path: the writer dies with half a line appended to MEMORY.md.
+    The next writer takes the cut append back (the file ends as the last whole batch left it), commits,
+    and builds on it: no torn line, nothing acknowledged lost, git clean and equal to the file."""
+    memory = NS.path(data_dir) / "MEMORY.md"
+    env = {**os.environ, "LUCID_KILL_POINT": "append"}
+    victim = subprocess.run(
+        [sys.executable, "-c", _APPENDER, str(data_dir)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert victim.returncode == -signal.SIGKILL, victim.stderr[-2000:]
+    assert victim.stdout.split() == ["added"]  # the first batch made the file; the second died appending
+    cut = memory.read_bytes().decode("utf-8", errors="replace")  # cut mid-character, even
+    assert not cut.endswith("\n") and "第1件事" in cut.rsplit("\n", 1)[1]  # half a line, as killed
+    w = Writer(Store(data_dir))
+    assert w.submit(NS, [Remember(text="恢复之后的第一条")])[0].status == "added"
+    text = memory.read_text("utf-8")
+    doc = parse_file(text)
+    assert doc.problems() == [] and text.endswith("\n")
+    texts = [e.text for e in doc.entries()]
+    assert texts == [
+        "被杀的写者记下的第0件事，这一行够长" * 3,
+        "恢复之后的第一条",
+    ]  # the cut one never landed
+    root = NS.path(data_dir)
+    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True)
+    assert status.stdout == ""
+    head = subprocess.run(["git", "-C", str(root), "show", "HEAD:MEMORY.md"], capture_output=True, text=True)
+    assert head.stdout == text
+
+
 _PAUSED = textwrap.dedent(
     """
     import sys
