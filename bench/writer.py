@@ -100,6 +100,10 @@ def run(data: Path, url: str | None, procs: int, ops: int, namespaces: list[str]
     }
 
 
+def _commits(data: Path, ns: Namespace) -> int:
+    return len(Store(data).history(ns, limit=1_000_000))
+
+
 def seed(data: Path, ns: Namespace, n: int) -> None:
     rng = random.Random(99)
     ops = [Put(entry={"id": f"{i:016x}", "text": _text(rng), "at": "2026-01-01T00:00:00Z"}) for i in range(n)]
@@ -133,7 +137,10 @@ def main() -> None:
         for mode, url in (("batched", server.url), ("baseline", None)):
             data = tmp / mode
             seed(data, Namespace.parse(hot), args.entries)
-            results[f"hot_{mode}"] = run(data, url, args.procs, args.ops, [hot])
+            results[f"hot_{mode}"] = {
+                **run(data, url, args.procs, args.ops, [hot]),
+                "commits": _commits(data, Namespace.parse(hot)),
+            }
         many = [str(Namespace.of("bench", f"u{i}", "default")) for i in range(args.namespaces)]
         per = args.namespaces // args.procs
         for mode, url in (("batched", server.url), ("baseline", None)):

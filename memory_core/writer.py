@@ -177,6 +177,7 @@ class Writer:
         # The book as this process last committed it, by namespace version: a batch that finds the files
         # as it left them skips parsing (the common case when one process writes a hot namespace).
         self._books: dict[Namespace, tuple[str, Book]] = {}
+        self._deferred: dict[Namespace, _Deferred] = {}  # written, not yet committed (this lease)
 
     # -------------------------------------------------------------------------------------- public
 
@@ -212,7 +213,7 @@ class Writer:
                 except LeaseLost as exc:
                     log.warning("lease lost during a batch of %s (%s); retrying", ns.key, exc)
                 finally:
-                    taken.release()
+                    self._release(ns, taken)
                 continue
             done.update(self.queue.results([i for i in ids if i not in done], 0.05))
             if time.monotonic() > deadline:
@@ -228,13 +229,13 @@ class Writer:
             return None
         try:
             batch = [*_decode(self.queue.pending(ns, MAX_BATCH)), *((None, op) for op in ops)]
-            report = self._batch(ns, lease, batch)
+            report = self._batch(ns, lease, batch, defer=True)
         except LeaseLost as exc:
-            lease.release()
+            self._release(ns, lease)
             log.warning("lease lost during a batch of %s (%s); queueing", ns.key, exc)
             return None
         except BaseException:
-            lease.release()
+            self._release(ns, lease)
             raise
         assert report is not None
         try:  # stay the warm leader while others keep queueing (see _drain)
@@ -242,7 +243,7 @@ class Writer:
         except LeaseLost as exc:
             log.warning("lease lost after a batch of %s (%s)", ns.key, exc)
         finally:
-            lease.release()
+            self._release(ns, lease)
         return {o.op_id: o for (raw, _), o in zip(batch, report.outcomes, strict=True) if raw is None}
 
     def _screen(self, ns: Namespace, ops: Sequence[Op]) -> tuple[list[Op], dict[str, Outcome]]:
@@ -319,6 +320,15 @@ class Writer:
         try:
             yield lease
         finally:
+            self._release(ns, lease)
+
+    def _release(self, ns: Namespace, lease: Lease) -> None:
+        """Commit what this tenure's batches wrote (group commit), then let the lease go."""
+        try:
+            if ns in self._deferred and lease.held():
+                self._commit_deferred(ns)
+        finally:
+            self._deferred.pop(ns, None)  # not committed (lease lost): the journal tells the next holder
             lease.release()
 
     def _drain(self, ns: Namespace, lease: Lease) -> None:
@@ -332,7 +342,7 @@ class Writer:
             raw_ops = self.queue.pending(ns, MAX_BATCH)
             if not raw_ops:
                 return
-            self._batch(ns, lease, _decode(raw_ops))
+            self._batch(ns, lease, _decode(raw_ops), defer=True)
             if time.monotonic() - started > LEAD_TIME or not lease.held():
                 return
 
@@ -344,14 +354,21 @@ class Writer:
         change: Change | None = None,
         message: str | None = None,
         expect_version: str | None = None,
+        defer: bool = False,
     ) -> BatchReport | None:
+        """Apply one batch. `defer`: leave its git commit to the end of the lease (`_release`), so the
+        batches of one tenure are one commit; the files are written and synced, and the journal kept,
+        before any outcome is published, as without it."""
         self.store.claim_fence(ns, lease.token)
         self.store.ensure_repo(ns)
-        self._recover(ns)
+        if ns not in self._deferred:  # else the journal is this tenure's own
+            self._recover(ns)
         for _attempt in range(_RETRIES):
             snap = self.store.snapshot(ns)
             report = BatchReport()
             before: Book | None = None
+            if snap.hand_edited() and ns in self._deferred:
+                self._commit_deferred(ns)  # the writer's own batches first, then the person's edit
             if snap.hand_edited():
                 before = self._committed_book(ns, snap)
                 snap, report.redacted = self._commit_hand_edit(ns, lease, snap)
@@ -390,7 +407,8 @@ class Writer:
             if not files and not raw:
                 self._publish(ns, ops, report.outcomes)
                 return report
-            msg = message or _message(_counts(report.outcomes))
+            pending = self._deferred.get(ns)
+            msg = message or _message(_counts(report.outcomes) + (pending.counts if pending else Counter()))
             try:
                 with self.store.fenced(ns, lease.token, lease.held):
                     journal = {
@@ -415,29 +433,39 @@ class Writer:
             }
             for day, text in raw.items():
                 exact[f"raw/{day}"] = text.encode("utf-8", errors="surrogateescape")
-            filler = (
-                change is None and message is None and all(isinstance(op, Record | Touch) for _, op in ops)
-            )
-            counts = _counts(report.outcomes)
-            amend, folded = self._foldable(ns, now) if change is None and message is None else (None, {})
-            if amend is not None:
-                counts.update(folded)
-                msg = _message(counts)
-            report.revision = self.store.commit(ns, msg, exact, amend=amend)
-            fold = (
-                {"rev": report.revision, "at": format_time(now), "counts": dict(counts)} if filler else None
-            )
             if rendered:
                 book.settle()  # the files now hold this book: the next batch may append to them
             mark = hashes.get(MEMORY) if rendered else snap.rendered if snap.rendered_memory() else None
-            fold_value = {"fold": fold} if report.revision else {}
-            self.store.record_hashes(ns, hashes, rendered=mark, **fold_value)
-            self.store.clear_journal(ns)
+            self.store.record_hashes(ns, hashes, rendered=mark)
             if change is None:
                 self._books[ns] = (version_of(hashes), book)
+            group = self._deferred.setdefault(ns, _Deferred())
+            group.add(exact, _counts(report.outcomes), now, change is None and message is None, ops)
+            if message is not None or change is not None:
+                group.message = msg
+            if not defer:
+                report.revision = self._commit_deferred(ns)
             self._publish(ns, ops, report.outcomes)
             return report
         raise ConcurrentEdit(f"{ns} kept changing during the write; nothing was applied")
+
+    def _commit_deferred(self, ns: Namespace) -> str | None:
+        """One git commit of the batches written since the last one (exactly the bytes they wrote): messages
+        and hit counts alone fold into HEAD if it is such a commit of this turn (FOLD_WINDOW)."""
+        group = self._deferred.pop(ns, None)
+        if group is None:
+            return None
+        counts = Counter(group.counts)
+        amend, folded = self._foldable(ns, group.now) if group.message is None else (None, Counter())
+        if amend is not None:
+            counts.update(folded)
+        msg = group.message or _message(counts)
+        revision = self.store.commit(ns, msg, group.exact, amend=amend)
+        if revision is not None:
+            fold = {"rev": revision, "at": format_time(group.now), "counts": dict(counts)}
+            self.store.record_fold(ns, fold if group.filler else None)
+        self.store.clear_journal(ns)
+        return revision
 
     def _foldable(self, ns: Namespace, now: datetime) -> tuple[str | None, Counter[str]]:
         """The commit of messages and hit counts this batch folds into its own (HEAD, if it is one made
@@ -661,6 +689,30 @@ def _op_id_of(raw: str) -> str:
         return str(value) if value else "unknown"
     except (ValueError, AttributeError):
         return "unknown"
+
+
+@dataclass
+class _Deferred:
+    """The batches of one lease not yet committed to git: the bytes they wrote, what they did."""
+
+    exact: dict[str, bytes | None] = field(default_factory=dict)
+    counts: Counter[str] = field(default_factory=Counter)
+    now: datetime = field(default_factory=utcnow)
+    filler: bool = True  # only messages and hit counts (foldable into the next commit)
+    message: str | None = None  # a transaction's own message
+
+    def add(
+        self,
+        exact: dict[str, bytes | None],
+        counts: Counter[str],
+        now: datetime,
+        plain: bool,
+        ops: Sequence[tuple[str | None, Op]],
+    ) -> None:
+        self.exact.update(exact)
+        self.counts.update(counts)
+        self.now = now
+        self.filler = self.filler and plain and all(isinstance(op, Record | Touch) for _, op in ops)
 
 
 @dataclass(frozen=True)

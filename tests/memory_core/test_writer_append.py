@@ -161,3 +161,23 @@ def test_lines_are_appended_only_to_a_file_that_ends_as_the_book_renders() -> No
         other = Book(parse_file(edited))
         other.apply(Remember(text="我养了一只橘猫"), T0)
         assert other.memory_appended(edited) is None
+
+
+def test_the_batches_of_one_lease_are_one_git_commit(data_dir: Path, redis_client: redis.Redis) -> None:
+    """Group commit: more ops queued than one batch takes (MAX_BATCH) are applied batch after batch by the
+    one holder of the lease, and its batches are committed to git once, when it lets the lease go."""
+    queue = RedisOpQueue(redis_client)
+    w = Writer(Store(data_dir), RedisLocker(redis_client), queue)
+    w.submit(NS, [Remember(text="最早的一条")])
+    queued = [
+        Remember(text=f"排队的第{i}条：{chr(0x4E00 + 13 * i)}{chr(0x4E00 + 7 * i + 3)}") for i in range(600)
+    ]
+    queue.push(NS, queued)
+    assert w.submit(NS, [Remember(text="拿到租约的这个进程自己的一条")])[0].status == "added"
+    assert queue.pending(NS, 1) == []  # 500 of them with its own op, then the other 100
+    done = queue.results([op.op_id for op in queued], 0)
+    assert len(done) == 600 and {o.status for o in done.values()} == {"added"}
+    assert [r["message"] for r in w.store.history(NS)] == ["memory: 601 added", "memory: 1 added"]
+    root = NS.path(data_dir)
+    assert _git(root, "status", "--porcelain") == ""
+    assert _git(root, "show", "HEAD:MEMORY.md") == (root / MEMORY).read_text("utf-8")
