@@ -1,12 +1,14 @@
 """Single-writer throughput: one hot namespace of 5,000 entries with 8 writer processes, and 1,000 namespaces.
 
     python bench/writer.py [--entries 5000] [--procs 8] [--ops 100] [--namespaces 1000] --json
+    python bench/writer.py --one [--batches 30]   # one process: wall and CPU ms per 8-op batch, no contention
 
 Compared in the same run:
 - `batched`: the product's writer (Redis lease + fencing + shared op queue: whoever holds the lease applies
   every pending op of the namespace as one batch, one git commit);
 - `baseline`: the same writer with a host-local lock and no queue, i.e. one lock / read / write / commit per op.
-Each op is one `remember` of a fresh text; latency is measured per op in the submitting process.
+Each op is one `remember` of a fresh text; latency is measured per op in the submitting process. The hot
+rows also give the namespace's commits (group commit: fewer than batches).
 """
 
 from __future__ import annotations
@@ -110,6 +112,30 @@ def seed(data: Path, ns: Namespace, n: int) -> None:
     Writer(Store(data)).submit(ns, ops)
 
 
+def one(entries: int, batches: int) -> dict[str, float]:
+    """One process, local lock: what a batch of 8 new memories costs on the hot namespace (wall and CPU),
+    and the first op of a fresh namespace. CPU time is what a loaded machine's neighbours do not inflate."""
+    data = Path(tempfile.mkdtemp(prefix="lucid-bench-one-"))
+    hot = Namespace.of("bench", "hot", "default")
+    seed(data, hot, entries)
+    rng = random.Random(7)
+    writer = Writer(Store(data))
+    for _ in range(2):
+        writer.submit(hot, [Remember(text=_text(rng)) for _ in range(8)])
+    out: dict[str, float] = {}
+    for name in ("hot_batch", "fresh_op"):
+        wall, cpu = time.perf_counter(), time.process_time()
+        for i in range(batches):
+            if name == "hot_batch":
+                writer.submit(hot, [Remember(text=_text(rng)) for _ in range(8)])
+            else:
+                writer.submit(Namespace.of("b", f"u{i}", "d"), [Remember(text=_text(rng))])
+        out[f"{name}_ms"] = round((time.perf_counter() - wall) / batches * 1000, 1)
+        out[f"{name}_cpu_ms"] = round((time.process_time() - cpu) / batches * 1000, 1)
+    out["load"] = round(os.getloadavg()[0], 1)
+    return out
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _, _, data, url, seed_s, ops, nss, go = sys.argv
@@ -121,7 +147,12 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=100, help="ops per process")
     ap.add_argument("--namespaces", type=int, default=1000)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--one", action="store_true", help="one process: ms and CPU ms per batch")
+    ap.add_argument("--batches", type=int, default=30)
     args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(args.entries, args.batches)))
+        return
 
     from workers import embedded_redis
 
