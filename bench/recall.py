@@ -150,14 +150,21 @@ def hybrid_case(rt: Any, ns: Namespace, queries: list[str]) -> dict[str, float]:
     if "query_threads" in inspect.signature(LocalEmbedder).parameters:
         arms["query_embedding_default_threads"] = LocalEmbedder(query_threads=None)
     emb: dict[str, list[float]] = {name: [] for name in arms}
+    cpu: list[
+        float
+    ] = []  # the shipped arm's thread CPU: with one OpenMP thread the work is all on this thread
     for n, q in enumerate(queries):
         for name in list(arms)[:: 1 if n % 2 else -1]:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             arms[name].embed([q], "query")
             emb[name].append(time.perf_counter() - t)
+            if name == "query_embedding":
+                cpu.append(time.thread_time() - c)
     for name, times in emb.items():
         out[f"{name}_p50_ms"] = pct(times, 0.5)
         out[f"{name}_p95_ms"] = pct(times, 0.95)
+    out["query_embedding_thread_cpu_p50_ms"] = pct(cpu, 0.5)
+    out["query_embedding_thread_cpu_p95_ms"] = pct(cpu, 0.95)
     return out
 
 
