@@ -51,10 +51,13 @@ class Embeddings:
     60 s, and recall falls back to lexical relevance meanwhile (it always works without vectors).
     """
 
-    def __init__(self, fn: EmbedFn, budget: float = BUDGET, per_turn: int = PER_TURN) -> None:
+    def __init__(
+        self, fn: EmbedFn, budget: float = BUDGET, per_turn: int = PER_TURN, query_cache: int = QUERY_CACHE
+    ) -> None:
         self.fn = fn
         self.budget = budget
         self.per_turn = per_turn
+        self.query_cache = query_cache
         self._rows: dict[str, int] = {}
         self._mat: npt.NDArray[np.float32] = np.zeros((0, 0), dtype=np.float32)
         self.version = 0  # bumped whenever vectors are added
@@ -107,7 +110,7 @@ class Embeddings:
             self._opened = time.monotonic()
 
     def query(self, text: str) -> npt.NDArray[np.float32] | None:
-        """The query's vector (the last `QUERY_CACHE` are kept), or None while the embedder is down."""
+        """The query's vector (the last `query_cache` are kept), or None while the embedder is down."""
         with self._lock:
             held = self._queries.get(text)
             if held is not None:
@@ -121,7 +124,7 @@ class Embeddings:
         vector: npt.NDArray[np.float32] = out[0]
         with self._lock:
             self._queries[text] = vector
-            while len(self._queries) > QUERY_CACHE:
+            while len(self._queries) > self.query_cache:
                 self._queries.popitem(last=False)
         return vector
 
