@@ -1,15 +1,4 @@
-"""Full-text search over the raw archive: the LoCoMo-tuned recipe (B5) as an incremental index.
-
-A message is indexed with its own words, its speaker and its date, plus 0.6 × the words of the two messages
-before it and 0.3 × the two after it in the same session. Replies ("A sunrise!") share few words with a later
-question; the message they answer ("What did you paint?") shares many, so the context is what finds them
-(+10 to +15 R@10 on LoCoMo dev). A query that names a speaker lifts that speaker's messages, because the
-context spreads both speakers' names over every document.
-
-The index is derived: the Markdown archive is the source of truth, and `dump`/`restore` only turn this
-structure into files (JSON + npz, no pickle; the store writes them) so a restart need not re-tokenise.
-`restore` raises `StaleIndex` when the cache cannot be used; the caller rebuilds from the archive.
-"""
+"""Full-text search over the raw archive: the LoCoMo-tuned recipe (B5) as an incremental index."""
 
 from __future__ import annotations
 
@@ -111,6 +100,16 @@ class RawIndex:
     `embedder` (optional) turns on hybrid ranking. Messages are indexed lexically at once; their vectors are
     computed by `embed_pending()` (a background job), and a message without a vector yet is still found
     lexically.
+
+    A message is indexed with its own words, its speaker and its date, plus 0.6 × the words of the two messages
+    before it and 0.3 × the two after it in the same session. Replies ("A sunrise!") share few words with a later
+    question; the message they answer ("What did you paint?") shares many, so the context is what finds them
+    (+10 to +15 R@10 on LoCoMo dev). A query that names a speaker lifts that speaker's messages, because the
+    context spreads both speakers' names over every document.
+
+    The index is derived: the Markdown archive is the source of truth, and `dump`/`restore` only turn this
+    structure into files (JSON + npz, no pickle; the store writes them) so a restart need not re-tokenise.
+    `restore` raises `StaleIndex` when the cache cannot be used; the caller rebuilds from the archive.
     """
 
     def __init__(

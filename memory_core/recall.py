@@ -1,13 +1,4 @@
-"""Reading memory: the recall score, the resident snapshot and the memory block shown to the model.
-
-    score = recency + importance + relevance                                  (DESIGN §5)
-    recency    = exp(−ln2 · age_days / 30), on `last` recall, else `at`, else `valid_from`
-    importance = type prior + salience (hint words, confidence) + min(0.5, 0.1 × hits)   ∈ [0.4, 2.0]
-    relevance  ∈ [0, 1]: BM25 over the namespace's candidates (textindex), optionally mixed with cosine
-
-Zero evidence is never returned whatever recency and importance say, and chit-chat gets no recall tier.
-Everything here is pure: the caller passes entries, the query, the time and (optionally) vectors.
-"""
+"""Reading memory: the recall score, the resident snapshot and the memory block shown to the model."""
 
 from __future__ import annotations
 
@@ -101,6 +92,15 @@ def importance(entry: Entry) -> float:
 
 @dataclass(frozen=True)
 class Scored:
+    """score = recency + importance + relevance                                  (DESIGN §5)
+        recency    = exp(−ln2 · age_days / 30), on `last` recall, else `at`, else `valid_from`
+        importance = type prior + salience (hint words, confidence) + min(0.5, 0.1 × hits)   ∈ [0.4, 2.0]
+        relevance  ∈ [0, 1]: BM25 over the namespace's candidates (textindex), optionally mixed with cosine
+
+    Zero evidence is never returned whatever recency and importance say, and chit-chat gets no recall tier.
+    Everything here is pure: the caller passes entries, the query, the time and (optionally) vectors.
+    """
+
     entry: Entry
     recency: float
     importance: float

@@ -1,14 +1,4 @@
-"""Lexical relevance for memory: one tokenizer for Chinese, English and mixed text, and an incremental BM25.
-
-The recipes are the ones tuned on the dev data (`research/lexical-retrieval.md`): English words are
-stop-filtered and Snowball-stemmed (LoCoMo B5), CJK runs lose 49 stop characters and then become character
-unigrams + bigrams (MADial M2). Unigrams make a one-character query (茶) find 乌龙茶; bigrams carry the
-precision. One tokenizer serves every language so that a mixed message and a mixed query meet.
-
-`BM25Index` scores weighted term bags (real-valued tf), so a caller can index a message together with a
-fraction of its neighbours' words. It is incremental: postings live in append-only per-term arrays edited in
-place, so an add or an update costs a few microseconds per term and never rebuilds the index.
-"""
+"""Lexical relevance for memory: one tokenizer for Chinese, English and mixed text, and an incremental BM25."""
 
 from __future__ import annotations
 
@@ -98,6 +88,11 @@ def tokenize(text: str) -> list[str]:
 
     Latin/digit runs: stop words out, Snowball English stem. CJK runs: stop characters out, then character
     unigrams + bigrams. Words of other scripts are kept whole, lower-cased. Never raises on a `str`.
+
+    The recipes are the ones tuned on the dev data (`research/lexical-retrieval.md`): English words are
+    stop-filtered and Snowball-stemmed (LoCoMo B5), CJK runs lose 49 stop characters and then become character
+    unigrams + bigrams (MADial M2). Unigrams make a one-character query (茶) find 乌龙茶; bigrams carry the
+    precision. One tokenizer serves every language so that a mixed message and a mixed query meet.
     """
     out: list[str] = []
     for cjk, word, other in _TOKEN_RE.findall(_fold(text)):
@@ -262,6 +257,10 @@ class BM25Index:
     only separates "matches" from "does not"; at realistic sizes the replacement is far above it).
     `min_idf=None` gives rank_bm25's numbers exactly. Slots are positions in insertion order; they never move, so callers may keep arrays parallel
     to them. Not thread-safe: one writer, and no query during a write.
+
+    `BM25Index` scores weighted term bags (real-valued tf), so a caller can index a message together with a
+    fraction of its neighbours' words. It is incremental: postings live in append-only per-term arrays edited in
+    place, so an add or an update costs a few microseconds per term and never rebuilds the index.
     """
 
     def __init__(

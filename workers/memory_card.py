@@ -1,13 +1,4 @@
-"""`/memory` as an interactive card: the entries with 忘记 / 置顶 / 取消置顶 / 历史 buttons, updated in place.
-
-    /memory → card(entries) replied to the message; the card's owner and chat are kept in Redis (14 days)
-    button  → `card.action.trigger` (webhook or long connection) → `enqueue_action` → `handle_action` job:
-              the owner check, the op through the single writer, the card rebuilt and PATCHed in place
-
-A button's value names only the action and the entry id; who may act and what the card may show come from
-the registration written when the card was sent (never from the callback): the operator must be the person
-the card was made for, and in a group the card shows, and acts on, only what that group may see.
-"""
+"""`/memory` as an interactive card: the entries with 忘记 / 置顶 / 取消置顶 / 历史 buttons, updated in place."""
 
 from __future__ import annotations
 
@@ -48,7 +39,16 @@ _ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")
 
 @dataclass(frozen=True)
 class CardAction:
-    """A button press, as routing made it from `card.action.trigger` (JSON-safe: it rides an RQ job)."""
+    """A button press, as routing made it from `card.action.trigger` (JSON-safe: it rides an RQ job).
+
+        /memory → card(entries) replied to the message; the card's owner and chat are kept in Redis (14 days)
+        button  → `card.action.trigger` (webhook or long connection) → `enqueue_action` → `handle_action` job:
+                  the owner check, the op through the single writer, the card rebuilt and PATCHed in place
+
+    A button's value names only the action and the entry id; who may act and what the card may show come from
+    the registration written when the card was sent (never from the callback): the operator must be the person
+    the card was made for, and in a group the card shows, and acts on, only what that group may see.
+    """
 
     persona: str
     tenant: str

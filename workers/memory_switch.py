@@ -1,16 +1,4 @@
-"""Memory off, when the person says so (HexClaw §10, with its one-path-ignores-it bug closed).
-
-- Per message: `/nomem …`, 这句别记, "don't remember this" … — that turn has no memory at all: nothing
-  injected, no active recall, no tools, no extraction, nothing recorded (not even in the raw archive or
-  the model's short history).
-- Per chat: `/memory off` (admins only in a group) stops learning from that chat until `/memory on`:
-  nothing recorded, extracted, replayed or added by the model; reading and the person's own /forget,
-  /pin keep working. The switch carries a generation that every flip bumps: background work captures it
-  when it starts and re-checks it just before it writes (`learning`), so an extraction or replay already
-  in flight when the switch went off writes nothing.
-
-State lives in Redis (every worker sees it) and, without Redis (the terminal chat), in this process.
-"""
+"""Memory off, when the person says so (HexClaw §10, with its one-path-ignores-it bug closed)."""
 
 from __future__ import annotations
 
@@ -66,7 +54,19 @@ class TurnMemory:
 
 
 class ChatSwitch:
-    """The per-chat switches, in Redis (or, without Redis, in this instance: the wiring holds one)."""
+    """The per-chat switches, in Redis (or, without Redis, in this instance: the wiring holds one).
+
+    - Per message: `/nomem …`, 这句别记, "don't remember this" … — that turn has no memory at all: nothing
+      injected, no active recall, no tools, no extraction, nothing recorded (not even in the raw archive or
+      the model's short history).
+    - Per chat: `/memory off` (admins only in a group) stops learning from that chat until `/memory on`:
+      nothing recorded, extracted, replayed or added by the model; reading and the person's own /forget,
+      /pin keep working. The switch carries a generation that every flip bumps: background work captures it
+      when it starts and re-checks it just before it writes (`learning`), so an extraction or replay already
+      in flight when the switch went off writes nothing.
+
+    State lives in Redis (every worker sees it) and, without Redis (the terminal chat), in this process.
+    """
 
     def __init__(self, client: redis.Redis | None) -> None:
         self.client = client
