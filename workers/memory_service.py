@@ -402,14 +402,17 @@ class MemoryService:
         try:  # a real timeout: the reply does not wait for a search that overruns its budget
             hits = future.result(timeout=self.active_budget)
         except FutureTimeout:
-            log.warning("active recall over its %.1f s budget for %s; skipped", self.active_budget, ns.key)
-            breaker.record(False, time.monotonic())
-            return []
+            hits = None
         except Exception:
             log.exception("active recall failed for %s", ns.key)
             breaker.record(False, time.monotonic())
             return []
-        breaker.record(True, time.monotonic())
+        ended = time.monotonic()
+        if hits is None or ended - started > self.active_budget:  # timed out, or done but late all the same
+            log.warning("active recall over its %.1f s budget for %s; skipped", self.active_budget, ns.key)
+            breaker.record(False, ended)
+            return []
+        breaker.record(True, ended)
         wanted = _content_terms(asked)
         seen: set[str] = set()
         out: list[Snippet] = []
