@@ -61,6 +61,17 @@ class Retry:
 # ----------------------------------------------------------------------------------------------- pacing
 
 
+_asleep = threading.local()
+
+
+def paced_seconds() -> float:
+    """Seconds this thread has slept in send pacing so far (a turn's time minus this is its own work)."""
+    return float(getattr(_asleep, "seconds", 0.0))
+
+
+HORIZON_MS = 10.0  # a chat slot further off than this is taken alone; the app's when the send goes
+
+
 class Pacer:
     """Hands out send slots under Feishu's limits, across every process (Feishu docs, "频控策略"):
 
@@ -72,9 +83,12 @@ class Pacer:
 
     Each bucket is a GCRA (generic cell rate algorithm) cell: an interval between sends and a tolerance for
     a burst. Per chat and per second: a plain spacing. Per minute: a burst of count/30 at once, then an
-    interval of seconds/(count − burst), so no window of `seconds` ever holds more than `count` sends. Each
-    call reserves the next slot of every bucket atomically (one Lua call, Redis's clock) and sleeps until
-    it. Without Redis (the terminal chat) the same schedule is kept in process.
+    interval of seconds/(count − burst), so no window of `seconds` ever holds more than `count` sends. A
+    send reserves its slot atomically (one Lua call, Redis's clock) and sleeps until it. A send whose chat
+    is paced further ahead than HORIZON_MS takes its chat slot first, sleeps, and only then takes the app's
+    slot: a GCRA cell's next slot only moves forward, so an app slot taken for a chat's future would hold
+    back every other chat's reply until then (a flood in one chat delayed everyone's answers, issue 15).
+    Without Redis (the terminal chat) the same schedule is kept in process.
     """
 
     def __init__(
@@ -83,6 +97,7 @@ class Pacer:
         chat_qps: float = 4.0,
         app_qps: float | None = None,
         app_limit: tuple[int, float] = (1000, 60.0),
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.client = client
         count, seconds = app_limit
@@ -92,15 +107,22 @@ class Pacer:
         self.window_ms = seconds * 1000 / max(1, count - burst)
         self.window_tolerance = (burst - 1) * self.window_ms
         self._script = client.register_script(PACE) if client is not None else None
+        self._sleep = sleep
         self._local: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def wait(self, app_id: str, chat_id: str | None) -> float:
         """Sleep until this send's slot; returns the seconds slept."""
-        delay = self.reserve(app_id, chat_id)
+        delay, taken = self._take(app_id, chat_id, held=False)
+        slept = 0.0
+        if not taken:  # the chat's slot is ahead: sleep until it, then take the app's
+            self._sleep(delay)
+            slept = delay
+            delay, _ = self._take(app_id, chat_id, held=True)
         if delay > 0:
-            time.sleep(delay)
-        return delay
+            self._sleep(delay)
+        _asleep.seconds = getattr(_asleep, "seconds", 0.0) + slept + max(0.0, delay)
+        return slept + delay
 
     def ahead(self, chat_id: str) -> float:
         """Seconds until `chat_id`'s next free send slot, without taking it (0: it could be sent to now)."""
@@ -115,30 +137,53 @@ class Pacer:
         return max(0.0, float(tat or 0) - (int(seconds) * 1000 + int(micros) / 1000)) / 1000
 
     def reserve(self, app_id: str, chat_id: str | None) -> float:
-        """Take the next slot for one send without sleeping; returns the seconds until it."""
+        """Take the next slot of one send without sleeping; returns the seconds until it. With a chat paced
+        beyond the horizon that is the chat's slot only: `wait` takes the app's when it comes."""
+        return self._take(app_id, chat_id, held=False)[0]
+
+    def _take(self, app_id: str, chat_id: str | None, held: bool) -> tuple[float, bool]:
         buckets = [
             (Keys.pace("app", app_id), self.app_ms, 0.0),
             (Keys.pace("appmin", app_id), self.window_ms, self.window_tolerance),
         ]
         if chat_id:
             buckets.append((Keys.pace("chat", chat_id), self.chat_ms, 0.0))
-        return self._reserve(buckets) / 1000
-
-    def _reserve(self, buckets: list[tuple[str, float, float]]) -> float:
         if self._script is not None:
             try:
                 args = [v for _, interval, tolerance in buckets for v in (interval, tolerance)]
-                return float(self._script(keys=[k for k, _, _ in buckets], args=args))
+                args += [HORIZON_MS, int(held), int(bool(chat_id))]
+                ms, taken = self._script(keys=[k for k, _, _ in buckets], args=args)
+                return float(ms) / 1000, bool(int(taken))
             except redis.RedisError as exc:  # pacing is a courtesy: never fail a send over it
                 log.warning("send pacing unavailable (%s); sending unpaced", type(exc).__name__)
-                return 0.0
+                return 0.0, True
         with self._lock:
-            now = time.monotonic() * 1000
-            tats = [max(now, self._local.get(k, 0.0)) for k, _, _ in buckets]
-            slot = max([now] + [tat - tol for tat, (_, _, tol) in zip(tats, buckets, strict=True)])
-            for tat, (key, interval, _) in zip(tats, buckets, strict=True):
-                self._local[key] = max(tat, slot) + interval
-            return slot - now
+            ms, taken = _take_local(self._local, buckets, time.monotonic() * 1000, held, bool(chat_id))
+            return ms / 1000, taken
+
+
+def _take_local(
+    tats: dict[str, float], buckets: list[tuple[str, float, float]], now: float, held: bool, has_chat: bool
+) -> tuple[float, bool]:
+    """The Lua script above, in process (same rules)."""
+    apps = buckets[:-1] if has_chat else buckets
+    app_tats = [max(now, tats.get(k, 0.0)) for k, _, _ in apps]
+    slot = max([now] + [tat - tol for tat, (_, _, tol) in zip(app_tats, apps, strict=True)])
+    chat_tat = now
+    if has_chat:
+        key, interval, _ = buckets[-1]
+        chat_tat = max(now, tats.get(key, 0.0))
+        if not held:
+            if chat_tat - now > HORIZON_MS:
+                tats[key] = chat_tat + interval
+                return chat_tat - now, False
+            slot = max(slot, chat_tat)
+    for tat, (key, interval, _) in zip(app_tats, apps, strict=True):
+        tats[key] = max(tat, slot) + interval
+    if has_chat:
+        key, interval, _ = buckets[-1]
+        tats[key] = max(slot + interval, chat_tat) if held else slot + interval
+    return slot - now, True
 
 
 # ----------------------------------------------------------------------------------------------- content

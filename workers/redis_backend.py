@@ -109,27 +109,56 @@ redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[2])), ARGV[1
 return redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[3]) - 1)
 """
 
-# Feishu's send pacing (`feishu_send.Pacer`): one GCRA cell per key. KEYS: the buckets. ARGV: per bucket, its
-# interval and its burst tolerance (ms). Reserves the next slot of every bucket; returns ms until it.
+# Feishu's send pacing (`feishu_send.Pacer`): one GCRA cell per key. KEYS: the app's buckets, then the chat's
+# (when the send has a chat). ARGV: per bucket its interval and burst tolerance (ms), then the horizon (ms),
+# whether the chat's slot is already held (1: taken by an earlier call of this send, which slept until it)
+# and whether there is a chat bucket. Returns {ms until the slot, 1 if every bucket is taken / 0 if only the
+# chat's}: a chat whose slot is further off than the horizon gets its slot alone, and the app's buckets are
+# taken only when the send is about to go, so one chat's pacing never pushes the app's next slot (and with
+# it every other chat's reply) into the future.
 PACE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = #KEYS
+local horizon = tonumber(ARGV[2 * n + 1])
+local held = ARGV[2 * n + 2] == '1'
+local has_chat = ARGV[2 * n + 3] == '1'
+local apps = n
+if has_chat then apps = n - 1 end
 local slot = now
 local tats = {}
-for i, key in ipairs(KEYS) do
-  local tat = tonumber(redis.call('GET', key) or '0')
+for i = 1, apps do
+  local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
   if tat < now then tat = now end
   tats[i] = tat
   local earliest = tat - tonumber(ARGV[2 * i])
   if earliest > slot then slot = earliest end
 end
-for i, key in ipairs(KEYS) do
+local chat_tat = now
+if has_chat then
+  chat_tat = tonumber(redis.call('GET', KEYS[n]) or '0')
+  if chat_tat < now then chat_tat = now end
+  if not held then
+    if chat_tat - now > horizon then
+      local nxt = chat_tat + tonumber(ARGV[2 * n - 1])
+      redis.call('SET', KEYS[n], nxt, 'PX', math.ceil(nxt - now) + 2000)
+      return {chat_tat - now, 0}
+    end
+    if chat_tat > slot then slot = chat_tat end
+  end
+end
+for i = 1, apps do
   local tat = tats[i]
   if slot > tat then tat = slot end
   local nxt = tat + tonumber(ARGV[2 * i - 1])
-  redis.call('SET', key, nxt, 'PX', math.ceil(nxt - now) + 2000)
+  redis.call('SET', KEYS[i], nxt, 'PX', math.ceil(nxt - now) + 2000)
 end
-return slot - now
+if has_chat then
+  local nxt = slot + tonumber(ARGV[2 * n - 1])
+  if held and chat_tat > nxt then nxt = chat_tat end
+  redis.call('SET', KEYS[n], nxt, 'PX', math.ceil(nxt - now) + 2000)
+end
+return {slot - now, 1}
 """
 
 # The writer's op queue: drop the ops a batch applied. KEYS: the queue. ARGV: the ops as queued.

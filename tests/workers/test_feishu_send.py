@@ -7,9 +7,10 @@ does in between (rate limits, 5xx pages, timeouts, an expired token); long answe
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,52 @@ def test_sends_of_one_app_stay_under_its_quota_per_window(redis_client: redis.Re
     assert len(paced) == 40
     # By the fake's receive times, both senders together: 20 slots span 2 s (0.1 s left for the network).
     assert most_in_any_window(paced, 1.9) <= 20
+
+
+def test_one_chats_pacing_never_holds_back_another_chats_reply(redis_client: redis.Redis) -> None:
+    """One worker sends a long answer in three parts to chat A (paced 2/s here: parts 0.5 s apart); while
+    its second part waits for A's slot, another worker replies to chat B. By the order the fake received
+    them, B's reply comes before A's second part. (It came after: A's future slot was taken in the app's
+    own buckets too, and a GCRA slot only moves forward, so every chat of the app waited for A's.)"""
+    app = f"cli_{uuid.uuid4().hex[:12]}"
+    with FakeFeishu() as strict:
+
+        def a_sender() -> FeishuSender:
+            return FeishuSender(
+                Persona("p", app_id=app, app_secret="s"),
+                strict.url,
+                redis_client,
+                retry=Retry(attempts=1),
+                pacer=Pacer(redis_client, chat_qps=2),
+            )
+
+        long_mid, other_mid = inbound(strict, chat="oc_pace_a"), inbound(strict, chat="oc_pace_b")
+        first, second = a_sender(), a_sender()
+        first.reply(inbound(strict, chat="oc_pace_b"), "warm the token")  # both senders' tokens cached
+        second.reply(inbound(strict, chat="oc_pace_a"), "and the chats")
+        strict.sent.clear()
+        text = "\n\n".join(f"第{i}段：" + "很长的回答。" * 400 for i in range(3))
+        assert len(split(text)) == 3
+        worker = threading.Thread(target=first.reply, args=(long_mid, text), kwargs={"chat_id": "oc_pace_a"})
+        worker.start()
+        try:  # until part 2 has taken its slot in chat A (A's next free slot is then ~1 s off)
+            assert wait_until(lambda: first.pacer.ahead("oc_pace_a") > 0.6, 10)
+            second.reply(other_mid, "别人的回答", chat_id="oc_pace_b")
+        finally:
+            worker.join(10)
+    order = [(m.parent_id, m.uuid) for m in strict.sent]
+    assert order == [
+        (long_mid, long_mid), (other_mid, other_mid), (long_mid, f"{long_mid}:1"), (long_mid, f"{long_mid}:2")
+    ]  # fmt: skip
+
+
+def wait_until(check: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def test_a_bigger_quota_raises_the_per_second_cap_too(redis_url: str, tmp_path: Path) -> None:

@@ -353,3 +353,41 @@ def test_a_paced_chat_hands_on_instead_of_sleeping_while_others_wait(
         job = fetch(job_id.decode(), redis_client)
         paced.deliver(Inbound.from_json(job.args[0]), lambda m: answered.append(m.text), job_id=job.id)
     assert answered == ["别人的消息", "我的消息"]
+
+
+def test_a_paced_job_hands_on_the_moment_someone_writes_while_it_waits(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    """Nobody waits when alice's job finds her chat paced (Feishu's 4/s), so it waits for the slot — but
+    not in the pacer, where it would hold the worker through her turn: bob writes while it waits, and the
+    job hands on at once, untouched, so bob is answered first. The wait's clock is injected: bob's message
+    arrives during the job's first look away, and the job's 0.2 s never pass."""
+    intake = Intake(redis_client)
+    mine, theirs = msg("我的消息"), msg("别人的消息", user="bob")
+    assert intake.accept(mine)
+    chat = queue("chat", redis_client)
+    answered: list[str] = []
+    naps: list[float] = []
+
+    def nap(seconds: float) -> None:  # the worker's wait: bob writes during it
+        naps.append(seconds)
+        if len(naps) == 1:
+            assert intake.accept(theirs)
+
+    now = itertools.count(0.0, 0.001)  # 1 ms per look at the clock: the 0.2 s slot is far off
+    paced = Mailbox(
+        redis_client,
+        pace=lambda m: 0.2 if m.user == "alice" else 0.0,
+        sleep=nap,
+        clock=lambda: next(now),
+    )
+    job = fetch(redis_client.lpop(chat.key).decode(), redis_client)  # alice's; the queue is empty now
+    assert chat.count == 0
+    outcome = paced.deliver(Inbound.from_json(job.args[0]), lambda m: answered.append(m.text), job_id=job.id)
+    assert (outcome, answered, len(naps)) == ("answered 0; handed on", [], 1)
+    while (job_id := redis_client.lpop(chat.key)) is not None:  # bob's first, then alice's behind him
+        job = fetch(job_id.decode(), redis_client)
+        Mailbox(redis_client).deliver(
+            Inbound.from_json(job.args[0]), lambda m: answered.append(m.text), job_id=job.id
+        )
+    assert answered == ["别人的消息", "我的消息"]
