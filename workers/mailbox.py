@@ -19,6 +19,7 @@ from rq.job import JobStatus
 
 from memory_core.namespace import Namespace
 
+from .feishu_send import paced_seconds
 from .inbound import Inbound
 from .metrics import Metrics
 from .queues import queue
@@ -465,7 +466,7 @@ def handle_message(event: dict[str, Any], drain: bool = False) -> str:
         feishu_turn(runtime, inbound)
         return "answered"
     job = get_current_job()
-    mailbox = Mailbox(runtime.redis, pace=lambda item: chat_pace(runtime, item))
+    mailbox = Mailbox(runtime.redis, pace=lambda item: chat_pace(runtime, item), slept=paced_seconds)
     return mailbox.deliver(
         inbound,
         lambda item: feishu_turn(runtime, item),
