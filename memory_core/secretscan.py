@@ -33,8 +33,8 @@ into the word list above instead.
 
 Known gaps: the old 15-digit ID format and foreign ID numbers; wallet seed phrases; all-uppercase random
 tokens standing alone, without a name or a separator; a Chinese password followed by more words in the same
-clause unless it goes on to talk about the value (别告诉…, 千万…, 记得…); unquoted spaced English passwords
-("password is abc def").
+clause unless it goes on to talk about the value (别告诉…, 千万…, 记得…); a spaced English password that does
+not end its clause ("my password is abc def but …") or that is made of function words.
 
 Every pattern is linear: possessive quantifiers and look-behind anchors keep a pattern from re-scanning a long
 run, so a 10,000-character line costs milliseconds, whatever it contains.
@@ -460,7 +460,57 @@ def _phrase_value(text: str, pos: int, kind: str, how: str, cjk_word: bool) -> t
         if not any(w in _STOPWORDS or w in _SELF_NAMES or w in _UNIT_WORDS for w in words):
             s, e = sv.span()
             return s, e - (text[e - 1] == ".")
+    if not cjk_word and (ev := _EN_SPACED.match(text, pos)) is not None and _passphrase(ev.group().split()):
+        return ev.span()
     return None
+
+
+# Spaced English words after an English secret word and "is", "was", "to" or ":" ("my password is abc def",
+# "the wifi password is correct horse battery staple"): a passphrase when they end the clause and none of
+# them is a function word (the password is *in the* drawer, *too* short, *not* working), a unit, an adverb
+# (stored securely), and no more than a third of them describe a password (case sensitive,
+# very strong: "correct horse battery staple" has one such word in four). The survey behind the lists:
+# closed-class English words (determiners, pronouns, prepositions, conjunctions, auxiliaries, degree and
+# time adverbs) and what people write after "my password is" when it is not the password.
+_EN_WORD = r"[!#$%*+\-/0-9=?@A-Z^_a-z~]{1,64}+"
+_EN_SPACED = re.compile(rf"{_EN_WORD}(?:[ ]{_EN_WORD}){{1,5}}+(?=[ \t]*+(?:[,!?;:)\n，。！？；]|\.(?!\S)|$))")
+_FUNCTION_WORDS = _words(
+    "a an the my your his her its our their this that these those some any every each no none all both "
+    "either neither another other such what which who whom whose where when why how whatever "
+    "i me you he him she it we us they them mine yours ours theirs myself yourself itself "
+    "to in on at by for from of off out over under into onto upon with without within about above below "
+    "after before between behind beside near through across along around against among per via than "
+    "and or but nor so yet if because unless until while though although whether "
+    "is are was were be been being am do does did done has have had having can could will would shall "
+    "should may might must not never no nothing something anything everything someone anyone "
+    "too very so quite pretty really rather fairly super extremely kind sort bit little lot least most "
+    "more less much many few enough just only also even still already again always often sometimes "
+    "soon now then later today yesterday tomorrow here there somewhere anywhere everywhere away back "
+    "up down ever else like same as last next safely easily simply barely rarely daily weekly monthly yearly"
+)
+_DESCRIBING = _STOPWORDS | _words(
+    "short long weak strong secure insecure safe unsafe easy hard simple complex complicated sensitive "
+    "insensitive unique random generated temporary old new default obvious memorable good bad great fine "
+    "ok okay known shared written lost compromised leaked stolen locked working broken valid outdated "
+    "updated set changed expiring required case letters numbers symbols special uppercase lowercase mixed "
+    "day week month year night morning evening"
+)
+
+
+def _adverb(word: str) -> bool:
+    """-ly of seven letters or more (securely, randomly): shorter ones are as often names (Lily, Emily)."""
+    return len(word) >= 7 and word.endswith("ly")
+
+
+def _passphrase(words: list[str]) -> bool:
+    lowered = [w.lower().strip(".") for w in words]
+    if not all(any(c.isalnum() for c in w) for w in lowered):  # "== confirm_password": an operator
+        return False
+    if any(w in _FUNCTION_WORDS or w in _SELF_NAMES or w in _UNIT_WORDS or _adverb(w) for w in lowered):
+        return False
+    if any(w.isdigit() for w in lowered) and all(w.isdigit() or w in _DESCRIBING for w in lowered):
+        return False  # "8 characters", "12 or more": counts (digits alone are the ASCII value's)
+    return 3 * sum(w in _DESCRIBING for w in lowered) <= len(lowered) and len("".join(lowered)) >= 6
 
 
 def _classify_phrase(m: re.Match[str]) -> tuple[str, str] | None:

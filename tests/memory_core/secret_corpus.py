@@ -528,6 +528,19 @@ for tpl, pw in [
 ]:
     add("en-kin", "password", pw, tpl)
 
+# Unquoted spaced English passwords after an English word (issue 15, the "Known gaps" of secretscan).
+for tpl, pw in [
+    ("my password is {s}", "abc def"),
+    ("the wifi password is {s}", "correct horse battery staple"),
+    ("The password for the wifi is {s}.", "purple monkey dishwasher"),
+    ("I changed my password to {s}", "blue moon 42"),
+    ("password: {s}", "seven green apples"),
+    ("my bank password was {s}, don't tell anyone", "summer rain 1999"),
+    ("Wifi passphrase is {s}", "Tiger Lily Jump"),
+    ("the door code is {s}", "4471 open"),
+]:
+    add("en-spaced", "password", pw, tpl)
+
 # A named service's key, token or secret written with no separator at all.
 for tpl, value, kind in [
     ("Feishu encrypt key {s}", "EK-" + token(24), "feishu_secret"),
@@ -733,4 +746,21 @@ BENIGN: list[tuple[str, str]] = [
     ("passphrase-advice", "a passphrase is easier to remember than a password"),
     ("password-manager-spaced", "我的密码是 password manager 生成的"),
     ("master-password-talk", "master password is required to unlock"),
+    # spaced English words after "password is" that describe it (look-alikes of the en-spaced group)
+    ("password-in-drawer", "the password is in the drawer"),
+    ("password-too-short", "my password is too short"),
+    ("password-policy-question", "what is the password policy"),
+    ("password-on-router", "the wifi password is on the back of the router"),
+    ("password-case-sensitive-spaced", "my password is case sensitive"),
+    ("password-at-least", "the password is at least twelve characters"),
+    ("password-very-strong", "my password is very strong"),
+    ("password-hard-to-remember", "the password is hard to remember"),
+    ("password-stored-securely", "my password is stored securely"),
+    ("password-not-working", "the password is not working, help"),
+    ("password-reset-last-week", "my password was reset last week"),
+    ("password-dog-name-en", "the password is the name of my first dog"),
+    ("password-expiring-soon", "my password is expiring soon"),
+    ("password-long-and-random", "your password is long and random"),
+    ("password-eight-characters", "the password is 8 characters long"),
+    ("password-changed-to-something", "I changed my password to something easier"),
 ]
