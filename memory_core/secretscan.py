@@ -171,7 +171,10 @@ _FORMATS: dict[str, tuple[str, Callable[[str], bool]]] = {
                 r"|SG\.[A-Za-z0-9_-]{20,}+\.[A-Za-z0-9_-]{20,}+)", _varied),
 }  # fmt: skip
 # One pass for all formats: their starts are disjoint, so at most one alternative can match at a position.
-_FORMAT_RE = re.compile("|".join(f"(?P<{kind}>{rx})" for kind, (rx, _) in _FORMATS.items()))
+# Each starts with a letter or digit: the lookahead skips every other position (Chinese text) at once.
+_FORMAT_RE = re.compile(
+    "(?=[A-Za-z0-9])(?:" + "|".join(f"(?P<{k}>{rx})" for k, (rx, _) in _FORMATS.items()) + ")"
+)
 
 
 def _formats(text: str) -> Iterator[Span]:
@@ -284,7 +287,7 @@ _SERVICES = (
 _SERVICE_NEAR = re.compile(rf"(?i)(?<![A-Za-z])(?:{_SERVICES})(?![A-Za-z])")
 _KW_KINDS: tuple[str, ...] = ("service_key", "aws_key", "feishu_secret", "private_key", "api_key")
 _KW_KINDS += ("generic_token", "pin", "password")
-_PHRASE = re.compile(
+_PHRASE_SOURCE = (
     r"(?:(?P<aws_key>" + _en(r"aws[ _-]?secret[ _-]?(?:access[ _-]?)?key|secret[ _-]access[ _-]key") + ")"
     r"|(?P<feishu_secret>" + _en(r"app[ _-]?secret|encrypt[ _-]?key|verification[ _-]?token") + ")"
     # "<service> [api|app|…] key|token|secret": after the two above, which name their own kind
@@ -307,9 +310,13 @@ _PHRASE = re.compile(
     r"(?:[ \t]++(?!(?:is|was|to)[ \t])[A-Za-z0-9_.@-]{1,40}+)?(?=[ \t]*+(?:is|was|[:：=])))?"
     r"(?P<sep>[ \t\u3000]*+(?:(?P<w>(?<![A-Za-z])(?:is(?:[ \t]++now)?|was|to)(?![A-Za-z]))"
     r"|(?:也|还|都|就|应该)?是|为|為|(?:改|换|设|设置)(?:成|为)了?|:=|=>|[:：=＝])"
-    r"[ \t\u3000]*+(?:[:：][ \t\u3000]*+)?)?[ \t\u3000]*+",
-    re.IGNORECASE,
+    r"[ \t\u3000]*+(?:[:：][ \t\u3000]*+)?)?[ \t\u3000]*+"
 )
+# Every match starts with an ASCII letter or the first character of one of the Chinese words above: a
+# lookahead on that class lets the search skip any other position at once (a page of Chinese text costs a
+# few milliseconds instead of most of a second; the other positions cannot start a match anyway).
+_PHRASE_FIRST = "".join(sorted({w[0] for w in re.findall("[\u4e00-\u9fff]+", _PHRASE_SOURCE)}))
+_PHRASE = re.compile(f"(?=[A-Za-z{_PHRASE_FIRST}])" + _PHRASE_SOURCE, re.IGNORECASE)
 _IDENT = re.compile(
     r"(?<![A-Za-z0-9_.$-])([\"']?)(?P<name>[A-Za-z_][A-Za-z0-9_.-]{0,63}+)\1[ \t]*+(?::=|=>|[:=：])[ \t]*+"
 )
@@ -678,3 +685,26 @@ def redact(text: str) -> str:
         out.append(text[last:])
         text = "".join(out)
     return text
+
+
+def redact_long(text: str, window: int = 1 << 16, context: int = 8192) -> tuple[str, int]:
+    """`redact` for a text of any length (a pasted blob set aside by the writer), and how many secrets it
+    cut out. Scanned in windows of `window` characters, each seen with `context` characters on either side,
+    so a secret across a window's edge is found as in one pass, and a long scan never holds the
+    interpreter for seconds at a time (a lease heartbeat keeps running between windows)."""
+    if len(text) <= window:
+        clean = redact(text)
+        return clean, len(find_secrets(text)) if clean != text else 0
+    spans: list[Span] = []
+    for base in range(0, len(text), window):
+        lo = max(0, base - context)
+        for f in find_secrets(text[lo : base + window + context]):
+            start, end = lo + f.start, lo + f.end
+            if base <= start < base + window and (not spans or start >= spans[-1][1]):
+                spans.append((start, end, f.kind))
+    out, last = [], 0
+    for start, end, kind in spans:
+        out += [text[last:start], f"[REDACTED:{kind}]"]
+        last = end
+    out.append(text[last:])
+    return "".join(out), len(spans)

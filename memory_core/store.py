@@ -486,8 +486,8 @@ class Store:
             os.truncate(self._meta(ns, "journal.json"), 0)
 
     def set_aside(self, ns: Namespace, name: str, line: str) -> str:
-        """Keep a hand-edited line too long to be memory, verbatim, out of the files and out of git (private
-        state, mode 0600). Returns where, relative to the namespace."""
+        """Keep a hand-edited line too long to be memory, as given (the writer has redacted its secrets), out
+        of the files and out of git (private state, mode 0600). Returns where, relative to the namespace."""
         data = line.encode("utf-8", errors="surrogateescape")
         where = f".lucid/set-aside/{Path(name).stem}-{_sha(data)[:12]}.txt"
         path = self.file(ns, *where.split("/"))

@@ -48,7 +48,7 @@ from .ops import (
     op_from_json,
     op_to_json,
 )
-from .secretscan import contains_secret, redact
+from .secretscan import contains_secret, redact, redact_long
 from .sharing import share
 from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, TRACKED, Snapshot, Store, version_of
 from .vault import seal
@@ -610,9 +610,9 @@ class Writer:
         files: dict[str, str] = {}
         redacted = aside = 0
         for name in snap.hand_edited():
-            text, moved = self._set_aside(ns, name, snap.text(name) or "")
+            text, moved, hidden = self._set_aside(ns, name, snap.text(name) or "")
             clean, n = _scrub(text) if name in (MEMORY, ARCHIVE) else _scrub_plain(text)
-            redacted += n
+            redacted += n + hidden
             aside += moved
             if n or moved:
                 files[name] = clean
@@ -627,16 +627,24 @@ class Writer:
         log.info("committed a manual edit of %s%s", ns.key, note)
         return self.store.snapshot(ns), redacted
 
-    def _set_aside(self, ns: Namespace, name: str, text: str) -> tuple[str, int]:
+    def _set_aside(self, ns: Namespace, name: str, text: str) -> tuple[str, int, int]:
         """`text` with each line over MAX_LINE_CHARS replaced by a note saying where it is kept: the cost of
-        every later write stays the cost of the memory, not of one pasted blob (never scanned in full)."""
+        every later write stays the cost of the memory, not of one pasted blob (scanned once, here). What is
+        kept is the line as written but for its secrets, redacted (credentials are never kept in clear).
+        Returns the text, how many lines were set aside and how many secrets they held."""
         lines = text.split("\n")
         long = [i for i, line in enumerate(lines) if len(line) > MAX_LINE_CHARS]
+        hidden = 0
         for i in long:
             chars = len(lines[i])
-            lines[i] = set_aside_note(chars, self.store.set_aside(ns, name, lines[i]))
-            log.warning("set aside a hand-edited line of %d characters in %s/%s", chars, ns.key, name)
-        return ("\n".join(lines), len(long)) if long else (text, 0)
+            kept, n = redact_long(lines[i])
+            hidden += n
+            lines[i] = set_aside_note(chars, self.store.set_aside(ns, name, kept))
+            log.warning(
+                "set aside a hand-edited line of %d characters in %s/%s%s",
+                chars, ns.key, name, f" ({n} secret(s) in it redacted)" if n else "",
+            )  # fmt: skip
+        return ("\n".join(lines), len(long), hidden) if long else (text, 0, 0)
 
 
 # ------------------------------------------------------------------------------------------ helpers
