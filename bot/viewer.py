@@ -13,7 +13,10 @@ The login trades the token for a random session id (the cookie never holds the t
 SameSite=Strict, 8 hours, Secure when the request came over HTTPS (directly or as `X-Forwarded-Proto:
 https` from the proxy). Sessions live in Redis when there is one, so every replica knows them. A failed login
 is logged with the client address, never the token, and a client with 5 failures in 5 minutes is refused
-(429) until they age out. Reading a namespace runs in a thread: a large one never stalls the event loop,
+(429) until they age out. The failures are counted in Redis when there is one (one count however many
+replicas serve the viewer), per client address: the peer's, or behind a reverse proxy listed in
+LUCID_TRUSTED_PROXIES the one its X-Forwarded-For names (a header from anyone else is ignored, so a client
+cannot dodge the limit by writing one). Reading a namespace runs in a thread: a large one never stalls the event loop,
 which also answers Feishu's webhook and /healthz.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import ipaddress
 import logging
 import secrets
 import threading
@@ -53,8 +57,23 @@ LOGIN_FAILURES = 5  # per client address …
 LOGIN_WINDOW = 300.0  # … in this many seconds, then 429 until the oldest failure ages out
 
 
+# Failed logins of one client in the last LOGIN_WINDOW, on Redis's clock. KEYS: the client's key. ARGV: the
+# window (ms), 1 to count a new failure (0 to look), a random member. Returns how many are in the window.
+_FAILURES = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]))
+if ARGV[2] == '1' then
+  redis.call('ZADD', KEYS[1], now, ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return redis.call('ZCARD', KEYS[1])
+"""
+
+
 class Sessions:
-    """Viewer sessions: random ids (only their hash is kept) with an expiry, and failed-login counts."""
+    """Viewer sessions: random ids (only their hash is kept) with an expiry, and failed-login counts (in
+    Redis when there is one, so every replica counts the same failures)."""
 
     def __init__(self, client: redis.Redis | None, clock: Any = time.monotonic) -> None:
         self.client = client
@@ -62,6 +81,7 @@ class Sessions:
         self._local: dict[str, float] = {}
         self._failures: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
+        self._failures_script = client.register_script(_FAILURES) if client is not None else None
 
     @staticmethod
     def _key(sid: str) -> str:
@@ -86,7 +106,15 @@ class Sessions:
         with self._lock:
             return bool(self._local.get(self._key(sid), 0.0) > self.clock())
 
+    def _count(self, who: str, add: bool) -> int:
+        assert self._failures_script is not None
+        key = "lucid:viewer:failures:" + hashlib.sha256(who.encode()).hexdigest()[:32]
+        window = int(LOGIN_WINDOW * 1000)
+        return int(self._failures_script(keys=[key], args=[window, int(add), secrets.token_hex(8)]))
+
     def blocked(self, who: str) -> bool:
+        if self._failures_script is not None:
+            return self._count(who, add=False) >= LOGIN_FAILURES
         with self._lock:
             recent = self._failures.get(who)
             while recent and recent[0] <= self.clock() - LOGIN_WINDOW:
@@ -94,6 +122,9 @@ class Sessions:
             return recent is not None and len(recent) >= LOGIN_FAILURES
 
     def failed(self, who: str) -> int:
+        """Count one failed login of `who`; how many are in the window now."""
+        if self._failures_script is not None:
+            return self._count(who, add=True)
         with self._lock:
             if len(self._failures) > 10_000:  # a flood of addresses must not grow this without bound
                 self._failures.clear()
@@ -134,6 +165,38 @@ async def _guard(request: web.Request) -> None:
         raise web.HTTPUnauthorized(text="admin token required", headers={"WWW-Authenticate": "Bearer"})
 
 
+def client_address(request: web.Request, trusted: tuple[str, ...]) -> str:
+    """Who is asking: the peer, or — when the peer is a trusted reverse proxy — the nearest address in
+    X-Forwarded-For that is not one of the trusted proxies (read right to left: a client can prepend
+    anything, but each proxy appends the address it saw)."""
+    peer = request.remote or "?"
+    nets = [ipaddress.ip_network(n) for n in trusted]
+
+    def proxy(address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in net for net in nets)
+
+    if not nets or not proxy(peer):
+        return peer
+    chain = ",".join(request.headers.getall("X-Forwarded-For", []))  # several headers: one list, in order
+    try:
+        text_header({"X-Forwarded-For": chain}, "X-Forwarded-For")
+    except BadHeader as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from exc
+    hops = [h.strip() for h in chain.split(",") if h.strip()]
+    for hop in reversed(hops):
+        try:
+            ipaddress.ip_address(hop)
+        except ValueError:
+            return peer  # not an address: believe nothing further up the chain
+        if not proxy(hop):
+            return hop
+    return hops[0] if hops else peer
+
+
 def _https(request: web.Request) -> bool:
     forwarded = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
     return request.secure or forwarded == "https"
@@ -145,13 +208,15 @@ async def page(request: web.Request) -> web.StreamResponse:
         raise web.HTTPNotFound()
     given = request.query.get("token")
     if given is not None:
-        sessions, who = request.app[SESSIONS], request.remote or "?"
-        if sessions.blocked(who):
+        sessions = request.app[SESSIONS]
+        who = client_address(request, request.app[RUNTIME].settings.trusted_proxies)
+        if await asyncio.to_thread(sessions.blocked, who):
             log.warning("viewer login from %s refused: too many failed logins", who)
             raise web.HTTPTooManyRequests(text="too many failed logins; wait a few minutes")
         ok = hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode())
         if not ok:
-            log.warning("viewer login from %s failed (%d in %d s)", who, sessions.failed(who), LOGIN_WINDOW)
+            failures = await asyncio.to_thread(sessions.failed, who)
+            log.warning("viewer login from %s failed (%d in %d s)", who, failures, LOGIN_WINDOW)
             raise web.HTTPUnauthorized(text="wrong admin token")
         sid = await asyncio.to_thread(sessions.open)
         log.info("viewer login from %s", who)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
@@ -54,6 +55,22 @@ def duration_seconds(text: str) -> float | None:
 
 SEND_RATE = 1000  # Feishu's documented quota of the message APIs: 1000 per minute per app
 MAX_SEND_RATE = 100_000
+
+
+def parse_trusted_proxies(text: str) -> tuple[str, ...]:
+    """`LUCID_TRUSTED_PROXIES`: the reverse proxies (addresses or networks, comma-separated, e.g.
+    `127.0.0.1, 10.0.0.0/8`) whose X-Forwarded-For names the client; empty: none is believed."""
+    nets = []
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        try:
+            nets.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError as exc:
+            raise InvalidInput(
+                f"LUCID_TRUSTED_PROXIES must be addresses or networks such as 127.0.0.1, 10.0.0.0/8; got {item!r}"
+            ) from exc
+    return tuple(nets)
 
 
 def parse_send_rate(text: str) -> int:
@@ -126,6 +143,7 @@ class Settings:
     reply_deadline: float = REPLY_DEADLINE
     send_rate: int = SEND_RATE
     dream_intervals: Mapping[str, timedelta] = field(default_factory=lambda: dict(DREAM_INTERVALS))
+    trusted_proxies: tuple[str, ...] = ()  # LUCID_TRUSTED_PROXIES: whose X-Forwarded-For is believed
     personas: Mapping[str, Persona] = field(default_factory=dict)
 
     @classmethod
@@ -165,6 +183,7 @@ class Settings:
             reply_deadline=parse_reply_deadline(deadline_text) if deadline_text else REPLY_DEADLINE,
             send_rate=parse_send_rate(rate_text) if rate_text else SEND_RATE,
             dream_intervals=parse_dream_switches(env),
+            trusted_proxies=parse_trusted_proxies(get("LUCID_TRUSTED_PROXIES") or ""),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)

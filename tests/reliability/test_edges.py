@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,8 +194,28 @@ async def test_the_viewer_cookie_is_a_session_not_the_token(
     assert (await client.get("/admin/api/namespaces", headers=as_token)).status == 401
 
 
+@pytest.fixture
+def no_login_failures(redis_url: str) -> Iterator[None]:
+    """Failed viewer logins are counted in Redis for 5 minutes: none from another test, none left over."""
+    client = redis.Redis.from_url(redis_url)
+
+    def clear() -> None:
+        keys = list(client.scan_iter(match="lucid:viewer:failures:*"))
+        if keys:
+            client.delete(*keys)
+
+    clear()
+    yield
+    clear()
+    client.close()
+
+
 async def test_failed_viewer_logins_are_logged_without_the_token_and_limited(
-    aiohttp_client: ClientFactory, data_dir: Path, redis_url: str, caplog: pytest.LogCaptureFixture
+    aiohttp_client: ClientFactory,
+    data_dir: Path,
+    redis_url: str,
+    caplog: pytest.LogCaptureFixture,
+    no_login_failures: None,
 ) -> None:
     client = await _client(aiohttp_client, data_dir, redis_url)
     with caplog.at_level(logging.INFO, logger="bot.viewer"):
@@ -208,6 +228,35 @@ async def test_failed_viewer_logins_are_logged_without_the_token_and_limited(
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert logged.count(" failed (") == 5 and "too many failed logins" in logged
     assert "guess-" not in logged and ADMIN not in logged
+
+
+async def test_failed_logins_are_counted_once_across_replicas_per_client_behind_the_proxy(
+    aiohttp_client: ClientFactory, data_dir: Path, redis_url: str, no_login_failures: None
+) -> None:
+    """Two `lucid serve` replicas behind one reverse proxy (127.0.0.1 here, listed in trusted_proxies):
+    a client's failures on either count together (Redis), per client as the proxy's X-Forwarded-For names
+    it, so one guesser is refused everywhere while another person behind the same proxy still logs in. A
+    peer that is not a trusted proxy cannot dodge the limit by writing its own X-Forwarded-For."""
+    replicas = [
+        await _client(aiohttp_client, data_dir, redis_url, trusted_proxies=("127.0.0.1/32",)) for _ in "ab"
+    ]
+    guesser = {"X-Forwarded-For": "198.51.100.23, 203.0.113.7"}  # what it claims, then what the proxy saw
+
+    async def login(client: TestClient, token: str, headers: dict[str, str]) -> int:
+        return int(
+            (await client.get(f"/admin/viewer?token={token}", headers=headers, allow_redirects=False)).status
+        )
+
+    tries = [
+        await login(replicas[i % 2], f"guess-{i}", guesser) for i in range(5)
+    ]  # 3 on one, 2 on the other
+    assert tries == [401] * 5
+    assert [await login(r, ADMIN, guesser) for r in replicas] == [429, 429]  # refused on both replicas
+    colleague = {"X-Forwarded-For": "203.0.113.8"}
+    assert await login(replicas[1], ADMIN, colleague) == 302  # same proxy, another client: not locked out
+    direct = await _client(aiohttp_client, data_dir, redis_url)  # no trusted proxy: the peer is the client
+    spoofed = [await login(direct, f"guess-{i}", {"X-Forwarded-For": f"192.0.2.{i}"}) for i in range(5)]
+    assert spoofed == [401] * 5 and await login(direct, ADMIN, {"X-Forwarded-For": "192.0.2.99"}) == 429
 
 
 # ---------------------------------------------------------------------------------------- metrics, readyz

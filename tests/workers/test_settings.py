@@ -42,3 +42,11 @@ def test_each_persona_can_live_on_feishu_or_lark(tmp_path: Path) -> None:
 def test_a_wrong_mode_or_domain_is_refused_with_its_name(tmp_path: Path, body: str, says: str) -> None:
     with pytest.raises(InvalidInput, match=says):
         load_personas(_toml(tmp_path, body))
+
+
+def test_trusted_proxies_are_read_as_networks_and_a_wrong_one_is_named() -> None:
+    settings = Settings.from_env({"LUCID_TRUSTED_PROXIES": "127.0.0.1, 10.0.0.0/8,::1"})
+    assert settings.trusted_proxies == ("127.0.0.1/32", "10.0.0.0/8", "::1/128")
+    assert Settings.from_env({}).trusted_proxies == ()
+    with pytest.raises(InvalidInput, match=r"LUCID_TRUSTED_PROXIES.*'nginx'"):
+        Settings.from_env({"LUCID_TRUSTED_PROXIES": "127.0.0.1,nginx"})
