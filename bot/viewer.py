@@ -46,6 +46,7 @@ from memory_core.store import DREAMS
 from memory_core.timeline import subject_timelines
 from workers.errors import BadHeader
 from workers.memory_service import MemoryService
+from workers.redis_backend import FAILED_LOGINS
 from workers.redis_keys import Keys
 from workers.runtime import Runtime
 
@@ -53,22 +54,8 @@ log = logging.getLogger(__name__)
 
 COOKIE = "lucid_admin"
 SESSION_TTL = 8 * 3600
-LOGIN_FAILURES = 5  # per client address …
+LOGINFAILED_LOGINS = 5  # per client address …
 LOGIN_WINDOW = 300.0  # … in this many seconds, then 429 until the oldest failure ages out
-
-
-# Failed logins of one client in the last LOGIN_WINDOW, on Redis's clock. KEYS: the client's key. ARGV: the
-# window (ms), 1 to count a new failure (0 to look), a random member. Returns how many are in the window.
-_FAILURES = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]))
-if ARGV[2] == '1' then
-  redis.call('ZADD', KEYS[1], now, ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-end
-return redis.call('ZCARD', KEYS[1])
-"""
 
 
 class Sessions:
@@ -81,7 +68,7 @@ class Sessions:
         self._local: dict[str, float] = {}
         self._failures: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
-        self._failures_script = client.register_script(_FAILURES) if client is not None else None
+        self._failures_script = client.register_script(FAILED_LOGINS) if client is not None else None
 
     @staticmethod
     def _key(sid: str) -> str:
@@ -108,18 +95,18 @@ class Sessions:
 
     def _count(self, who: str, add: bool) -> int:
         assert self._failures_script is not None
-        key = "lucid:viewer:failures:" + hashlib.sha256(who.encode()).hexdigest()[:32]
+        key = Keys.viewer_failures(hashlib.sha256(who.encode()).hexdigest()[:32])
         window = int(LOGIN_WINDOW * 1000)
         return int(self._failures_script(keys=[key], args=[window, int(add), secrets.token_hex(8)]))
 
     def blocked(self, who: str) -> bool:
         if self._failures_script is not None:
-            return self._count(who, add=False) >= LOGIN_FAILURES
+            return self._count(who, add=False) >= LOGINFAILED_LOGINS
         with self._lock:
             recent = self._failures.get(who)
             while recent and recent[0] <= self.clock() - LOGIN_WINDOW:
                 recent.popleft()
-            return recent is not None and len(recent) >= LOGIN_FAILURES
+            return recent is not None and len(recent) >= LOGINFAILED_LOGINS
 
     def failed(self, who: str) -> int:
         """Count one failed login of `who`; how many are in the window now."""

@@ -161,6 +161,20 @@ end
 return {slot - now, 1}
 """
 
+# The viewer's failed logins of one client in the last LOGIN_WINDOW, on Redis's clock (`viewer.Sessions`).
+# KEYS: the client's key. ARGV: the window (ms), 1 to count a new failure (0 to look), a random member.
+# Returns how many are in the window.
+FAILED_LOGINS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]))
+if ARGV[2] == '1' then
+  redis.call('ZADD', KEYS[1], now, ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return redis.call('ZCARD', KEYS[1])
+"""
+
 # The writer's op queue: drop the ops a batch applied. KEYS: the queue. ARGV: the ops as queued.
 FINISH = """
 for i = 1, #ARGV do

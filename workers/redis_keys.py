@@ -39,4 +39,5 @@ class Keys:
     memory_off = "lucid:memoff:{}:{}:{}".format  # tenant, persona, chat: the chat's memory switch (+ ":gen")
     pace = "lucid:pace:{}:{}".format  # bucket (chat, app, appmin), its id: the next free send slot (ms)
     viewer_session = "lucid:viewer:session:{}".format  # sha256 of a viewer session id
+    viewer_failures = "lucid:viewer:failures:{}".format  # sha256 of a client address: its failed logins
     METRICS = "lucid:metrics"  # every counter and histogram, one hash
