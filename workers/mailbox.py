@@ -265,7 +265,9 @@ class Mailbox:
     def _paced(self, item: Inbound) -> bool:
         """True: hand on. The chat cannot be sent to yet (Feishu's pacing): rather than run the turn and
         sleep in the pacer, wait here for the slot while watching the chat queue, and hand on (go to the
-        back) the moment anyone else's job waits. Nobody comes: the turn starts when the slot is as far
+        back) as soon as anyone else's job waits for a worker (still queued at the next look, so no other
+        worker is free to take it: handing on then would only lose this chat its slot). Nobody comes: the
+        turn starts when the slot is as far
         off as a turn takes (`lead`), so its own work overlaps the pacing and the chat still gets 4/s."""
         if self.pace is None or self._done(item):
             return False
@@ -275,8 +277,10 @@ class Mailbox:
             return False
         deadline = self.clock() + ahead
         lead = max(PACE_YIELD_MS / 1000, min(self.lead.seconds, MAX_LEAD))
+        seen = 0  # looks in a row that found a job waiting: an idle worker takes one within a look
         while ahead > lead:
-            if self.queue.count > 0:
+            seen = seen + 1 if self.queue.count > 0 else 0
+            if seen >= 2:
                 return True
             self.sleep(min(PACE_POLL, ahead))
             ahead = deadline - self.clock()
