@@ -267,8 +267,8 @@ class Mailbox:
         sleep in the pacer, wait here for the slot while watching the chat queue, and hand on (go to the
         back) as soon as anyone else's job waits for a worker (still queued at the next look, so no other
         worker is free to take it: handing on then would only lose this chat its slot). Nobody comes: the
-        turn starts when the slot is as far
-        off as a turn takes (`lead`), so its own work overlaps the pacing and the chat still gets 4/s."""
+        turn starts when the slot is twice a usual turn off (`lead`, at most one slot), so its own work
+        overlaps the pacing and the chat still gets 4/s."""
         if self.pace is None or self._done(item):
             return False
         try:
@@ -276,7 +276,9 @@ class Mailbox:
         except Exception:  # pacing is a courtesy: never block a turn over it
             return False
         deadline = self.clock() + ahead
-        lead = max(PACE_YIELD_MS / 1000, min(self.lead.seconds, MAX_LEAD))
+        # Twice a turn's usual time: a turn that runs long then still makes its slot (starting late costs the
+        # chat a slot; starting early costs a short sleep in the pacer).
+        lead = min(2 * self.lead.seconds + PACE_YIELD_MS / 1000, MAX_LEAD)
         seen = 0  # looks in a row that found a job waiting: an idle worker takes one within a look
         while ahead > lead:
             seen = seen + 1 if self.queue.count > 0 else 0

@@ -381,7 +381,7 @@ def test_a_paced_job_hands_on_the_moment_someone_writes_while_it_waits(
         pace=lambda m: 0.2 if m.user == "alice" else 0.0,
         sleep=nap,
         clock=lambda: next(now),
-        lead=TurnTime(0.05),  # a turn here takes 50 ms: it would start 50 ms before the slot
+        lead=TurnTime(0.05),  # a turn here takes 50 ms: it would start 120 ms before the slot
     )
     job = fetch(redis_client.lpop(chat.key).decode(), redis_client)  # alice's; the queue is empty now
     assert chat.count == 0
