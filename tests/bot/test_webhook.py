@@ -46,13 +46,15 @@ BOT = "ou_bot_webhook_000000000000000000"
 ClientFactory = Callable[..., Any]
 
 
+PERSONAS = {
+    "enc": Persona("enc", verification_token=VERIFICATION_TOKEN, encrypt_key=KEY, bot_open_id=BOT),
+    "plain": Persona("plain", verification_token=VERIFICATION_TOKEN, bot_open_id=BOT),
+    "notoken": Persona("notoken"),
+}
+
+
 def _runtime(data_dir: Path, redis_url: str, **extra: Any) -> Runtime:
-    personas = {
-        "enc": Persona("enc", verification_token=VERIFICATION_TOKEN, encrypt_key=KEY, bot_open_id=BOT),
-        "plain": Persona("plain", verification_token=VERIFICATION_TOKEN, bot_open_id=BOT),
-        "notoken": Persona("notoken"),
-    }
-    settings = Settings(data_dir=data_dir, personas=personas, **extra)
+    settings = Settings(data_dir=data_dir, personas=PERSONAS, **extra)
     return build(settings, redis_url, git=False)
 
 
@@ -400,3 +402,52 @@ def test_placeholders_resolve_whole_and_the_bots_own_mention_disappears() -> Non
     )
     assert text == "ask @Bob about @P10 and @所有人 please\nsecond line"
     assert mentioned_bot and [m.name for m in others] == ["Bob", "P10"] and others[0].user == BOB.union_id
+
+
+# ------------------------------------------------------------------------------------------- verifier's answers
+
+
+def _signed_plain(payload: dict[str, Any]) -> Delivery:
+    """A plaintext body signed with KEY (Feishu signs with the encrypt key even when it sends plaintext)."""
+    return _resign(json.dumps(payload).encode())
+
+
+def _bad_header() -> Delivery:
+    d = deliver(message_event("hi"), encrypt_key=KEY)
+    return Delivery(d.body, {**d.headers, "X-Lark-Request-Nonce": "\udcff\udcfe"})  # aiohttp's non-UTF-8
+
+
+VERDICTS: dict[str, tuple[str, Callable[[], Delivery], int, str]] = {
+    "persona without a token": ("notoken", lambda: deliver(message_event("hi")), 403,
+                                "persona has no verification_token configured"),
+    "non-UTF-8 header": ("enc", _bad_header, 400, "X-Lark-Request-Nonce header is not UTF-8"),
+    "wrong signature": ("enc", _bad_signature, 401, "bad signature"),
+    "ciphertext to a persona without a key": ("plain", lambda: deliver(message_event("hi"), encrypt_key=KEY),
+                                              400, "encrypted body but no encrypt_key configured"),
+    "encrypt not a string": ("enc", lambda: _resign(b'{"encrypt": ["x"]}'), 400, "encrypt is not a string"),
+    "bad ciphertext": ("enc", _bad_ciphertext, 400, "undecryptable body"),
+    "plaintext to a persona with a key": ("enc", lambda: _signed_plain(message_event("hi")), 401,
+                                          "plaintext body but an encrypt_key is configured"),
+    "header not an object": ("plain", lambda: deliver({**message_event("hi"), "header": ["h"]}), 400,
+                             "event header is not an object"),
+    "wrong token": ("enc", lambda: deliver(message_event("hi", token="forged"), encrypt_key=KEY), 401,
+                    "verification token mismatch"),
+    "missing signature": ("enc", lambda: deliver(message_event("hi"), encrypt_key=KEY, signed=False), 401,
+                          "missing signature headers"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(VERDICTS))
+def test_each_refusal_has_its_status_and_the_reason_operators_see(case: str) -> None:
+    """The reason is the `reason` label of lucid_events_rejected_total and the log's outcome: an operator
+    tells a misconfigured persona (403/400) from a forger (401) by it, and Feishu retries only on 5xx."""
+    from lark_oapi.core.utils import AESCipher
+
+    from bot.app import Rejected, open_event
+
+    name, make, status, reason = VERDICTS[case]
+    persona = PERSONAS[name]
+    d = make()
+    with pytest.raises(Rejected) as refused:
+        open_event(d.headers, d.body, persona, AESCipher(KEY) if persona.encrypt_key else None)
+    assert (refused.value.status, refused.value.reason) == (status, reason)
