@@ -37,6 +37,7 @@ from tests.fakes.feishu_events import (
     url_verification,
 )
 from workers.inbound import Inbound
+from workers.mailbox import INBOXES, Intake, turn_job_id
 from workers.queues import SERIALIZER, queue
 from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
@@ -451,3 +452,36 @@ def test_each_refusal_has_its_status_and_the_reason_operators_see(case: str) -> 
     with pytest.raises(Rejected) as refused:
         open_event(d.headers, d.body, persona, AESCipher(KEY) if persona.encrypt_key else None)
     assert (refused.value.status, refused.value.reason) == (status, reason)
+
+
+# ------------------------------------------------------------------------------------------- dedupe
+
+
+def _inbound(mid: str) -> Inbound:
+    return Inbound(
+        tenant="t", user="on_" + mid, open_id="ou_" + mid, persona="enc", chat_id="oc_" + mid,
+        chat_type="p2p", message_id="om_" + mid, text="你好", create_time=1, event_id="ev_" + mid,
+    )  # fmt: skip
+
+
+def test_a_batch_redis_fails_to_enqueue_keeps_no_claim_so_feishus_retry_is_answered(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Redis refuses the enqueue after the claims were taken (here an ACL without RPUSH, as a replica
+    turned read-only would): the webhook answers 503 and Feishu delivers again. That retry must be
+    neither a duplicate (the seen-keys) nor wait for a turn job that never reached the queue."""
+    name = f"no-enqueue-{uuid.uuid4().hex[:8]}"
+    commands = ["+@all", "-rpush", "-lpush"]
+    redis_client.acl_setuser(name, enabled=True, nopass=True, keys=["*"], channels=["*"], commands=commands)
+    limited = redis.Redis.from_url(redis_url, username=name)
+    batch = [_inbound("a"), _inbound("b")]
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            Intake(limited).accept_many(batch)
+    finally:
+        limited.close()
+        redis_client.acl_deluser(name)
+    left = [k.decode() for k in redis_client.scan_iter("lucid:*") if k != INBOXES.encode()]
+    assert left == []  # no seen-key, no inboxed message, no turn job of the failed batch
+    assert Intake(redis_client).accept_many(batch) == [True, True]
+    assert sorted(j.id for j in queue("chat", redis_client).jobs) == sorted(map(turn_job_id, batch))
