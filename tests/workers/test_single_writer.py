@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from memory_core.lineformat import parse_file
@@ -123,6 +124,37 @@ def test_secret_typed_into_the_file_never_reaches_git(local_writer: Writer, data
     local_writer.submit(NS, [Remember(text="我喜欢爬山")])
     memory = NS.path(data_dir) / "MEMORY.md"
     memory.write_text(memory.read_text("utf-8") + "- 我的密码是 Xk9#mQ2!vL7p\n", "utf-8")
+    local_writer.submit(NS, [Remember(text="我在余杭区")])
+    assert "Xk9#mQ2!vL7p" not in memory.read_text("utf-8")
+    log = subprocess.run(
+        ["git", "-C", str(NS.path(data_dir)), "log", "-p"], capture_output=True, text=True
+    ).stdout
+    assert "Xk9#mQ2!vL7p" not in log and "manual edit (1 secret(s) redacted)" in log
+
+
+@pytest.mark.parametrize("name", ["PROFILE.md", "DREAMS.md"])
+def test_a_secret_typed_into_the_profile_or_dream_log_never_reaches_git(
+    name: str, local_writer: Writer, data_dir: Path
+) -> None:
+    local_writer.submit(NS, [Remember(text="我喜欢爬山")])
+    edited = NS.path(data_dir) / name
+    before = edited.read_text("utf-8") if edited.exists() else ""
+    edited.write_text(before + "我的密码是 Xk9#mQ2!vL7p\n", "utf-8")
+    local_writer.submit(NS, [Remember(text="我在余杭区")])
+    assert "Xk9#mQ2!vL7p" not in edited.read_text("utf-8") and "我的密码是" in edited.read_text("utf-8")
+    log = subprocess.run(
+        ["git", "-C", str(NS.path(data_dir)), "log", "-p"], capture_output=True, text=True
+    ).stdout
+    assert "Xk9#mQ2!vL7p" not in log and "manual edit (1 secret(s) redacted)" in log
+
+
+def test_a_secret_in_a_malformed_hand_typed_line_never_reaches_git(
+    local_writer: Writer, data_dir: Path
+) -> None:
+    """A line the parser cannot read (its metadata comment left open) is kept as typed, but not its secret."""
+    local_writer.submit(NS, [Remember(text="我喜欢爬山")])
+    memory = NS.path(data_dir) / "MEMORY.md"
+    memory.write_text(memory.read_text("utf-8") + "- 我的密码是 Xk9#mQ2!vL7p <!--m:id=zz;t=fact\n", "utf-8")
     local_writer.submit(NS, [Remember(text="我在余杭区")])
     assert "Xk9#mQ2!vL7p" not in memory.read_text("utf-8")
     log = subprocess.run(
