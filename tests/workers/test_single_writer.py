@@ -132,6 +132,35 @@ def test_secret_typed_into_the_file_never_reaches_git(local_writer: Writer, data
     assert "Xk9#mQ2!vL7p" not in log and "manual edit (1 secret(s) redacted)" in log
 
 
+def test_hand_typed_secrets_are_redacted_in_place_and_counted_leaving_every_other_byte(
+    local_writer: Writer, data_dir: Path
+) -> None:
+    """The `manual edit` commit holds the file as the person typed it, but each secret replaced where it
+    stood: other lines, the metadata comments, even two lines joined by hand, are left exactly as they were."""
+    local_writer.submit(NS, [Remember(text="我喜欢爬山")])
+    memory = NS.path(data_dir) / "MEMORY.md"
+    typed = memory.read_text("utf-8") + "".join(
+        line + "\n"
+        for line in (
+            "- 我的密码是 Xk9#mQ2!vL7p",
+            "- 备注 <!--m:id=ab12;t=fact--> 我的密码是 Qw8#nR3!zT6k <!--m:id=cd34;t=fact-->",
+        )
+    )
+    memory.write_text(typed, "utf-8")
+    local_writer.submit(NS, [Remember(text="我在余杭区")])
+    repo = str(NS.path(data_dir))
+    git = ["git", "-C", repo]
+    commits = subprocess.run([*git, "log", "--format=%H %s"], capture_output=True, text=True).stdout
+    [manual] = [c.split(" ", 1) for c in commits.splitlines() if " manual edit" in c]
+    assert manual[1] == "manual edit (2 secret(s) redacted)"
+    committed = subprocess.run(
+        [*git, "show", f"{manual[0]}:MEMORY.md"], capture_output=True, text=True
+    ).stdout
+    assert committed == typed.replace("Xk9#mQ2!vL7p", "[REDACTED:password]").replace(
+        "Qw8#nR3!zT6k", "[REDACTED:password]"
+    )
+
+
 @pytest.mark.parametrize("name", ["PROFILE.md", "DREAMS.md"])
 def test_a_secret_typed_into_the_profile_or_dream_log_never_reaches_git(
     name: str, local_writer: Writer, data_dir: Path
