@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -374,7 +375,8 @@ def test_over_redis_a_secret_never_enters_the_queue_and_only_a_statement_reaches
 
     key = derive_key("correct horse battery staple") if vault else None
     store = Store(data_dir)
-    writer = Writer(store, RedisLocker(redis_client), RedisOpQueue(redis_client), vault_key=key)
+    now = datetime(2026, 6, 1, 9, 30, tzinfo=UTC)
+    writer = Writer(store, RedisLocker(redis_client), RedisOpQueue(redis_client), lambda: now, vault_key=key)
     [added] = writer.submit(NS, [Remember(text="我喜欢爬山")])
     message = {
         "id": "om_1",
@@ -408,9 +410,8 @@ def test_over_redis_a_secret_never_enters_the_queue_and_only_a_statement_reaches
     ]
     assert [o.status for o in outcomes[2:]] == ["recorded", "added"]
     sealed = [unseal(key, line) for line in store.read_vault(NS)] if key else store.read_vault(NS)
-    assert [(r["text"], r["op"]) for r in sealed] == (
-        [("我的银行卡密码是 Zt5#pL9!wQ2m", ops[0].op_id)] if vault else []
-    )
+    statement = {"at": "2026-06-01T09:30:00Z", "text": "我的银行卡密码是 Zt5#pL9!wQ2m", "op": ops[0].op_id}
+    assert sealed == ([statement] if vault else [])
     assert not any(
         s in p.read_text(errors="replace")
         for p in NS.path(data_dir).rglob("*")
