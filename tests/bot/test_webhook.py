@@ -387,6 +387,56 @@ async def test_admin_api_is_absent_without_a_token_and_guarded_with_one(
     assert (await status.json())["queued"] == 1
 
 
+async def test_admin_refuses_a_malformed_request_with_a_json_error_that_names_the_fault(
+    aiohttp_client: ClientFactory, data_dir: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    admin = await aiohttp_client(create_app(_runtime(data_dir, redis_url, admin_token="s3cret-admin")))
+    auth = {"Authorization": "Bearer s3cret-admin"}
+    answers = [
+        await admin.post(
+            "/admin/dream", data=b"not json", headers={**auth, "Content-Type": "application/json"}
+        ),
+        await admin.post("/admin/dream", json=["t/u/enc"], headers=auth),
+        await admin.post("/admin/dream", json={"phase": "light"}, headers=auth),
+        await admin.post("/admin/dream", json={"namespace": "t/u"}, headers=auth),
+        await admin.get("/admin/dream/status", headers=auth),
+    ]
+    assert [(a.status, json.loads(await a.text())) for a in answers] == [
+        (400, {"error": "body must be JSON"}),
+        (400, {"error": "body must be a JSON object"}),
+        (400, {"error": "namespace (tenant/user/persona) is required"}),
+        (400, {"error": "namespace must be tenant/user/persona"}),
+        (400, {"error": "namespace (tenant/user/persona) is required"}),
+    ]
+    assert len(Queue("dream", connection=redis_client)) == 0
+
+
+async def test_admin_dream_is_a_real_light_phase_unless_a_dry_run_is_asked_for_and_is_logged(
+    aiohttp_client: ClientFactory,
+    data_dir: Path,
+    redis_url: str,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    admin = await aiohttp_client(create_app(_runtime(data_dir, redis_url, admin_token="s3cret-admin")))
+    auth = {"Authorization": "Bearer s3cret-admin"}
+    with caplog.at_level(logging.WARNING, logger="bot.admin"):
+        real = await admin.post("/admin/dream", json={"namespace": "t/u/enc"}, headers=auth)
+        dry = await admin.post("/admin/dream", json={"namespace": "t/u/enc", "dry_run": True}, headers=auth)
+    bodies = [await real.json(), await dry.json()]
+    assert [(b["status"], b["phase"], b["dry_run"]) for b in bodies] == [
+        ("queued", "light", False),
+        ("queued", "light", True),
+    ]
+    jobs = Queue("dream", connection=redis_client, serializer=SERIALIZER).jobs
+    assert sorted(list(job.args) for job in jobs) == [["t/u/enc", False], ["t/u/enc", True]]
+    key = Namespace.parse("t/u/enc").key
+    assert [r.getMessage() for r in caplog.records if r.name == "bot.admin"] == [
+        f"admin API: light dream (dry=False) for ns={key}: queued",
+        f"admin API: light dream (dry=True) for ns={key}: queued",
+    ]
+
+
 # ------------------------------------------------------------------------------------------- routing
 
 
