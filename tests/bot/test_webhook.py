@@ -387,6 +387,31 @@ async def test_admin_api_is_absent_without_a_token_and_guarded_with_one(
     assert (await status.json())["queued"] == 1
 
 
+async def test_admin_refuses_a_wrong_token_with_a_bearer_challenge_and_logs_the_attempt_not_the_token(
+    aiohttp_client: ClientFactory, data_dir: Path, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="bot.admin"):
+        await aiohttp_client(create_app(_runtime(data_dir, redis_url)))
+        admin = await aiohttp_client(create_app(_runtime(data_dir, redis_url, admin_token="s3cret-admin")))
+        refused = await admin.get("/admin/stats", headers={"Authorization": "Bearer s3cret-admiN"})
+        body = await refused.json()
+    assert (refused.status, body, refused.headers.get("WWW-Authenticate")) == (
+        401,
+        {"error": "unauthorized"},
+        "Bearer",
+    )
+    assert [r.getMessage() for r in caplog.records if r.name == "bot.admin"] == [
+        "LUCID_ADMIN_TOKEN not set: the HTTP admin API is disabled",
+        "admin GET /admin/stats refused: bad or missing token",
+    ]
+    assert "s3cret" not in caplog.text
+    auth = {"Authorization": "Bearer s3cret-admin"}
+    overall = await admin.get("/admin/stats", headers=auth)  # no namespace: the service's stats only
+    assert overall.status == 200 and "memory" not in await overall.json()
+    nap = await admin.post("/admin/dream", json={"namespace": "t/u/enc", "phase": "nap"}, headers=auth)
+    assert nap.status == 400 and (await nap.json())["error"].startswith("unknown dream phase 'nap'")
+
+
 async def test_admin_refuses_a_malformed_request_with_a_json_error_that_names_the_fault(
     aiohttp_client: ClientFactory, data_dir: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:
