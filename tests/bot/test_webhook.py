@@ -560,3 +560,21 @@ def test_a_batch_redis_fails_to_enqueue_keeps_no_claim_so_feishus_retry_is_answe
     assert left == []  # no seen-key, no inboxed message, no turn job of the failed batch
     assert Intake(redis_client).accept_many(batch) == [True, True]
     assert sorted(j.id for j in queue("chat", redis_client).jobs) == sorted(map(turn_job_id, batch))
+
+
+def test_when_redis_refuses_even_the_release_the_operator_is_told_retries_will_look_like_duplicates(
+    redis_client: redis.Redis, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = f"no-enqueue-no-release-{uuid.uuid4().hex[:8]}"
+    commands = ["+@all", "-rpush", "-lpush", "-del", "-zrem"]
+    redis_client.acl_setuser(name, enabled=True, nopass=True, keys=["*"], channels=["*"], commands=commands)
+    limited = redis.Redis.from_url(redis_url, username=name)
+    try:
+        with caplog.at_level(logging.ERROR, logger="workers.mailbox"), pytest.raises(redis.RedisError):
+            Intake(limited).accept_many([_inbound("a"), _inbound("b")])
+    finally:
+        limited.close()
+        redis_client.acl_deluser(name)
+    assert [r.getMessage() for r in caplog.records if r.name == "workers.mailbox"] == [
+        "could not release the claims of 2 message(s); Feishu's retries will look like duplicates"
+    ]
