@@ -37,6 +37,7 @@ from tests.fakes.feishu_events import (
     url_verification,
 )
 from workers.inbound import Inbound
+from workers.mailbox import INBOXES, Intake, turn_job_id
 from workers.queues import SERIALIZER, queue
 from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
@@ -46,13 +47,15 @@ BOT = "ou_bot_webhook_000000000000000000"
 ClientFactory = Callable[..., Any]
 
 
+PERSONAS = {
+    "enc": Persona("enc", verification_token=VERIFICATION_TOKEN, encrypt_key=KEY, bot_open_id=BOT),
+    "plain": Persona("plain", verification_token=VERIFICATION_TOKEN, bot_open_id=BOT),
+    "notoken": Persona("notoken"),
+}
+
+
 def _runtime(data_dir: Path, redis_url: str, **extra: Any) -> Runtime:
-    personas = {
-        "enc": Persona("enc", verification_token=VERIFICATION_TOKEN, encrypt_key=KEY, bot_open_id=BOT),
-        "plain": Persona("plain", verification_token=VERIFICATION_TOKEN, bot_open_id=BOT),
-        "notoken": Persona("notoken"),
-    }
-    settings = Settings(data_dir=data_dir, personas=personas, **extra)
+    settings = Settings(data_dir=data_dir, personas=PERSONAS, **extra)
     return build(settings, redis_url, git=False)
 
 
@@ -384,6 +387,81 @@ async def test_admin_api_is_absent_without_a_token_and_guarded_with_one(
     assert (await status.json())["queued"] == 1
 
 
+async def test_admin_refuses_a_wrong_token_with_a_bearer_challenge_and_logs_the_attempt_not_the_token(
+    aiohttp_client: ClientFactory, data_dir: Path, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="bot.admin"):
+        await aiohttp_client(create_app(_runtime(data_dir, redis_url)))
+        admin = await aiohttp_client(create_app(_runtime(data_dir, redis_url, admin_token="s3cret-admin")))
+        refused = await admin.get("/admin/stats", headers={"Authorization": "Bearer s3cret-admiN"})
+        body = await refused.json()
+    assert (refused.status, body, refused.headers.get("WWW-Authenticate")) == (
+        401,
+        {"error": "unauthorized"},
+        "Bearer",
+    )
+    assert [r.getMessage() for r in caplog.records if r.name == "bot.admin"] == [
+        "LUCID_ADMIN_TOKEN not set: the HTTP admin API is disabled",
+        "admin GET /admin/stats refused: bad or missing token",
+    ]
+    assert "s3cret" not in caplog.text
+    auth = {"Authorization": "Bearer s3cret-admin"}
+    overall = await admin.get("/admin/stats", headers=auth)  # no namespace: the service's stats only
+    assert overall.status == 200 and "memory" not in await overall.json()
+    nap = await admin.post("/admin/dream", json={"namespace": "t/u/enc", "phase": "nap"}, headers=auth)
+    assert nap.status == 400 and (await nap.json())["error"].startswith("unknown dream phase 'nap'")
+
+
+async def test_admin_refuses_a_malformed_request_with_a_json_error_that_names_the_fault(
+    aiohttp_client: ClientFactory, data_dir: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    admin = await aiohttp_client(create_app(_runtime(data_dir, redis_url, admin_token="s3cret-admin")))
+    auth = {"Authorization": "Bearer s3cret-admin"}
+    answers = [
+        await admin.post(
+            "/admin/dream", data=b"not json", headers={**auth, "Content-Type": "application/json"}
+        ),
+        await admin.post("/admin/dream", json=["t/u/enc"], headers=auth),
+        await admin.post("/admin/dream", json={"phase": "light"}, headers=auth),
+        await admin.post("/admin/dream", json={"namespace": "t/u"}, headers=auth),
+        await admin.get("/admin/dream/status", headers=auth),
+    ]
+    assert [(a.status, json.loads(await a.text())) for a in answers] == [
+        (400, {"error": "body must be JSON"}),
+        (400, {"error": "body must be a JSON object"}),
+        (400, {"error": "namespace (tenant/user/persona) is required"}),
+        (400, {"error": "namespace must be tenant/user/persona"}),
+        (400, {"error": "namespace (tenant/user/persona) is required"}),
+    ]
+    assert len(Queue("dream", connection=redis_client)) == 0
+
+
+async def test_admin_dream_is_a_real_light_phase_unless_a_dry_run_is_asked_for_and_is_logged(
+    aiohttp_client: ClientFactory,
+    data_dir: Path,
+    redis_url: str,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    admin = await aiohttp_client(create_app(_runtime(data_dir, redis_url, admin_token="s3cret-admin")))
+    auth = {"Authorization": "Bearer s3cret-admin"}
+    with caplog.at_level(logging.WARNING, logger="bot.admin"):
+        real = await admin.post("/admin/dream", json={"namespace": "t/u/enc"}, headers=auth)
+        dry = await admin.post("/admin/dream", json={"namespace": "t/u/enc", "dry_run": True}, headers=auth)
+    bodies = [await real.json(), await dry.json()]
+    assert [(b["status"], b["phase"], b["dry_run"]) for b in bodies] == [
+        ("queued", "light", False),
+        ("queued", "light", True),
+    ]
+    jobs = Queue("dream", connection=redis_client, serializer=SERIALIZER).jobs
+    assert sorted(list(job.args) for job in jobs) == [["t/u/enc", False], ["t/u/enc", True]]
+    key = Namespace.parse("t/u/enc").key
+    assert [r.getMessage() for r in caplog.records if r.name == "bot.admin"] == [
+        f"admin API: light dream (dry=False) for ns={key}: queued",
+        f"admin API: light dream (dry=True) for ns={key}: queued",
+    ]
+
+
 # ------------------------------------------------------------------------------------------- routing
 
 
@@ -400,3 +478,103 @@ def test_placeholders_resolve_whole_and_the_bots_own_mention_disappears() -> Non
     )
     assert text == "ask @Bob about @P10 and @所有人 please\nsecond line"
     assert mentioned_bot and [m.name for m in others] == ["Bob", "P10"] and others[0].user == BOB.union_id
+
+
+# ------------------------------------------------------------------------------------------- verifier's answers
+
+
+def _signed_plain(payload: dict[str, Any]) -> Delivery:
+    """A plaintext body signed with KEY (Feishu signs with the encrypt key even when it sends plaintext)."""
+    return _resign(json.dumps(payload).encode())
+
+
+def _bad_header() -> Delivery:
+    d = deliver(message_event("hi"), encrypt_key=KEY)
+    return Delivery(d.body, {**d.headers, "X-Lark-Request-Nonce": "\udcff\udcfe"})  # aiohttp's non-UTF-8
+
+
+VERDICTS: dict[str, tuple[str, Callable[[], Delivery], int, str]] = {
+    "persona without a token": ("notoken", lambda: deliver(message_event("hi")), 403,
+                                "persona has no verification_token configured"),
+    "non-UTF-8 header": ("enc", _bad_header, 400, "X-Lark-Request-Nonce header is not UTF-8"),
+    "wrong signature": ("enc", _bad_signature, 401, "bad signature"),
+    "ciphertext to a persona without a key": ("plain", lambda: deliver(message_event("hi"), encrypt_key=KEY),
+                                              400, "encrypted body but no encrypt_key configured"),
+    "encrypt not a string": ("enc", lambda: _resign(b'{"encrypt": ["x"]}'), 400, "encrypt is not a string"),
+    "bad ciphertext": ("enc", _bad_ciphertext, 400, "undecryptable body"),
+    "plaintext to a persona with a key": ("enc", lambda: _signed_plain(message_event("hi")), 401,
+                                          "plaintext body but an encrypt_key is configured"),
+    "header not an object": ("plain", lambda: deliver({**message_event("hi"), "header": ["h"]}), 400,
+                             "event header is not an object"),
+    "wrong token": ("enc", lambda: deliver(message_event("hi", token="forged"), encrypt_key=KEY), 401,
+                    "verification token mismatch"),
+    "missing signature": ("enc", lambda: deliver(message_event("hi"), encrypt_key=KEY, signed=False), 401,
+                          "missing signature headers"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(VERDICTS))
+def test_each_refusal_has_its_status_and_the_reason_operators_see(case: str) -> None:
+    """The reason is the `reason` label of lucid_events_rejected_total and the log's outcome: an operator
+    tells a misconfigured persona (403/400) from a forger (401) by it, and Feishu retries only on 5xx."""
+    from lark_oapi.core.utils import AESCipher
+
+    from bot.app import Rejected, open_event
+
+    name, make, status, reason = VERDICTS[case]
+    persona = PERSONAS[name]
+    d = make()
+    with pytest.raises(Rejected) as refused:
+        open_event(d.headers, d.body, persona, AESCipher(KEY) if persona.encrypt_key else None)
+    assert (refused.value.status, refused.value.reason) == (status, reason)
+
+
+# ------------------------------------------------------------------------------------------- dedupe
+
+
+def _inbound(mid: str) -> Inbound:
+    return Inbound(
+        tenant="t", user="on_" + mid, open_id="ou_" + mid, persona="enc", chat_id="oc_" + mid,
+        chat_type="p2p", message_id="om_" + mid, text="你好", create_time=1, event_id="ev_" + mid,
+    )  # fmt: skip
+
+
+def test_a_batch_redis_fails_to_enqueue_keeps_no_claim_so_feishus_retry_is_answered(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Redis refuses the enqueue after the claims were taken (here an ACL without RPUSH, as a replica
+    turned read-only would): the webhook answers 503 and Feishu delivers again. That retry must be
+    neither a duplicate (the seen-keys) nor wait for a turn job that never reached the queue."""
+    name = f"no-enqueue-{uuid.uuid4().hex[:8]}"
+    commands = ["+@all", "-rpush", "-lpush"]
+    redis_client.acl_setuser(name, enabled=True, nopass=True, keys=["*"], channels=["*"], commands=commands)
+    limited = redis.Redis.from_url(redis_url, username=name)
+    batch = [_inbound("a"), _inbound("b")]
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            Intake(limited).accept_many(batch)
+    finally:
+        limited.close()
+        redis_client.acl_deluser(name)
+    left = [k.decode() for k in redis_client.scan_iter("lucid:*") if k != INBOXES.encode()]
+    assert left == []  # no seen-key, no inboxed message, no turn job of the failed batch
+    assert Intake(redis_client).accept_many(batch) == [True, True]
+    assert sorted(j.id for j in queue("chat", redis_client).jobs) == sorted(map(turn_job_id, batch))
+
+
+def test_when_redis_refuses_even_the_release_the_operator_is_told_retries_will_look_like_duplicates(
+    redis_client: redis.Redis, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = f"no-enqueue-no-release-{uuid.uuid4().hex[:8]}"
+    commands = ["+@all", "-rpush", "-lpush", "-del", "-zrem"]
+    redis_client.acl_setuser(name, enabled=True, nopass=True, keys=["*"], channels=["*"], commands=commands)
+    limited = redis.Redis.from_url(redis_url, username=name)
+    try:
+        with caplog.at_level(logging.ERROR, logger="workers.mailbox"), pytest.raises(redis.RedisError):
+            Intake(limited).accept_many([_inbound("a"), _inbound("b")])
+    finally:
+        limited.close()
+        redis_client.acl_deluser(name)
+    assert [r.getMessage() for r in caplog.records if r.name == "workers.mailbox"] == [
+        "could not release the claims of 2 message(s); Feishu's retries will look like duplicates"
+    ]

@@ -14,7 +14,7 @@ import pytest
 
 from memory_core.errors import LeaseLost
 from memory_core.namespace import Namespace
-from memory_core.ops import Record, Remember
+from memory_core.ops import Outcome, Record, Remember
 from memory_core.store import Store
 from memory_core.writer import Writer
 
@@ -141,6 +141,48 @@ def test_without_redis_a_secret_in_a_recorded_message_never_reaches_raw_or_git(d
     assert all(
         SECRET not in p.read_text(errors="replace") for p in NS.path(data_dir).rglob("*") if p.is_file()
     )
+
+
+def test_a_message_without_an_id_or_time_or_with_an_overlong_id_is_refused_and_says_why(
+    data_dir: Path,
+) -> None:
+    writer = Writer(Store(data_dir))
+    ts = "2026-06-01T09:00:00Z"
+    ops = [
+        Record(message={"ts": ts, "text": "没有 id"}),
+        Record(message={"id": "om_when", "ts": "昨天", "text": "时间不对"}),
+        Record(message={"id": "", "ts": ts, "text": "空 id"}),
+        Record(message={"id": "x" * 201, "ts": ts, "text": "太长的 id"}),
+        Record(message={"id": "y" * 200, "ts": ts, "text": "刚好 200"}),
+    ]
+    outcomes = writer.submit(NS, ops)
+    assert [(o.op_id, o.status) for o in outcomes] == [
+        (op.op_id, s) for op, s in zip(ops, ["rejected:invalid"] * 4 + ["recorded"], strict=True)
+    ]
+    assert outcomes[0].detail == "bad message: 'id'"
+    assert (outcomes[1].detail or "").startswith("bad message: ")
+    assert {o.detail for o in outcomes[2:4]} == {"a message needs an id of at most 200 characters"}
+    raw = (NS.path(data_dir) / "raw" / "2026-06-01.md").read_text("utf-8")
+    assert "刚好 200" in raw and not any(t in raw for t in ("没有 id", "时间不对", "空 id", "太长的 id"))
+
+
+def test_a_message_recorded_again_in_a_batch_or_beside_another_days_message_is_not_recorded_twice(
+    data_dir: Path,
+) -> None:
+    writer = Writer(Store(data_dir))
+    again = {"id": "om_again", "ts": "2026-06-02T09:00:00Z", "text": "第二天的消息"}
+    writer.submit(NS, [Record(message=again)])
+    other_day = {"id": "om_other", "ts": "2026-06-01T09:00:00Z", "text": "第一天的消息"}
+    ops = [Record(message=other_day), Record(message=again), Record(message=other_day)]
+    outcomes = writer.submit(NS, ops)
+    assert outcomes == [
+        Outcome(ops[0].op_id, "recorded", id="om_other"),
+        Outcome(ops[1].op_id, "unchanged", id="om_again", detail="already recorded"),
+        Outcome(ops[2].op_id, "unchanged", id="om_other", detail="already recorded"),  # twice in one batch
+    ]
+    raw = NS.path(data_dir) / "raw"
+    assert (raw / "2026-06-02.md").read_text("utf-8").count("第二天的消息") == 1
+    assert (raw / "2026-06-01.md").read_text("utf-8").count("第一天的消息") == 1
 
 
 def test_without_redis_a_secret_in_the_speaker_field_is_redacted_too(data_dir: Path) -> None:

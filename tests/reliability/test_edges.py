@@ -130,7 +130,9 @@ async def test_one_bad_create_time_never_fails_its_batch(
     assert again == [(200, "duplicate")] * 6
 
 
-def test_an_event_redis_refuses_fails_alone_and_keeps_no_claim(redis_client: redis.Redis) -> None:
+def test_an_event_redis_refuses_fails_alone_and_keeps_no_claim(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
     def inbound(mid: str, created: int) -> Inbound:
         return Inbound(
             tenant="t", user="u" + mid, open_id="ou_" + mid, persona="p", chat_id="oc_" + mid,
@@ -139,8 +141,12 @@ def test_an_event_redis_refuses_fails_alone_and_keeps_no_claim(redis_client: red
 
     intake = Intake(redis_client)
     # A score Redis refuses (past a double's range) stands for any field the route let through by mistake.
-    out = intake.accept_many([inbound("a", 1), inbound("b", 10**400), inbound("c", 2)])
+    with caplog.at_level(logging.WARNING, logger="workers.mailbox"):
+        out = intake.accept_many([inbound("a", 1), inbound("b", 10**400), inbound("c", 2)])
     assert out[0] is True and out[2] is True and isinstance(out[1], redis.ResponseError)
+    assert [r.getMessage() for r in caplog.records] == [
+        "refused 1 event(s) of a batch of 3: ['ResponseError']"
+    ]
     assert len(Queue("chat", connection=redis_client).jobs) == 2
     assert intake.accept(inbound("b", 3)) is True  # its claim was released: the retry is not a duplicate
 

@@ -9,14 +9,17 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 import redis
 
 from memory_core.lineformat import parse_file
 from memory_core.namespace import Namespace
-from memory_core.ops import Remember
+from memory_core.ops import Edit, Outcome, Record, Remember
 from memory_core.store import Store
 from memory_core.writer import Writer
 from workers.redis_backend import RedisLocker, RedisOpQueue
@@ -123,6 +126,66 @@ def test_secret_typed_into_the_file_never_reaches_git(local_writer: Writer, data
     local_writer.submit(NS, [Remember(text="我喜欢爬山")])
     memory = NS.path(data_dir) / "MEMORY.md"
     memory.write_text(memory.read_text("utf-8") + "- 我的密码是 Xk9#mQ2!vL7p\n", "utf-8")
+    local_writer.submit(NS, [Remember(text="我在余杭区")])
+    assert "Xk9#mQ2!vL7p" not in memory.read_text("utf-8")
+    log = subprocess.run(
+        ["git", "-C", str(NS.path(data_dir)), "log", "-p"], capture_output=True, text=True
+    ).stdout
+    assert "Xk9#mQ2!vL7p" not in log and "manual edit (1 secret(s) redacted)" in log
+
+
+def test_hand_typed_secrets_are_redacted_in_place_and_counted_leaving_every_other_byte(
+    local_writer: Writer, data_dir: Path
+) -> None:
+    """The `manual edit` commit holds the file as the person typed it, but each secret replaced where it
+    stood: other lines, the metadata comments, even two lines joined by hand, are left exactly as they were."""
+    local_writer.submit(NS, [Remember(text="我喜欢爬山")])
+    memory = NS.path(data_dir) / "MEMORY.md"
+    typed = memory.read_text("utf-8") + "".join(
+        line + "\n"
+        for line in (
+            "- 我的密码是 Xk9#mQ2!vL7p",
+            "- 备注 <!--m:id=ab12;t=fact--> 我的密码是 Qw8#nR3!zT6k <!--m:id=cd34;t=fact-->",
+        )
+    )
+    memory.write_text(typed, "utf-8")
+    local_writer.submit(NS, [Remember(text="我在余杭区")])
+    repo = str(NS.path(data_dir))
+    git = ["git", "-C", repo]
+    commits = subprocess.run([*git, "log", "--format=%H %s"], capture_output=True, text=True).stdout
+    [manual] = [c.split(" ", 1) for c in commits.splitlines() if " manual edit" in c]
+    assert manual[1] == "manual edit (2 secret(s) redacted)"
+    committed = subprocess.run(
+        [*git, "show", f"{manual[0]}:MEMORY.md"], capture_output=True, text=True
+    ).stdout
+    assert committed == typed.replace("Xk9#mQ2!vL7p", "[REDACTED:password]").replace(
+        "Qw8#nR3!zT6k", "[REDACTED:password]"
+    )
+
+
+@pytest.mark.parametrize("name", ["PROFILE.md", "DREAMS.md"])
+def test_a_secret_typed_into_the_profile_or_dream_log_never_reaches_git(
+    name: str, local_writer: Writer, data_dir: Path
+) -> None:
+    local_writer.submit(NS, [Remember(text="我喜欢爬山")])
+    edited = NS.path(data_dir) / name
+    before = edited.read_text("utf-8") if edited.exists() else ""
+    edited.write_text(before + "我的密码是 Xk9#mQ2!vL7p\n", "utf-8")
+    local_writer.submit(NS, [Remember(text="我在余杭区")])
+    assert "Xk9#mQ2!vL7p" not in edited.read_text("utf-8") and "我的密码是" in edited.read_text("utf-8")
+    log = subprocess.run(
+        ["git", "-C", str(NS.path(data_dir)), "log", "-p"], capture_output=True, text=True
+    ).stdout
+    assert "Xk9#mQ2!vL7p" not in log and "manual edit (1 secret(s) redacted)" in log
+
+
+def test_a_secret_in_a_malformed_hand_typed_line_never_reaches_git(
+    local_writer: Writer, data_dir: Path
+) -> None:
+    """A line the parser cannot read (its metadata comment left open) is kept as typed, but not its secret."""
+    local_writer.submit(NS, [Remember(text="我喜欢爬山")])
+    memory = NS.path(data_dir) / "MEMORY.md"
+    memory.write_text(memory.read_text("utf-8") + "- 我的密码是 Xk9#mQ2!vL7p <!--m:id=zz;t=fact\n", "utf-8")
     local_writer.submit(NS, [Remember(text="我在余杭区")])
     assert "Xk9#mQ2!vL7p" not in memory.read_text("utf-8")
     log = subprocess.run(
@@ -286,6 +349,75 @@ def test_paused_writer_past_its_lease_cannot_overwrite(
     assert out.startswith("refused"), (out, err)
     text = (NS.path(data_dir) / "MEMORY.md").read_text("utf-8")
     assert "新的持有者写的" in text and "stale writer" not in text
+
+
+def _redis_text(client: redis.Redis) -> str:
+    """Every string, list and hash value in Redis, as one text (what an AOF or a replica would hold)."""
+    parts: list[bytes] = []
+    for key in client.scan_iter("*"):
+        kind = client.type(key)
+        if kind == b"string":
+            parts.append(client.get(key) or b"")
+        elif kind == b"list":
+            parts.extend(client.lrange(key, 0, -1))
+        elif kind == b"hash":
+            parts.extend(v for kv in client.hgetall(key).items() for v in kv)
+    return b"\n".join(parts).decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("vault", [True, False], ids=["vault key", "no vault key"])
+def test_over_redis_a_secret_never_enters_the_queue_and_only_a_statement_reaches_the_vault(
+    vault: bool, data_dir: Path, redis_client: redis.Redis
+) -> None:
+    """The submitter screens ops before they travel through Redis: a secret statement or edit is refused
+    on the spot (a statement sealed into the vault when a key is set), a recorded message is redacted."""
+    from memory_core.vault import derive_key, unseal
+
+    key = derive_key("correct horse battery staple") if vault else None
+    store = Store(data_dir)
+    now = datetime(2026, 6, 1, 9, 30, tzinfo=UTC)
+    writer = Writer(store, RedisLocker(redis_client), RedisOpQueue(redis_client), lambda: now, vault_key=key)
+    [added] = writer.submit(NS, [Remember(text="我喜欢爬山")])
+    message = {
+        "id": "om_1",
+        "ts": "2026-06-01T09:00:00Z",
+        "speaker": "密码 Qw8#nR3!zT6k",
+        "text": "我的密码是 Xk9#mQ2!vL7p",
+    }
+    ops = [
+        Remember(text="我的银行卡密码是 Zt5#pL9!wQ2m"),
+        Edit(id=added.id or "", text="我喜欢爬山，密码是 Rv3#kM8!nB6x"),
+        Record(message=message),
+        Remember(text="我住在杭州"),
+    ]
+    held = RedisLocker(redis_client).acquire(NS, 1.0, store.read_fence(NS))  # another writer's turn
+    assert held is not None
+    result: list[list[Outcome]] = []
+    submitter = threading.Thread(target=lambda: result.append(writer.submit(NS, ops)))
+    submitter.start()
+    while submitter.is_alive() and not redis_client.llen(f"lucid:ops:{NS.key}"):
+        time.sleep(0.01)
+    queued = _redis_text(redis_client)
+    held.release()
+    submitter.join(30)
+    [outcomes] = result
+    secrets = ("Zt5#pL9!wQ2m", "Rv3#kM8!nB6x", "Xk9#mQ2!vL7p", "Qw8#nR3!zT6k")
+    assert not any(s in queued for s in secrets) and "[REDACTED:password]" in queued
+    detail = "kept encrypted in the vault, not in memory" if vault else "looks like a secret; not stored"
+    assert [(o.op_id, o.status, o.detail) for o in outcomes[:2]] == [
+        (ops[0].op_id, "rejected:secret", detail),
+        (ops[1].op_id, "rejected:secret", "looks like a secret; not stored"),  # an edit is never vaulted
+    ]
+    assert [o.status for o in outcomes[2:]] == ["recorded", "added"]
+    sealed = [unseal(key, line) for line in store.read_vault(NS)] if key else store.read_vault(NS)
+    statement = {"at": "2026-06-01T09:30:00Z", "text": "我的银行卡密码是 Zt5#pL9!wQ2m", "op": ops[0].op_id}
+    assert sealed == ([statement] if vault else [])
+    assert not any(
+        s in p.read_text(errors="replace")
+        for p in NS.path(data_dir).rglob("*")
+        if p.is_file()
+        for s in secrets
+    )
 
 
 def test_secret_goes_to_the_encrypted_vault_when_a_key_is_set(data_dir: Path) -> None:
