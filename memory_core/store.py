@@ -49,12 +49,7 @@ def no_symlink(base: Path, path: Path) -> Path:
     The one symlink rule (issue 15): a link planted in a namespace (`raw/`, `MEMORY.md`, `.vault/…`,
     `.index/`) would make a write land, or a read come from, outside the data directory. `base` itself may
     be a link: that is the operator's choice of where the data lives. Raises UnsafePath."""
-    try:
-        rel = path.relative_to(base)
-    except ValueError as exc:
-        raise UnsafePath(f"{path} is outside the data directory {base}") from exc
-    if ".." in rel.parts:
-        raise UnsafePath(f"{path} leaves the data directory {base}")
+    rel = _below(base, path)
     current = base
     for part in rel.parts:
         current = current / part
@@ -65,37 +60,160 @@ def no_symlink(base: Path, path: Path) -> Path:
         except NotADirectoryError as exc:
             raise UnsafePath(f"{current.parent} is not a directory") from exc
         if stat.S_ISLNK(mode):
-            raise UnsafePath(
-                f"refusing to follow a symbolic link: {current} points to {os.readlink(current)!r}; "
-                "replace it with a real file or directory (Lucid never reads or writes through a link)"
-            )
+            raise _link_refused(current)
     return path
+
+
+def _below(base: Path, path: Path) -> Path:
+    """`path` relative to `base`; UnsafePath if it is not below it."""
+    try:
+        rel = path.relative_to(base)
+    except ValueError as exc:
+        raise UnsafePath(f"{path} is outside the data directory {base}") from exc
+    if ".." in rel.parts:
+        raise UnsafePath(f"{path} leaves the data directory {base}")
+    return rel
+
+
+def _link_refused(path: Path) -> UnsafePath:
+    try:
+        target = f" points to {os.readlink(path)!r}"
+    except OSError:
+        target = ""
+    return UnsafePath(
+        f"refusing to follow a symbolic link: {path}{target}; "
+        "replace it with a real file or directory (Lucid never reads or writes through a link)"
+    )
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY
+
+
+def open_beneath(
+    base: Path,
+    path: Path,
+    flags: int = os.O_RDONLY,
+    mode: int = 0o600,
+    *,
+    makedirs: bool = False,
+    dir_mode: int = 0o777,
+) -> int:
+    """`os.open` of `path` that follows no symbolic link below `base`, by construction rather than by a
+    check before it: each folder is opened from the one above it (`dir_fd`) with O_NOFOLLOW | O_DIRECTORY,
+    and the last component with O_NOFOLLOW, so a link planted after any check is refused by the open
+    itself (UnsafePath). `base` may be a link (the operator's choice). `makedirs`: missing folders are
+    created on the way (mode `dir_mode`). Returns the descriptor (the caller closes it)."""
+    rel = _below(base, path)
+    try:
+        folder = os.open(base, _DIR)
+    except FileNotFoundError:
+        if not makedirs:
+            raise
+        base.mkdir(parents=True, exist_ok=True)  # the data directory itself (above it: the operator's)
+        folder = os.open(base, _DIR)
+    current = base
+    try:
+        if not rel.parts:
+            fd, folder = folder, -1
+            return fd
+        whole = makedirs and flags & os.O_DIRECTORY  # a folder to open or create: every part is one
+        for part in rel.parts if whole else rel.parts[:-1]:
+            current = current / part
+            try:
+                nxt = _open_at(folder, part, _DIR, 0, current)
+            except FileNotFoundError:
+                if not makedirs:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_mode, dir_fd=folder)
+                nxt = _open_at(folder, part, _DIR, 0, current)
+            os.close(folder)
+            folder = nxt
+        if whole:
+            fd, folder = folder, -1
+            return fd
+        return _open_at(folder, rel.parts[-1], flags, mode, path)
+    finally:
+        if folder >= 0:
+            os.close(folder)
+
+
+def _open_at(folder: int, name: str, flags: int, mode: int, path: Path) -> int:
+    """`name` in the open folder `folder`, with O_NOFOLLOW: a link there is refused by the open (UnsafePath;
+    lstat only names why: ELOOP, or ENOTDIR for a folder on Linux)."""
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW, mode, dir_fd=folder)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(path)):
+            raise _link_refused(path) from exc
+        if exc.errno == errno.ENOTDIR and flags & os.O_DIRECTORY:
+            raise UnsafePath(f"{path} is not a directory") from exc
+        raise
+
+
+def read_beneath(base: Path, path: Path) -> bytes:
+    """The bytes of `path`, opened by `open_beneath` (no link followed below `base`)."""
+    with os.fdopen(open_beneath(base, path), "rb") as fh:
+        return fh.read()
+
+
+@contextlib.contextmanager
+def folder_beneath(base: Path, path: Path, makedirs: bool = True, dir_mode: int = 0o777) -> Iterator[int]:
+    """The folder `path` opened by `open_beneath` (created if missing), closed after the block."""
+    fd = open_beneath(base, path, _DIR, makedirs=makedirs, dir_mode=dir_mode)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _no_link_at(folder: int, name: str, path: Path) -> None:
+    """Refuse to replace a link: a rename would not follow it (nothing lands outside), but it would
+    silently swap a planted link for a file instead of reporting it. A link planted after this check is
+    replaced, never written through."""
+    try:
+        if stat.S_ISLNK(os.lstat(name, dir_fd=folder).st_mode):
+            raise _link_refused(path)
+    except FileNotFoundError:
+        pass
 
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def atomic_write(path: Path, data: bytes, durable: bool = True, sync: bool = True) -> None:
+def atomic_write(
+    base: Path, path: Path, data: bytes, durable: bool = True, sync: bool = True, dir_mode: int = 0o777
+) -> None:
     """Write `data` to `path` so that readers and crashes see the old or the new file, never a mix.
 
-    `durable=False` skips the directory fsync, `sync=False` every fsync: for bookkeeping whose loss after a
-    power cut only makes the next batch re-check the files, never loses or tears memory."""
-    tmp = _stage(path, data, sync)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    if durable:
-        _fsync_dir(path.parent)
+    The folder is opened by `open_beneath` and the temp file created and renamed relative to it: no link
+    below `base` is followed, whatever was planted since a check. `durable=False` skips the directory
+    fsync, `sync=False` every fsync: for bookkeeping whose loss after a power cut only makes the next batch
+    re-check the files, never loses or tears memory."""
+    with folder_beneath(base, path.parent, dir_mode=dir_mode) as folder:
+        _no_link_at(folder, path.name, path)
+        tmp = _stage_in(folder, path.name, data, sync)
+        try:
+            os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=folder)
+            raise
+        if durable:
+            os.fsync(folder)
 
 
-def _stage(path: Path, data: bytes, sync: bool = True) -> str:
-    """Write `data` to a (synced) temp file beside `path`; the caller renames it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _stage_in(folder: int, name: str, data: bytes, sync: bool = True) -> str:
+    """A (synced) temp file holding `data` in the open folder `folder`; returns its name there (the caller
+    renames it into place)."""
+    while True:
+        tmp = f".{name}.{os.urandom(6).hex()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -104,32 +222,33 @@ def _stage(path: Path, data: bytes, sync: bool = True) -> str:
                 os.fsync(fh.fileno())
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=folder)
         raise
     return tmp
 
 
-def _append(path: Path, at: int, data: bytes, rel: str) -> None:
+def _append(base: Path, path: Path, at: int, data: bytes, rel: str) -> None:
     """Append `data` to the file at `path`, which must still be `at` bytes long and still be the file at
     `path` once written (an editor's save by rename in between means the append went nowhere). A failed
-    write (disk full) is taken back: the file ends as it was."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
-    try:
-        if os.fstat(fd).st_size != at:
-            raise ConcurrentChange(rel)
+    write (disk full) is taken back: the file ends as it was. Opened by `open_beneath` (no link followed)."""
+    with folder_beneath(base, path.parent, makedirs=False) as folder:
+        fd = _open_at(folder, path.name, os.O_WRONLY | os.O_APPEND, 0, path)
         try:
-            half = len(data) // 2
-            _write_all(fd, data[:half])  # in two: the fault suite kills between them (a cut append)
-            _kill_point("append")
-            _write_all(fd, data[half:])
-            os.fdatasync(fd)
-        except OSError:
-            os.ftruncate(fd, at)
-            raise
-        if os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
-            raise ConcurrentChange(rel)
-    finally:
-        os.close(fd)
+            if os.fstat(fd).st_size != at:
+                raise ConcurrentChange(rel)
+            try:
+                half = len(data) // 2
+                _write_all(fd, data[:half])  # in two: the fault suite kills between them (a cut append)
+                _kill_point("append")
+                _write_all(fd, data[half:])
+                os.fdatasync(fd)
+            except OSError:
+                os.ftruncate(fd, at)
+                raise
+            if os.stat(path.name, dir_fd=folder, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+                raise ConcurrentChange(rel)
+        finally:
+            os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -138,9 +257,9 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _truncate(path: Path, size: int) -> None:
+def _truncate(base: Path, path: Path, size: int) -> None:
     with contextlib.suppress(FileNotFoundError):
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+        fd = open_beneath(base, path, os.O_WRONLY)
         try:
             if os.fstat(fd).st_size > size:
                 os.ftruncate(fd, size)
@@ -149,24 +268,16 @@ def _truncate(path: Path, size: int) -> None:
             os.close(fd)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
+def _fsync_dir(base: Path, directory: Path) -> None:
+    with folder_beneath(base, directory, makedirs=False) as fd:
         os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
-def flocked(path: Path) -> Iterator[None]:
-    """A host-wide exclusive lock on `path` (released by the kernel if the process dies)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafePath(f"refusing to follow a symbolic link: {path}") from exc
-        raise
+def flocked(base: Path, path: Path) -> Iterator[None]:
+    """A host-wide exclusive lock on `path` (released by the kernel if the process dies); opened by
+    `open_beneath` (no link followed below `base`)."""
+    fd = open_beneath(base, path, os.O_RDWR | os.O_CREAT, 0o600, makedirs=True)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -233,6 +344,10 @@ class Store:
         """A path in the namespace, refused (UnsafePath) if it or a folder on the way is a symbolic link."""
         return no_symlink(self.data_dir, self.path(ns).joinpath(*parts))
 
+    def _read(self, path: Path) -> bytes:
+        """The bytes of `path` (a `file()` path), opened without following any link (`open_beneath`)."""
+        return read_beneath(self.data_dir, path)
+
     def _meta(self, ns: Namespace, name: str) -> Path:
         return self.file(ns, ".lucid", name)
 
@@ -245,7 +360,7 @@ class Store:
         files: dict[str, bytes | None] = {}
         for name in TRACKED:
             try:
-                files[name] = self.file(ns, name).read_bytes()
+                files[name] = self._read(self.file(ns, name))
             except FileNotFoundError:
                 files[name] = None
         written = self._written(ns)
@@ -254,7 +369,7 @@ class Store:
 
     def read_text(self, ns: Namespace, name: str) -> str | None:
         try:
-            return self.file(ns, name).read_text("utf-8", errors="surrogateescape")
+            return self._read(self.file(ns, name)).decode("utf-8", errors="surrogateescape")
         except FileNotFoundError:
             return None
 
@@ -264,7 +379,7 @@ class Store:
     def _read_json(self, ns: Namespace, name: str) -> dict[str, Any] | None:
         """A JSON object under `.lucid/`: None if the file is missing, {} if it is not one (torn)."""
         try:
-            data = json.loads(self._meta(ns, name).read_text("utf-8"))
+            data = json.loads(self._read(self._meta(ns, name)).decode("utf-8"))
         except FileNotFoundError:
             return None
         except ValueError:
@@ -285,12 +400,11 @@ class Store:
 
     def _update_state(self, ns: Namespace, **values: Any) -> None:
         # Read-modify-write under a lock: the writer (hashes) and jobs (watermarks) both update it.
-        with flocked(self._meta(ns, "state.lock")):
+        with flocked(self.data_dir, self._meta(ns, "state.lock")):
             state = self._read_state(ns)
             state.update(values)
-            atomic_write(
-                self._meta(ns, "state.json"), json.dumps(state, sort_keys=True).encode(), durable=False
-            )
+            data = json.dumps(state, sort_keys=True).encode()
+            atomic_write(self.data_dir, self._meta(ns, "state.json"), data, durable=False)
 
     def state_value(self, ns: Namespace, key: str) -> Any:
         """A small persisted value of the namespace (phase watermarks, last-run times); not in git."""
@@ -305,24 +419,24 @@ class Store:
 
     def read_fence(self, ns: Namespace) -> int:
         try:
-            return int(self._meta(ns, "fence").read_text().strip() or 0)
+            return int(self._read(self._meta(ns, "fence")).decode().strip() or 0)
         except (FileNotFoundError, ValueError):
             return 0
 
     def claim_fence(self, ns: Namespace, token: int) -> None:
         """Record `token` as the newest; this fences every older holder out at once. Idempotent for the
         holder of `token` (a leader claims once per batch it runs)."""
-        with flocked(self._meta(ns, "fence.lock")):
+        with flocked(self.data_dir, self._meta(ns, "fence.lock")):
             current = self.read_fence(ns)
             if token < current:
                 raise LeaseLost(f"fencing token {token} is older than {current}")
             if token > current:  # equal: this holder already claimed it (tokens are unique per lease)
-                atomic_write(self._meta(ns, "fence"), str(token).encode())
+                atomic_write(self.data_dir, self._meta(ns, "fence"), str(token).encode())
 
     @contextlib.contextmanager
     def fenced(self, ns: Namespace, token: int, still_held: Callable[[], bool]) -> Iterator[None]:
         """Hold the fence lock while the body replaces files; refuse if the token is stale."""
-        with flocked(self._meta(ns, "fence.lock")):
+        with flocked(self.data_dir, self._meta(ns, "fence.lock")):
             current = self.read_fence(ns)
             if current != token or not still_held():
                 raise LeaseLost(f"write refused: fencing token {token} is stale (current {current})")
@@ -349,17 +463,14 @@ class Store:
         disk since `before` was read: a hand edit raced us.
         """
         root = self.file(ns)
-        root.mkdir(parents=True, exist_ok=True)
+        os.close(open_beneath(self.data_dir, root, _DIR, makedirs=True))
         for name in TRACKED:
-            path = self.file(ns, name)
-            now = path.read_bytes() if path.exists() else None
-            if now != before.files.get(name):
+            if self._maybe(self.file(ns, name)) != before.files.get(name):
                 raise ConcurrentChange(name)
         hashes = {n: _sha(d) for n, d in before.files.items() if d is not None}
         writes: list[tuple[str, bytes, bytes | None]] = []  # (path in the namespace, new, current)
         for name, content in (raw or {}).items():
-            path = self.file(ns, "raw", name)
-            current = path.read_bytes() if path.exists() else None
+            current = self._maybe(self.file(ns, "raw", name))
             writes.append((f"raw/{name}", content.encode("utf-8", errors="surrogateescape"), current))
         for name in (ARCHIVE, PROFILE, DREAMS, MEMORY):
             if name in files:
@@ -371,14 +482,21 @@ class Store:
             rel: cur for rel, data, cur in writes if cur and len(data) > len(cur) and data.startswith(cur)
         }
         appends = {rel: (len(cur), data[len(cur) :]) for rel, data, _ in writes if (cur := prior.get(rel))}
-        # Stage every temp file first: ENOSPC or EACCES then hits before any file is replaced.
-        staged: list[tuple[str, Path]] = []
+        # Stage every temp file first: ENOSPC or EACCES then hits before any file is replaced. Folders are
+        # opened without following a link (`open_beneath`); temp files and renames are relative to them,
+        # so a link planted since the checks above is never written through.
+        folders: dict[Path, int] = {}
+        staged: list[tuple[int, str, str]] = []
         appended: list[tuple[Path, int]] = []
         try:
             for rel, data, _ in writes:
                 if rel not in appends:
                     path = self.file(ns, *rel.split("/"))
-                    staged.append((_stage(path, data), path))
+                    if path.parent not in folders:
+                        folders[path.parent] = open_beneath(self.data_dir, path.parent, _DIR, makedirs=True)
+                    folder = folders[path.parent]
+                    _no_link_at(folder, path.name, path)
+                    staged.append((folder, _stage_in(folder, path.name, data), path.name))
             if journal is not None:
                 self.write_journal(
                     ns,
@@ -398,24 +516,34 @@ class Store:
                 )
             for rel, (at, more) in appends.items():
                 path = self.file(ns, *rel.split("/"))
-                _append(path, at, more, rel)
+                _append(self.data_dir, path, at, more, rel)
                 appended.append((path, at))
-            for tmp, path in staged:
-                os.replace(tmp, path)
-            for directory in {path.parent for _, path in staged}:
-                _fsync_dir(directory)
+            for folder, tmp, name in staged:
+                os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+            for folder in {folder for folder, _, _ in staged}:
+                os.fsync(folder)
         except BaseException as exc:
             for path, at in appended:  # nothing of a failed batch stays: what it appended is taken back
-                _truncate(path, at)
-            for tmp, _ in staged:
+                _truncate(self.data_dir, path, at)
+            for folder, tmp, _ in staged:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+                    os.unlink(tmp, dir_fd=folder)
             if journal is not None:
                 self.clear_journal(ns)
             if isinstance(exc, OSError) and not isinstance(exc, ConcurrentChange):
                 raise StoreError(_os_message(exc, root)) from exc
             raise
+        finally:
+            for folder in folders.values():
+                os.close(folder)
         return hashes
+
+    def _maybe(self, path: Path) -> bytes | None:
+        """The bytes of `path` (opened as `_read` does), None if it does not exist."""
+        try:
+            return self._read(path)
+        except FileNotFoundError:
+            return None
 
     def undo_cut_appends(self, ns: Namespace, journal: Mapping[str, Any]) -> None:
         """Take back an append the journal's batch did not finish (a crash or a power cut mid-write): the
@@ -426,13 +554,13 @@ class Store:
                 path = self.file(ns, *str(rel).split("/"))
                 at, more = int(spec["at"]), base64.b64decode(spec["data"])
                 before = base64.b64decode(spec["before"])
-                data = path.read_bytes()
+                data = self._read(path)
             except (FileNotFoundError, KeyError, TypeError, ValueError):
                 continue
             tail = data[at:]
             ours = len(data) >= at >= len(before) and data[at - len(before) : at] == before
             if ours and len(tail) < len(more) and more.startswith(tail):
-                _truncate(path, at)
+                _truncate(self.data_dir, path, at)
                 log.warning("took back a cut append of %s/%s (%d of %d bytes)", ns, rel, len(tail), len(more))
 
     def record_hashes(self, ns: Namespace, hashes: Mapping[str, str], **values: Any) -> None:
@@ -447,10 +575,11 @@ class Store:
         self._update_written(ns, fold=dict(fold) if fold is not None else None)
 
     def _update_written(self, ns: Namespace, **values: Any) -> None:
-        with flocked(self._meta(ns, "state.lock")):
+        with flocked(self.data_dir, self._meta(ns, "state.lock")):
             written = self._written(ns)
             written.update(values)
             atomic_write(
+                self.data_dir,
                 self._meta(ns, "written.json"),
                 json.dumps(written, sort_keys=True).encode(),
                 durable=False,
@@ -465,17 +594,21 @@ class Store:
         `sync`: a journal lost to a power cut leaves files that differ from the recorded hashes, which the
         next batch commits as a hand edit; only an append needs its journal to survive (to be taken back)."""
         path = self._meta(ns, "journal.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        created = not path.exists()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            _write_all(fd, json.dumps(journal).encode())
-            if sync:
-                os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        if sync and created:
-            _fsync_dir(path.parent)
+        with folder_beneath(self.data_dir, path.parent) as folder:
+            try:
+                os.lstat(path.name, dir_fd=folder)
+                created = False
+            except FileNotFoundError:
+                created = True
+            fd = _open_at(folder, path.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, path)
+            try:
+                _write_all(fd, json.dumps(journal).encode())
+                if sync:
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            if sync and created:
+                os.fsync(folder)
 
     def read_journal(self, ns: Namespace) -> dict[str, Any] | None:
         data = self._read_json(ns, "journal.json")
@@ -483,7 +616,7 @@ class Store:
 
     def clear_journal(self, ns: Namespace) -> None:
         with contextlib.suppress(FileNotFoundError):
-            os.truncate(self._meta(ns, "journal.json"), 0)
+            os.close(open_beneath(self.data_dir, self._meta(ns, "journal.json"), os.O_WRONLY | os.O_TRUNC))
 
     def set_aside(self, ns: Namespace, name: str, line: str) -> str:
         """Keep a hand-edited line too long to be memory, as given (the writer has redacted its secrets), out
@@ -491,8 +624,7 @@ class Store:
         data = line.encode("utf-8", errors="surrogateescape")
         where = f".lucid/set-aside/{Path(name).stem}-{_sha(data)[:12]}.txt"
         path = self.file(ns, *where.split("/"))
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write(path, data)
+        atomic_write(self.data_dir, path, data, dir_mode=0o700)
         return where
 
     # -------------------------------------------------------------------------------------- vault
@@ -500,8 +632,8 @@ class Store:
     def append_vault(self, ns: Namespace, lines: list[str]) -> None:
         """Append sealed (encrypted) records to the namespace's vault; never in git (.gitignore)."""
         path = self.file(ns, ".vault", "secrets.enc")
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        fd = open_beneath(self.data_dir, path, flags, 0o600, makedirs=True, dir_mode=0o700)
         try:
             os.write(fd, "".join(line + "\n" for line in lines).encode())
             os.fsync(fd)
@@ -509,8 +641,8 @@ class Store:
             os.close(fd)
 
     def read_vault(self, ns: Namespace) -> list[str]:
-        path = self.file(ns, ".vault", "secrets.enc")
-        return path.read_text().split() if path.exists() else []
+        data = self._maybe(self.file(ns, ".vault", "secrets.enc"))
+        return [] if data is None else data.decode().split()
 
     # -------------------------------------------------------------------------------------- caches
 
@@ -521,22 +653,32 @@ class Store:
         `manifest.json` naming it, then older folders deleted. A crash leaves the old cache or the new."""
         root = self.file(ns, ".index", name)
         gen = f"gen-{uuid.uuid4().hex[:12]}"
-        folder = self.file(ns, ".index", name, gen)
-        folder.mkdir(parents=True)
-        for part, data in files.items():
-            atomic_write(self.file(ns, ".index", name, gen, part), data, durable=False)
-        _fsync_dir(folder)
-        _kill_point("cache")
-        atomic_write(root / "manifest.json", json.dumps({**manifest, "generation": gen}).encode())
-        for old in root.glob("gen-*"):
-            if old.name != gen and not old.is_symlink() and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
+        for part in files:
+            self.file(ns, ".index", name, gen, part)  # the clear refusal of a bad part name, early
+        with folder_beneath(self.data_dir, root) as top:  # every open below is relative: no link followed
+            os.mkdir(gen, dir_fd=top)
+            fd = _open_at(top, gen, _DIR, 0, root / gen)
+            try:
+                for part, data in files.items():
+                    tmp = _stage_in(fd, part, data)
+                    os.replace(tmp, part, src_dir_fd=fd, dst_dir_fd=fd)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _kill_point("cache")
+            manifest_data = json.dumps({**manifest, "generation": gen}).encode()
+            tmp = _stage_in(top, "manifest.json", manifest_data)
+            os.replace(tmp, "manifest.json", src_dir_fd=top, dst_dir_fd=top)
+            os.fsync(top)
+            for old in os.listdir(top):
+                if old.startswith("gen-") and old != gen:
+                    shutil.rmtree(old, ignore_errors=True, dir_fd=top)  # refuses a link (ignored)
 
     def load_cache(self, ns: Namespace, name: str) -> tuple[dict[str, Any], Callable[[str], bytes]] | None:
         """The cache `save_cache` wrote last: its manifest and a reader of its files; None if there is no
         readable one. Raises UnsafePath when a link is planted on the way."""
         try:
-            manifest = json.loads(self.file(ns, ".index", name, "manifest.json").read_bytes())
+            manifest = json.loads(self._read(self.file(ns, ".index", name, "manifest.json")))
         except (FileNotFoundError, NotADirectoryError, ValueError):
             return None
         gen = manifest.get("generation") if isinstance(manifest, dict) else None
@@ -544,7 +686,7 @@ class Store:
             return None
 
         def read(part: str) -> bytes:
-            return self.file(ns, ".index", name, gen, part).read_bytes()
+            return self._read(self.file(ns, ".index", name, gen, part))
 
         return manifest, read
 
@@ -559,15 +701,19 @@ class Store:
 
     def read_text_raw(self, ns: Namespace, day_name: str) -> str | None:
         try:
-            return self.file(ns, "raw", day_name).read_text("utf-8", errors="surrogateescape")
+            return self._read(self.file(ns, "raw", day_name)).decode("utf-8", errors="surrogateescape")
         except FileNotFoundError:
             return None
 
     def raw_days(self, ns: Namespace) -> list[str]:
-        raw = self.file(ns, "raw")
-        if not raw.is_dir():
+        try:
+            with folder_beneath(self.data_dir, self.file(ns, "raw"), makedirs=False) as raw:
+                names = os.listdir(raw)
+        except (FileNotFoundError, UnsafePath) as exc:
+            if isinstance(exc, UnsafePath) and "not a directory" not in str(exc):
+                raise
             return []
-        return sorted(p.name for p in raw.iterdir() if re.fullmatch(r"\d{4}-\d{2}-\d{2}\.md", p.name))
+        return sorted(n for n in names if re.fullmatch(r"\d{4}-\d{2}-\d{2}\.md", n))
 
     def iter_raw(self, ns: Namespace, days: list[str] | None = None) -> Iterator[RawMessage]:
         """Every readable message of the raw archive, in file order (unreadable lines are skipped)."""
@@ -604,7 +750,7 @@ class Store:
 
     def ensure_repo(self, ns: Namespace) -> None:
         root = self.file(ns)
-        root.mkdir(parents=True, exist_ok=True)
+        os.close(open_beneath(self.data_dir, root, _DIR, makedirs=True))
         if not self.git_enabled or self.file(ns, ".git").exists():
             return
         _isolate_git_config()
@@ -613,8 +759,10 @@ class Store:
         repo = pygit2.init_repository(str(tmp), bare=True, initial_head="main")
         repo.config["core.bare"] = False  # made bare (no work tree inside the temp folder), used with one
         del repo
-        os.replace(tmp, self.file(ns, ".git"))
-        atomic_write(self.file(ns, ".gitignore"), _GITIGNORE.encode(), durable=False)
+        with folder_beneath(self.data_dir, root, makedirs=False) as folder:
+            _no_link_at(folder, ".git", self.file(ns, ".git"))
+            os.replace(tmp.name, ".git", src_dir_fd=folder, dst_dir_fd=folder)
+        atomic_write(self.data_dir, self.file(ns, ".gitignore"), _GITIGNORE.encode(), durable=False)
 
     def head(self, ns: Namespace) -> str | None:
         """The full id of the newest commit, or None before the first one (or without git)."""
@@ -689,7 +837,8 @@ class Store:
         # next commit (built from HEAD's tree) mends; never a ref to a commit the index does not match.
         self._write_index(ns, repo, tree)
         _kill_point("index")
-        atomic_write(self.file(ns, ".git", *_branch(repo).split("/")), f"{oid}\n".encode(), durable=False)
+        ref = self.file(ns, ".git", *_branch(repo).split("/"))
+        atomic_write(self.data_dir, ref, f"{oid}\n".encode(), durable=False)
         _kill_point("ref")
         self._maybe_pack(ns, repo)
         return str(oid)[:7]
@@ -701,7 +850,9 @@ class Store:
             staged = pygit2.Index(tmp)
             staged.read_tree(repo[tree].peel(pygit2.Tree))
             staged.write()
-            os.replace(tmp, path)
+            with folder_beneath(self.data_dir, path.parent, makedirs=False) as git:
+                _no_link_at(git, path.name, path)
+                os.replace(Path(tmp).name, path.name, src_dir_fd=git, dst_dir_fd=git)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -724,18 +875,30 @@ class Store:
         if len(loose) < LOOSE_MAX and _size(objects, loose) < LOOSE_BYTES:
             return
         packs = sorted((objects / "pack").glob("pack-*.pack"), key=lambda p: p.stat().st_size)
-        counts = {p: len(_pack_ids(p)) for p in packs}
+        counts = {p: len(_pack_ids(self.data_dir, p)) for p in packs}
         if sum(counts.values()) + len(loose) <= REPACK_ALL_OBJECTS:
-            self._pack(repo, objects, None, loose, packs)
+            self._pack(self.data_dir, repo, objects, None, loose, packs)
         elif len(packs) + 1 >= PACKS_MAX:  # geometric: the largest pack stays, the others merge
             merged = packs[:-1]
-            self._pack(repo, objects, [*loose, *(i for p in merged for i in _pack_ids(p))], loose, merged)
+            self._pack(
+                self.data_dir,
+                repo,
+                objects,
+                [*loose, *(i for p in merged for i in _pack_ids(self.data_dir, p))],
+                loose,
+                merged,
+            )
         else:
-            self._pack(repo, objects, loose, loose, [])
+            self._pack(self.data_dir, repo, objects, loose, loose, [])
 
     @staticmethod
     def _pack(
-        repo: pygit2.Repository, objects: Path, oids: list[str] | None, loose: list[str], old: list[Path]
+        base: Path,
+        repo: pygit2.Repository,
+        objects: Path,
+        oids: list[str] | None,
+        loose: list[str],
+        old: list[Path],
     ) -> None:
         """Write `oids` (None: every object reachable from HEAD) as one pack, make it durable, then drop
         the loose objects `loose` and the packs `old`. Another process may hold an old pack open: it keeps
@@ -754,12 +917,12 @@ class Store:
         builder.write(str(pack_dir))
         made = [p for p in pack_dir.glob("pack-*") if p not in before]
         for path in made:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_beneath(base, path)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(pack_dir)
+        _fsync_dir(base, pack_dir)
         _kill_point("pack")
         for oid in loose:
             with contextlib.suppress(FileNotFoundError):
@@ -933,9 +1096,9 @@ def _size(objects: Path, oids: list[str]) -> int:
     return total
 
 
-def _pack_ids(pack: Path) -> list[str]:
+def _pack_ids(base: Path, pack: Path) -> list[str]:
     """The object ids of a pack, from its index (version 2: magic, version, fan-out, sorted ids)."""
-    data = pack.with_suffix(".idx").read_bytes()
+    data = read_beneath(base, pack.with_suffix(".idx"))
     if data[:8] != b"\xfftOc\x00\x00\x00\x02":
         raise StoreError(f"unsupported pack index {pack.with_suffix('.idx')}")
     count = int.from_bytes(data[8 + 255 * 4 : 8 + 256 * 4], "big")

@@ -19,7 +19,7 @@ from memory_core.errors import UnsafePath
 from memory_core.lineformat import RawMessage
 from memory_core.namespace import Namespace
 from memory_core.ops import Record, Remember, message_to_json
-from memory_core.store import Store
+from memory_core.store import Store, atomic_write, open_beneath, read_beneath
 from memory_core.vault import derive_key
 from memory_core.writer import Writer
 from tests.reliability.harness import lucid_cli
@@ -83,6 +83,90 @@ def test_a_planted_link_is_refused_and_nothing_lands_outside(tmp_path: Path, cas
     with pytest.raises(UnsafePath, match="symbolic link"):
         act(writer)
     assert _outside_tree(outside) == before  # nothing written, appended or replaced through the link
+
+
+# The file each case's link sits on (or above): what a read, a replace or an append would open there.
+BENEATH = {
+    "raw dir": "raw/2026-06-01.md",
+    "MEMORY.md": "MEMORY.md",
+    "vault file": ".vault/secrets.enc",
+    "vault dir": ".vault/secrets.enc",
+    "writer state": ".lucid/written.json",
+    "git dir": ".git/HEAD",
+    "persona dir": "MEMORY.md",
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_open_itself_refuses_a_link_planted_after_any_check(tmp_path: Path, case: str) -> None:
+    """No check-then-open window: the low-level open (`open_beneath`, under every read and write of the
+    store) is called directly here, with no `Store.file()` check before it, as if the link had been planted
+    between a check and the open. A read, an atomic replace and an append are each refused by the open
+    itself, and nothing outside changes; a plain open of the same path does go through the link."""
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    outside.mkdir()
+    writer = _seeded(data)
+    writer.submit(NS, [Remember("我的密码是 hunter11")])  # the vault exists
+    name, as_dir, _ = CASES[case]
+    root = NS.path(data)
+    link = root / name if name else root
+    _plant(link, outside, as_dir)
+    target = root / BENEATH[case]
+    assert target.exists()  # the path resolves through the link: an unguarded open would follow it
+    before = _outside_tree(outside)
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        read_beneath(data, target)
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        atomic_write(data, target, b"replaced through a link")
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        os.close(open_beneath(data, target, os.O_WRONLY | os.O_APPEND | os.O_CREAT))
+    assert _outside_tree(outside) == before
+    assert not list(target.parent.glob(".*.tmp"))  # no temp file left behind either
+
+
+# Where the append path, the writer's record, the journal and the raw-index cache open files: (link, is a
+# folder, the file opened there).
+LATER = {
+    "day file (appended)": ("raw/2026-06-01.md", False, "raw/2026-06-01.md"),
+    "MEMORY.md (appended)": ("MEMORY.md", False, "MEMORY.md"),
+    "written.json": (".lucid/written.json", False, ".lucid/written.json"),
+    "journal": (".lucid/journal.json", False, ".lucid/journal.json"),
+    "index dir": (".index", True, ".index/raw/manifest.json"),
+    "cache dir": (".index/raw", True, ".index/raw/manifest.json"),
+    "cache manifest": (".index/raw/manifest.json", False, ".index/raw/manifest.json"),
+    "cache generation": ("GEN", True, "GEN/part.json"),
+}
+
+
+@pytest.mark.parametrize("case", list(LATER))
+def test_appends_bookkeeping_and_the_cache_refuse_a_link_at_the_open(tmp_path: Path, case: str) -> None:
+    """The same, for the opens the append path, `written.json`, the journal and `save_cache`'s folders and
+    manifest make: a read, a replace, an append and a truncating write are refused by the open itself."""
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    outside.mkdir()
+    store = Store(data)
+    writer = _seeded(data)
+    writer.submit(NS, [_message(1), Remember("我喜欢喝龙井")])  # appended, journalled
+    store.write_journal(NS, {"batch": "b"})
+    store.save_cache(NS, "raw", {"part.json": b"{}"}, {"v": 1})
+    held = store.load_cache(NS, "raw")
+    assert held is not None
+    gen = f".index/raw/{held[0]['generation']}"
+    name, as_dir, opened = LATER[case]
+    root = NS.path(data)
+    _plant(root / name.replace("GEN", gen), outside, as_dir)
+    target = root / opened.replace("GEN", gen)
+    assert target.exists()
+    before = _outside_tree(outside)
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        read_beneath(data, target)
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        atomic_write(data, target, b"replaced through a link")
+    for flags in (os.O_WRONLY | os.O_APPEND, os.O_WRONLY | os.O_TRUNC | os.O_CREAT):
+        with pytest.raises(UnsafePath, match="symbolic link"):
+            os.close(open_beneath(data, target, flags))
+    assert _outside_tree(outside) == before
+    assert not list(target.parent.glob(".*.tmp"))
 
 
 def test_search_through_a_linked_index_is_refused_with_a_clear_error(tmp_path: Path) -> None:
