@@ -47,12 +47,13 @@ async def test_a_pickle_payload_planted_in_a_job_is_refused_and_runs_nothing(
     chat = queue("chat", client)
     planted = []
     for field, target in targets.items():
-        # A real-looking turn job, then its stored `data` (zlib'd, as RQ keeps it) or `meta` replaced.
-        job = chat.enqueue_call(
-            handle_message, args=({"persona": "x"},), job_id=f"planted-{field}", at_front=True
-        )
+        # A real-looking turn job, its stored `data` (zlib'd, as RQ keeps it) or `meta` replaced, and only
+        # then put on the queue (enqueued first, the live worker could take it before the payload lands).
+        job = chat.create_job(handle_message, args=({"persona": "x"},), job_id=f"planted-{field}")
+        job.save()
         evil = pickle.dumps(Payload(target))
         client.hset(job.key, field, zlib.compress(evil) if field == "data" else evil)
+        chat.push_job_id(job.id, at_front=True)
         planted.append(job.id)
     assert await await_for(
         lambda: all(fetch(j, client).get_status(refresh=True) == JobStatus.FAILED for j in planted), 60

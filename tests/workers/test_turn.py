@@ -342,7 +342,14 @@ def test_a_paced_chat_hands_on_instead_of_sleeping_while_others_wait(
     assert intake.accept(mine) and intake.accept(theirs)
     chat = queue("chat", redis_client)
     answered: list[str] = []
-    paced = Mailbox(redis_client, pace=lambda m: 0.2 if m.user == "alice" else 0.0)
+    now = itertools.count(0.0, 0.001)  # an injected clock and wait: the machine's speed does not matter
+    paced = Mailbox(
+        redis_client,
+        pace=lambda m: 0.2 if m.user == "alice" else 0.0,
+        sleep=lambda seconds: None,
+        clock=lambda: next(now),
+        lead=TurnTime(0.05),  # not the process's running estimate, which other tests' turns move
+    )
 
     job = fetch(redis_client.lpop(chat.key).decode(), redis_client)  # alice's, first in the queue
     assert paced.deliver(Inbound.from_json(job.args[0]), answered.append, job_id=job.id) == (
