@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -22,7 +23,6 @@ from memory_core.vault import derive_key
 from memory_core.writer import LocalLocker, Writer
 
 from . import embedded_redis, queues
-from .feishu_send import FeishuSender, Pacer
 from .llm import LLM
 from .memory_service import MemoryService
 from .memory_switch import ChatSwitch
@@ -30,6 +30,9 @@ from .metrics import Metrics
 from .redis_backend import RedisLocker, RedisOpQueue
 from .scratch import LocalScratch, RedisScratch, Scratch
 from .settings import Persona, Settings
+
+if TYPE_CHECKING:  # lark-oapi costs ~3 s to import: only a process that sends to Feishu pays it
+    from .feishu_send import FeishuSender
 
 
 def make_clock(settings: Settings) -> Callable[[], datetime]:
@@ -74,6 +77,8 @@ class Runtime:
         with self._lock:
             sender = self._senders.get(key)
             if sender is None:
+                from .feishu_send import FeishuSender, Pacer
+
                 pacer = Pacer(self.redis, app_limit=(self.settings.send_rate, 60.0))
                 sender = FeishuSender(persona, domain, self.redis, pacer=pacer)
                 self._senders[key] = sender
