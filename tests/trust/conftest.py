@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,12 +25,11 @@ from bot.cli import main
 from memory_core.lineformat import format_time
 from memory_core.namespace import Namespace
 from tests.fakes.ollama import FakeOllama
-from workers.llm import LLM
-from workers.runtime import Runtime, build
-from workers.settings import Persona, Settings
+from tests.trust.turns import MODEL, make_runtime, tool
+from workers.runtime import Runtime
 
 START = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
-MODEL = "qwen3:4b"
+__all__ = ["MODEL", "tool"]  # imported from here by the scenario modules
 
 
 class Lucid:
@@ -130,15 +128,7 @@ def ollama() -> Iterator[FakeOllama]:
 
 def turn_runtime(data_dir: Path, redis_url: str, ollama: FakeOllama | None = None) -> Runtime:
     """The runtime a chat turn uses: real Redis, real files, the real ollama client against FakeOllama."""
-    personas = {"default": Persona("default")}
-    settings = Settings(data_dir=data_dir, personas=personas, chat_model=MODEL if ollama else None)
-    runtime = build(settings, redis_url, git=False)
-    return replace(runtime, llm=LLM(ollama.url, timeout=2.0, retries=0) if ollama else None)
-
-
-def tool(**arguments: Any) -> dict[str, Any]:
-    """A model reply that calls `manage_memory` once."""
-    return {"content": "", "tool_calls": [{"function": {"name": "manage_memory", "arguments": arguments}}]}
+    return make_runtime(data_dir, redis_url, ollama=ollama, timeout=2.0, dream_model=None)
 
 
 def ns_memory(runtime: Runtime, ns: Namespace) -> str:

@@ -15,7 +15,7 @@ import redis
 
 from bot import cli
 from memory_core.lineformat import RawMessage, parse_file
-from tests.trust.recall_helpers import TENANT, make_runtime, memory_text, ns, turn
+from tests.trust.turns import TENANT, make_runtime, memory_file, ns, turn
 from workers.memory_service import MemoryService
 
 FACTS = [
@@ -109,10 +109,10 @@ def test_pinning_a_superseded_entry_from_chat_is_refused(
     rt = make_runtime(data_dir, redis_url)
     turn(rt, "我住在余杭区")
     turn(rt, "我现在在西湖区")
-    old = next(e for e in parse_file(memory_text(rt)).entries() if e.text == "我住在余杭区")
+    old = next(e for e in parse_file(memory_file(rt)).entries() if e.text == "我住在余杭区")
     reply, _ = turn(rt, f"/pin {old.id[:8]}")
     assert "superseded" in reply and "已置顶" not in reply
-    assert all(not e.pinned for e in parse_file(memory_text(rt)).entries())
+    assert all(not e.pinned for e in parse_file(memory_file(rt)).entries())
 
 
 @pytest.mark.parametrize(

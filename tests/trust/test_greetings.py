@@ -14,7 +14,7 @@ import redis
 from memory_core.lineformat import RawMessage
 from memory_core.ops import Remember
 from tests.fakes.ollama import FakeOllama
-from tests.trust.recall_helpers import make_runtime, memory_text, ns, prompt_seen, turn
+from tests.trust.turns import make_runtime, memory_file, ns, system_prompt, turn
 from workers.memory_service import MemoryService
 from workers.runtime import Runtime
 
@@ -49,7 +49,7 @@ def test_a_greeting_shows_the_model_no_recalled_memory_and_no_past_conversation(
 ) -> None:
     reply, result = turn(rt, greeting)
 
-    shown = prompt_seen(ollama)
+    shown = system_prompt(ollama)
     assert reply == "好的" and result.mode == "model"
     assert "Relevant memories" not in shown and "团建" not in shown
     assert "Earlier conversation" not in shown and "体检" not in shown
@@ -60,10 +60,10 @@ def test_a_short_real_question_still_recalls_and_finds_past_conversation(
     rt: Runtime, ollama: FakeOllama
 ) -> None:
     turn(rt, "我在哪")
-    assert "余杭区" in prompt_seen(ollama)
+    assert "余杭区" in system_prompt(ollama)
 
     turn(rt, "我的体检结果怎么样")
-    shown = prompt_seen(ollama)
+    shown = system_prompt(ollama)
     assert "Earlier conversation" in shown and "血压有点高" in shown
 
 
@@ -87,4 +87,4 @@ def test_memory_only_mode_answers_a_greeting_without_memory(
     for greeting in ("你好", "thanks"):
         reply, result = turn(runtime, greeting)
         assert "花生" not in reply and result.recalled == []
-    assert "我对花生过敏" in memory_text(runtime)
+    assert "我对花生过敏" in memory_file(runtime)

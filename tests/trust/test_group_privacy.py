@@ -9,13 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
 from tests.fakes.ollama import FakeOllama
-from tests.trust.turns import entry_id, make_runtime, memory_file, new_session, say, system_prompt
+from tests.trust.turns import (
+    entry_id,
+    make_runtime,
+    memory_file,
+    new_session,
+    say,
+    system_prompt,
+    tool,
+)
 from workers.runtime import Runtime
 
 
@@ -28,10 +35,6 @@ def ollama() -> Iterator[FakeOllama]:
 @pytest.fixture
 def rt(data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama) -> Runtime:
     return make_runtime(data_dir, redis_url, ollama=ollama)
-
-
-def _tool(**arguments: Any) -> dict[str, Any]:
-    return {"content": "", "tool_calls": [{"function": {"name": "manage_memory", "arguments": arguments}}]}
 
 
 PRIVATE_ZH = ("记住我是糖尿病患者", "记住我喜欢喝美式咖啡", "记住我住在余杭区")
@@ -113,7 +116,7 @@ def test_the_model_shares_on_request_but_never_a_sensitive_memory(rt: Runtime, o
     say(rt, "记住我喜欢喝美式咖啡")
     say(rt, "记住我是糖尿病患者")
     coffee, health = entry_id(rt, "美式"), entry_id(rt, "糖尿病")
-    ollama.script(_tool(action="share", target=coffee), _tool(action="share", target=health), "好的")
+    ollama.script(tool(action="share", target=coffee), tool(action="share", target=health), "好的")
     say(rt, "把我爱喝美式和我的病情都告诉群里吧")
     answers = [m["content"] for m in ollama.chat_requests[-1]["messages"] if m["role"] == "tool"]
     assert '"updated"' in answers[0] and "rejected:sensitive" in answers[1]
@@ -128,8 +131,8 @@ def test_the_model_shares_on_request_but_never_a_sensitive_memory(rt: Runtime, o
 
 def test_the_models_add_with_share_flag_honours_the_sensitive_rule(rt: Runtime, ollama: FakeOllama) -> None:
     ollama.script(
-        _tool(action="add", text="I love hiking on weekends", type="preference", share=True),
-        _tool(action="add", text="My salary is 30k a month", type="fact", share=True),
+        tool(action="add", text="I love hiking on weekends", type="preference", share=True),
+        tool(action="add", text="My salary is 30k a month", type="fact", share=True),
         "ok",
     )
     say(rt, "Tell my groups I love hiking; and my salary too")

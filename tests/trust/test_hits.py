@@ -14,7 +14,8 @@ from memory_core.entry import Entry
 from memory_core.lineformat import parse_file
 from memory_core.ops import Remember
 from tests.fakes.ollama import FakeOllama
-from tests.trust.recall_helpers import hits, make_runtime, memory_text, ns, prompt_seen, turn
+from tests.trust.recall_helpers import hits
+from tests.trust.turns import make_runtime, memory_file, ns, system_prompt, turn
 from workers.dreaming import run_phase
 from workers.memory_service import MemoryService
 from workers.runtime import Runtime
@@ -40,7 +41,7 @@ def test_an_entry_shown_but_not_used_gets_no_hit(rt: Runtime, ollama: FakeOllama
     ollama.script("街角那家新开的店不错，可以去看看。")
     turn(rt, "附近有什么好的咖啡店")
 
-    assert COFFEE in prompt_seen(ollama)  # it was shown to the model…
+    assert COFFEE in system_prompt(ollama)  # it was shown to the model…
     assert hits(rt, COFFEE) == 0  # …but the reply did not use it
     assert hits(rt, PREF) == 0  # resident and shown on every turn: no hit either
 
@@ -87,7 +88,7 @@ def test_promotion_follows_used_hits_not_shown_ones(rt: Runtime, ollama: FakeOll
 
 
 def _entry(runtime: Runtime, text: str) -> Entry:
-    return next(e for e in parse_file(memory_text(runtime)).entries() if e.text == text)
+    return next(e for e in parse_file(memory_file(runtime)).entries() if e.text == text)
 
 
 # ------------------------------------------------------------------------------------------ resident

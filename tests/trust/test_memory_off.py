@@ -27,6 +27,7 @@ from tests.trust.turns import (
     run_jobs,
     say,
     system_prompt,
+    tool,
     turn,
 )
 from workers.dreaming import run_phase
@@ -48,10 +49,6 @@ def rt(data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOl
 def bare(data_dir: Path, redis_url: str, redis_client: redis.Redis) -> Runtime:
     """Memory-only mode (no chat model)."""
     return make_runtime(data_dir, redis_url)
-
-
-def _tool(**arguments: Any) -> dict[str, Any]:
-    return {"content": "", "tool_calls": [{"function": {"name": "manage_memory", "arguments": arguments}}]}
 
 
 def _extraction_jobs(runtime: Runtime) -> list[Any]:
@@ -111,10 +108,10 @@ def test_a_quiet_message_gets_no_injection_no_active_recall_and_is_not_recorded(
 def test_a_quiet_message_cannot_run_a_tool_even_if_the_model_sends_one(
     rt: Runtime, ollama: FakeOllama
 ) -> None:
-    ollama.script(_tool(action="add", text="我住在余杭区"))
+    ollama.script(tool(action="add", text="我住在余杭区"))
     turn(rt, "我住在余杭区，这句别记")
     assert "余杭区" not in memory_file(rt) and "余杭区" not in raw_text(rt)
-    ollama.script(_tool(action="add", text="我住在余杭区"), "好的")
+    ollama.script(tool(action="add", text="我住在余杭区"), "好的")
     turn(rt, "我住在余杭区")  # positive control
     assert "余杭区" in memory_file(rt)
 
@@ -170,14 +167,14 @@ def test_memory_off_refuses_the_models_tool_but_reading_and_forget_still_work(
     new_session(rt)
     say(rt, "/memory off")
     jobs = len(_extraction_jobs(rt))
-    ollama.script(_tool(action="add", text="我在准备下个月的日语考试"), "好的")
+    ollama.script(tool(action="add", text="我在准备下个月的日语考试"), "好的")
     turn(rt, "记住我在准备下个月的日语考试")
     tool_answer = next(m for m in ollama.chat_requests[-1]["messages"] if m["role"] == "tool")["content"]
     assert "memory is off" in tool_answer
     assert "余杭区" in system_prompt(ollama)  # reading is not learning: injection goes on
     assert "日语" not in memory_file(rt) and "日语" not in raw_text(rt)  # nor the safety net, nor raw
     assert len(_extraction_jobs(rt)) == jobs
-    ollama.script(_tool(action="forget", target="余杭区"), "好的")
+    ollama.script(tool(action="forget", target="余杭区"), "好的")
     turn(rt, "忘掉我住在余杭区")
     assert "余杭区" not in memory_file(rt)
 

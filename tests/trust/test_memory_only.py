@@ -14,7 +14,7 @@ import redis
 from bot import cli
 from bot.viewer import view
 from memory_core.ops import Remember
-from tests.trust.recall_helpers import TENANT, make_runtime, memory_text, ns, turn
+from tests.trust.turns import TENANT, make_runtime, memory_file, ns, turn
 from workers.runtime import Runtime
 
 
@@ -37,7 +37,7 @@ def test_a_durable_first_person_statement_is_stored_and_the_reply_says_what(
 ) -> None:
     reply, _ = turn(rt, statement)
     assert said in reply and statement in reply
-    assert statement in memory_text(rt)
+    assert statement in memory_file(rt)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_a_passing_remark_is_not_stored_and_the_reply_does_not_pretend(
     reply, _ = turn(rt, remark)
     assert lie not in reply and "remember:" not in reply and "记住了：" not in reply
     assert "haven't stored" in reply or "没有把这句存" in reply
-    assert remark not in memory_text(rt)
+    assert remark not in memory_file(rt)
 
 
 @pytest.mark.parametrize(

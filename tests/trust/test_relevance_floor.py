@@ -17,7 +17,8 @@ import redis
 from memory_core.lineformat import RawMessage
 from memory_core.ops import Remember
 from tests.fakes.ollama import FakeOllama
-from tests.trust.recall_helpers import make_runtime, ns, prompt_seen, turn, unrelated_set
+from tests.trust.recall_helpers import unrelated_set
+from tests.trust.turns import make_runtime, ns, system_prompt, turn
 from workers.embedding import Embeddings
 from workers.memory_service import MemoryService
 from workers.runtime import Runtime
@@ -117,9 +118,9 @@ def test_the_autumn_poem_shows_the_model_no_memory(
 
     reply, result = turn(runtime, "帮我写一首关于秋天的诗")
 
-    shown = prompt_seen(ollama)
+    shown = system_prompt(ollama)
     assert reply == "好的，这是一首诗。"
     assert "Relevant memories" not in shown and "团建" not in shown and "阿里巴巴" not in shown
     assert result.recalled == []
     turn(runtime, "团建去哪里")
-    assert "千岛湖" in prompt_seen(ollama)
+    assert "千岛湖" in system_prompt(ollama)

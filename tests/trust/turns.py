@@ -1,5 +1,6 @@
-"""Helpers for the privacy-forget trust tests: a runtime on the suite's real Redis, messages as Feishu
-routing makes them, and one turn through `workers.turn.run_turn` (the Feishu and `lucid chat` path)."""
+"""Helpers for the trust tests that run a chat turn: a runtime on the suite's real Redis, messages as Feishu
+routing makes them, one turn through `workers.turn.run_turn` (the Feishu and `lucid chat` path), and what a
+person would read (MEMORY.md, raw, the prompt the model was shown)."""
 
 from __future__ import annotations
 
@@ -32,13 +33,17 @@ def make_runtime(
     ollama: FakeOllama | None = None,
     admins: tuple[str, ...] = (),
     git: bool = False,
+    chat: bool = True,
+    timeout: float = 5.0,
     **settings: Any,
 ) -> Runtime:
+    """`ollama` serves the chat and dream model (when `chat`), and an embedder if `embed_model=` names one."""
     personas = {"default": Persona("default", admins=admins)}
-    model = MODEL if ollama else None
-    built = Settings(data_dir=data_dir, personas=personas, chat_model=model, dream_model=model, **settings)
+    model = MODEL if ollama and chat else None
+    settings = {"dream_model": model, **settings}
+    built = Settings(data_dir=data_dir, personas=personas, chat_model=model, **settings)
     runtime = build(built, redis_url, git=git)
-    return replace(runtime, llm=LLM(ollama.url, timeout=5.0, retries=0) if ollama else None)
+    return replace(runtime, llm=LLM(ollama.url, timeout=timeout, retries=0) if ollama else None)
 
 
 def msg(text: str, user: str = "alice", *, group: bool = False, chat: str = GROUP) -> Inbound:
@@ -87,6 +92,7 @@ def run_jobs(runtime: Runtime, *queues: str) -> None:
 
 
 def system_prompt(ollama: FakeOllama, n: int = -1) -> str:
+    """The system prompt (with its memory block) of the model's `n`-th chat request."""
     return str(ollama.chat_requests[n]["messages"][0]["content"])
 
 
@@ -97,3 +103,8 @@ def new_session(runtime: Runtime) -> None:
     keys = list(runtime.redis.scan_iter(match="lucid:session:*"))
     if keys:
         runtime.redis.delete(*keys)
+
+
+def tool(**arguments: Any) -> dict[str, Any]:
+    """A model reply that calls `manage_memory` once."""
+    return {"content": "", "tool_calls": [{"function": {"name": "manage_memory", "arguments": arguments}}]}
