@@ -121,8 +121,9 @@ def says(lucid: Lucid, *texts: str) -> list[str]:
 
 
 @pytest.fixture
-def ollama() -> Iterator[FakeOllama]:
-    with FakeOllama() as fake:
+def ollama(request: pytest.FixtureRequest) -> Iterator[FakeOllama]:
+    """FakeOllama; what it answers unscripted is the module's `OLLAMA_REPLY` (none: HTTP 500)."""
+    with FakeOllama(default_reply=getattr(request.module, "OLLAMA_REPLY", None)) as fake:
         yield fake
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +33,7 @@ from workers.dreaming import run_phase
 from workers.mailbox import Intake
 from workers.runtime import Runtime
 
-
-@pytest.fixture
-def ollama() -> Iterator[FakeOllama]:
-    with FakeOllama(default_reply="好的。") as fake:
-        yield fake
+OLLAMA_REPLY = "好的。"  # what the model answers when a test scripts nothing
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ the assertion is on the prompt the model was actually shown."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,10 +20,7 @@ from workers.runtime import Runtime
 GREETINGS = ["你好", "嗯嗯", "ok", "thanks", "哈哈", "好的谢谢", "Hi!", "早上好", "ok thanks 👍", "收到"]
 
 
-@pytest.fixture
-def ollama() -> Iterator[FakeOllama]:
-    with FakeOllama(default_reply="好的") as fake:
-        yield fake
+OLLAMA_REPLY = "好的"  # what the model answers when a test scripts nothing
 
 
 @pytest.fixture

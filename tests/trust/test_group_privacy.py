@@ -7,7 +7,6 @@ model is shown is read from the fake's requests, what a person sees from the rep
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,11 +24,7 @@ from tests.trust.turns import (
 )
 from workers.runtime import Runtime
 
-
-@pytest.fixture
-def ollama() -> Iterator[FakeOllama]:
-    with FakeOllama(default_reply="好的。") as fake:
-        yield fake
+OLLAMA_REPLY = "好的。"  # what the model answers when a test scripts nothing
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ Through the real turn with the real `ollama` client against FakeOllama, real Red
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +32,7 @@ from tests.trust.turns import (
 from workers.dreaming import run_phase
 from workers.runtime import Runtime
 
-
-@pytest.fixture
-def ollama() -> Iterator[FakeOllama]:
-    with FakeOllama(default_reply="好的。") as fake:
-        yield fake
+OLLAMA_REPLY = "好的。"  # what the model answers when a test scripts nothing
 
 
 @pytest.fixture

@@ -7,11 +7,9 @@ calibrate the floor: bench/relevance_floor.py chose it on the dev data by cross-
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pytest
 import redis
 
 from memory_core.lineformat import RawMessage
@@ -26,10 +24,7 @@ from workers.runtime import Runtime
 DATA = unrelated_set()
 
 
-@pytest.fixture
-def ollama() -> Iterator[FakeOllama]:
-    with FakeOllama(default_reply="好的，这是一首诗。") as fake:
-        yield fake
+OLLAMA_REPLY = "好的，这是一首诗。"  # what the model answers when a test scripts nothing
 
 
 def _remember_everything(runtime: Runtime) -> None:
