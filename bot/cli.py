@@ -197,9 +197,7 @@ def cmd_history(args: argparse.Namespace, rt: Runtime) -> int:
 
 @command("undo")
 def cmd_undo(args: argparse.Namespace, rt: Runtime) -> int:
-    from memory_core.history import undo
-
-    done = undo(rt.writer, _ns(args), args.rev)
+    done = rt.memory.undo(_ns(args), args.rev)
     rev = done.revision
     _emit(
         args,
