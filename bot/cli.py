@@ -9,7 +9,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,8 @@ from memory_core.ids import resolve_id
 from memory_core.importer import parse_import
 from memory_core.lineformat import format_time, parse_time
 from memory_core.namespace import Namespace
-from memory_core.ops import Forget, Pin, Remember, entry_to_json
-from memory_core.store import ARCHIVE, MEMORY
+from memory_core.ops import Forget, Pin, entry_to_json
+from memory_core.store import MEMORY
 from workers.memory_service import statement
 from workers.runtime import Runtime, build
 from workers.settings import Settings, duration_seconds
@@ -346,6 +346,13 @@ def cmd_search(args: argparse.Namespace, rt: Runtime) -> int:
     return 0
 
 
+@command("chat")
+def cmd_chat(args: argparse.Namespace, rt: Runtime) -> int:
+    from . import chat_cli
+
+    return chat_cli.run(args, rt)
+
+
 # ------------------------------------------------------------------------------------------ dreaming
 
 
@@ -365,36 +372,45 @@ def cmd_dream(args: argparse.Namespace, rt: Runtime) -> int:
 # ------------------------------------------------------------------------------------------ demo
 
 
-@command("demo")
-def cmd_demo(args: argparse.Namespace, rt: Runtime) -> int:
-    """The seed's story: 余杭区 → 西湖区 (supersede) → current value → back to 余杭区."""
+class _StoryClock:
+    """The demo's clock, injected into its runtime: each step of the story happens at its own time."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def demo(args: argparse.Namespace, settings: Settings) -> int:
+    """The seed's story: 余杭区 → 西湖区 (supersede) → current value → back to 余杭区, each step written
+    through the memory service, as a chat turn or `lucid remember` writes it."""
     ns = _ns(args)
-    start = rt.settings.now or datetime(2026, 6, 1, 9, 0, tzinfo=parse_time("2026-01-01").tzinfo)
+    start = settings.now or datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
     steps = [
         (start, "我在余杭区", "the user says where they are"),
         (start + timedelta(days=19), "我在西湖区", "they moved: the old line is kept, with a valid-to time"),
         (start + timedelta(days=40), "我在余杭区", "and back again: another supersede"),
     ]
-    for i, (when, text, why) in enumerate(steps, start=1):
-        rt.writer.clock = _fixed_clock(when)
-        outcome = rt.writer.submit(ns, [Remember(text=text, source="user")])[0]
-        print(
-            f"{i}. {format_time(when)}  remember {text!r}: {outcome.status}"
-            + (f" (supersedes {', '.join(outcome.superseded)})" if outcome.superseded else "")
-            + f"  — {why}"
-        )
-        if i == 2:
-            book, _ = rt.writer.snapshot(ns)
-            current = [e.text for e in book.current(when) if e.subject == "所在地"]
-            print(f"   where is the user now? {' / '.join(current)}")
-    root = rt.store.path(ns)
-    print(f"\n$ cat {root / MEMORY}\n")
-    print((root / MEMORY).read_text("utf-8"))
-    print(f"$ git -C {root} log --oneline\n")
-    for row in rt.store.history(ns):
-        print(f"{row['rev'][:7]} {row['message']}")
-    if (root / ARCHIVE).exists():
-        pass
+    clock = _StoryClock(start)
+    with build(settings, clock=clock) as rt:
+        for i, (when, text, why) in enumerate(steps, start=1):
+            clock.now = when
+            outcome = rt.memory.apply(ns, [statement(text)])[0]
+            print(
+                f"{i}. {format_time(when)}  remember {text!r}: {outcome.status}"
+                + (f" (supersedes {', '.join(outcome.superseded)})" if outcome.superseded else "")
+                + f"  — {why}"
+            )
+            if i == 2:
+                current = [e.text for e in rt.memory.book(ns).current(when) if e.subject == "所在地"]
+                print(f"   where is the user now? {' / '.join(current)}")
+        root = rt.store.path(ns)
+        print(f"\n$ cat {root / MEMORY}\n")
+        print(rt.store.read_text(ns, MEMORY) or "")
+        print(f"$ git -C {root} log --oneline\n")
+        for row in rt.store.history(ns):
+            print(f"{row['rev'][:7]} {row['message']}")
     return 0
 
 
@@ -511,7 +527,6 @@ def build_parser() -> argparse.ArgumentParser:
     from . import chat_cli, serve
 
     chat_cli.add_parser(sub)
-    COMMANDS["chat"] = chat_cli.run
     serve.add_parsers(sub)
     return parser
 
@@ -539,10 +554,6 @@ def configure_logging(verbose: bool, env: Mapping[str, str]) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)
-
-
-def _fixed_clock(when: datetime) -> Callable[[], datetime]:
-    return lambda: when
 
 
 class _Parser(argparse.ArgumentParser):
@@ -582,6 +593,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from . import doctor
 
             return doctor.run(settings)
+        if args.command == "demo":
+            return demo(args, settings)
         with build(settings) as runtime:
             return COMMANDS[args.command](args, runtime)
     except LucidError as exc:

@@ -155,13 +155,19 @@ def connect(url: str) -> redis.Redis:
     )
 
 
-def build(settings: Settings, redis_url: str | None = None, git: bool = True) -> Runtime:
-    """A runtime on `redis_url` (or settings.redis_url, or an embedded server already running).
+def build(
+    settings: Settings,
+    redis_url: str | None = None,
+    git: bool = True,
+    clock: Callable[[], datetime] | None = None,
+) -> Runtime:
+    """A runtime on `redis_url` (or settings.redis_url, or an embedded server already running), on `clock`
+    (default: `make_clock`), which the writer and the memory service share.
 
     With no Redis at all, the writer falls back to a host-local lock: one machine, same guarantees.
     """
     store = Store(settings.data_dir, git=git)
-    clock = make_clock(settings)
+    clock = clock or make_clock(settings)
     vault = derive_key(settings.vault_key) if settings.vault_key else None
     url = redis_url or settings.redis_url or embedded_redis.running_url(settings.data_dir)
     client = connect(url) if url else None

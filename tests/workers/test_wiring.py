@@ -26,6 +26,7 @@ from memory_core.ops import Remember
 from tests.fakes.feishu import FakeFeishu
 from workers.inbound import Inbound
 from workers.mailbox import Intake, turn_job_id
+from workers.memory_service import statement
 from workers.queues import SERIALIZER, fetch
 from workers.runtime import Runtime, build, current
 from workers.scheduler import make_cron
@@ -186,3 +187,24 @@ def test_a_turn_job_queued_by_its_old_name_before_the_upgrade_is_still_answered(
         job = fetch(job_id, redis_client)
         assert job.func_name == "workers.turn.handle_message" and job.get_status() == "finished"
         assert len(_replies(feishu, inbound)) == 1
+
+
+def test_a_runtime_built_on_a_clock_writes_and_reads_memory_at_that_clock_s_time(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The clock is injected once, at build: the writer behind the memory service stamps its writes with it
+    and the service judges what is current by it (how `lucid demo` tells a story over six weeks)."""
+    june = [datetime(2026, 6, 1, 9, tzinfo=UTC), datetime(2026, 6, 10, 9, tzinfo=UTC)]
+    moved = datetime(2026, 6, 20, 9, tzinfo=UTC)
+    story = [june[0]]
+    settings = replace(Settings.from_env({}), data_dir=data_dir, config_path=data_dir / "none.toml")
+    with build(settings, redis_url, git=False, clock=lambda: story[0]) as rt:
+        rt.memory.apply(NS, [statement("我住在余杭区")])
+        story[0] = moved
+        [outcome] = rt.memory.apply(NS, [statement("我住在西湖区")])
+        assert outcome.kind == "superseded"
+        book = rt.memory.book(NS)
+        old, new = (next(e for e in book.entries() if e.text == t) for t in ("我住在余杭区", "我住在西湖区"))
+        assert (old.at, old.valid_to, new.at) == (june[0], moved, moved)
+        story[0] = june[1]  # between the two: 余杭区 was still where they lived
+        assert [e.text for e in rt.memory.find(NS, "我住在")] == ["我住在余杭区"]
