@@ -24,6 +24,8 @@ from memory_core.lineformat import RawMessage
 from memory_core.namespace import Namespace
 from memory_core.ops import Remember
 from tests.fakes.feishu import FakeFeishu
+from tests.fakes.ollama import FakeOllama
+from workers.extraction import extract
 from workers.inbound import Inbound
 from workers.mailbox import Intake, turn_job_id
 from workers.memory_service import statement
@@ -208,3 +210,21 @@ def test_a_runtime_built_on_a_clock_writes_and_reads_memory_at_that_clock_s_time
         assert (old.at, old.valid_to, new.at) == (june[0], moved, moved)
         story[0] = june[1]  # between the two: 余杭区 was still where they lived
         assert [e.text for e in rt.memory.find(NS, "我住在")] == ["我住在余杭区"]
+
+
+def test_facts_extracted_after_a_turn_are_written_through_the_memory_service(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The extraction job writes like every other edge (MemoryService.apply): its new facts get their vectors
+    in the background at once, not at the next recall's expense."""
+    with FakeOllama() as ollama:
+        settings = Settings(
+            data_dir=data_dir, chat_model="qwen3:4b", embed_model="nomic-embed-text", ollama_host=ollama.url
+        )
+        with build(settings, redis_url, git=False) as rt:
+            ollama.script("[所在地] 我住在西湖区")
+            done = extract(rt, str(NS), "我住在西湖区", "好的")
+            assert [o["status"] for o in done["outcomes"]] == ["added"]
+            rt.memory.wait_for_embeddings()
+            embedded = [t for r in ollama.embed_requests for t in r["input"]]
+            assert "我住在西湖区" in embedded
