@@ -26,6 +26,7 @@ from workers.memory_service import statement
 from workers.runtime import Runtime, build
 from workers.settings import Settings, duration_seconds
 
+from . import chat_cli
 from .terminal import printable, printable_json
 
 log = logging.getLogger("lucid")
@@ -39,6 +40,9 @@ def command(name: str) -> Callable[[Callable[[argparse.Namespace, Runtime], int]
         return fn
 
     return register
+
+
+command("chat")(chat_cli.run)
 
 
 def _ns(args: argparse.Namespace) -> Namespace:
@@ -346,13 +350,6 @@ def cmd_search(args: argparse.Namespace, rt: Runtime) -> int:
     return 0
 
 
-@command("chat")
-def cmd_chat(args: argparse.Namespace, rt: Runtime) -> int:
-    from . import chat_cli
-
-    return chat_cli.run(args, rt)
-
-
 # ------------------------------------------------------------------------------------------ dreaming
 
 
@@ -524,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data", help="data directory")
 
-    from . import chat_cli, serve
+    from . import serve
 
     chat_cli.add_parser(sub)
     serve.add_parsers(sub)
