@@ -369,16 +369,6 @@ def cmd_dream(args: argparse.Namespace, rt: Runtime) -> int:
 # ------------------------------------------------------------------------------------------ demo
 
 
-class _StoryClock:
-    """The demo's clock, injected into its runtime: each step of the story happens at its own time."""
-
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
 def demo(args: argparse.Namespace, settings: Settings) -> int:
     """The seed's story: 余杭区 → 西湖区 (supersede) → current value → back to 余杭区, each step written
     through the memory service, as a chat turn or `lucid remember` writes it."""
@@ -389,10 +379,10 @@ def demo(args: argparse.Namespace, settings: Settings) -> int:
         (start + timedelta(days=19), "我在西湖区", "they moved: the old line is kept, with a valid-to time"),
         (start + timedelta(days=40), "我在余杭区", "and back again: another supersede"),
     ]
-    clock = _StoryClock(start)
-    with build(settings, clock=clock) as rt:
+    story = [start]  # the runtime's clock: each step happens at its own time
+    with build(settings, clock=lambda: story[-1]) as rt:
         for i, (when, text, why) in enumerate(steps, start=1):
-            clock.now = when
+            story.append(when)
             outcome = rt.memory.apply(ns, [statement(text)])[0]
             print(
                 f"{i}. {format_time(when)}  remember {text!r}: {outcome.status}"
