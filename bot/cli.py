@@ -9,7 +9,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,13 @@ from memory_core.ids import resolve_id
 from memory_core.importer import parse_import
 from memory_core.lineformat import format_time, parse_time
 from memory_core.namespace import Namespace
-from memory_core.ops import Forget, Pin, Remember, entry_to_json
-from memory_core.store import ARCHIVE, MEMORY
+from memory_core.ops import Forget, Pin, entry_to_json
+from memory_core.store import MEMORY
 from workers.memory_service import statement
 from workers.runtime import Runtime, build
 from workers.settings import Settings, duration_seconds
 
+from . import chat_cli
 from .terminal import printable, printable_json
 
 log = logging.getLogger("lucid")
@@ -39,6 +40,9 @@ def command(name: str) -> Callable[[Callable[[argparse.Namespace, Runtime], int]
         return fn
 
     return register
+
+
+command("chat")(chat_cli.run)
 
 
 def _ns(args: argparse.Namespace) -> Namespace:
@@ -197,9 +201,7 @@ def cmd_history(args: argparse.Namespace, rt: Runtime) -> int:
 
 @command("undo")
 def cmd_undo(args: argparse.Namespace, rt: Runtime) -> int:
-    from memory_core.history import undo
-
-    done = undo(rt.writer, _ns(args), args.rev)
+    done = rt.memory.undo(_ns(args), args.rev)
     rev = done.revision
     _emit(
         args,
@@ -367,36 +369,35 @@ def cmd_dream(args: argparse.Namespace, rt: Runtime) -> int:
 # ------------------------------------------------------------------------------------------ demo
 
 
-@command("demo")
-def cmd_demo(args: argparse.Namespace, rt: Runtime) -> int:
-    """The seed's story: 余杭区 → 西湖区 (supersede) → current value → back to 余杭区."""
+def demo(args: argparse.Namespace, settings: Settings) -> int:
+    """The seed's story: 余杭区 → 西湖区 (supersede) → current value → back to 余杭区, each step written
+    through the memory service, as a chat turn or `lucid remember` writes it."""
     ns = _ns(args)
-    start = rt.settings.now or datetime(2026, 6, 1, 9, 0, tzinfo=parse_time("2026-01-01").tzinfo)
+    start = settings.now or datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
     steps = [
         (start, "我在余杭区", "the user says where they are"),
         (start + timedelta(days=19), "我在西湖区", "they moved: the old line is kept, with a valid-to time"),
         (start + timedelta(days=40), "我在余杭区", "and back again: another supersede"),
     ]
-    for i, (when, text, why) in enumerate(steps, start=1):
-        rt.writer.clock = _fixed_clock(when)
-        outcome = rt.writer.submit(ns, [Remember(text=text, source="user")])[0]
-        print(
-            f"{i}. {format_time(when)}  remember {text!r}: {outcome.status}"
-            + (f" (supersedes {', '.join(outcome.superseded)})" if outcome.superseded else "")
-            + f"  — {why}"
-        )
-        if i == 2:
-            book, _ = rt.writer.snapshot(ns)
-            current = [e.text for e in book.current(when) if e.subject == "所在地"]
-            print(f"   where is the user now? {' / '.join(current)}")
-    root = rt.store.path(ns)
-    print(f"\n$ cat {root / MEMORY}\n")
-    print((root / MEMORY).read_text("utf-8"))
-    print(f"$ git -C {root} log --oneline\n")
-    for row in rt.store.history(ns):
-        print(f"{row['rev'][:7]} {row['message']}")
-    if (root / ARCHIVE).exists():
-        pass
+    story = [start]  # the runtime's clock: each step happens at its own time
+    with build(settings, clock=lambda: story[-1]) as rt:
+        for i, (when, text, why) in enumerate(steps, start=1):
+            story.append(when)
+            outcome = rt.memory.apply(ns, [statement(text)])[0]
+            print(
+                f"{i}. {format_time(when)}  remember {text!r}: {outcome.status}"
+                + (f" (supersedes {', '.join(outcome.superseded)})" if outcome.superseded else "")
+                + f"  — {why}"
+            )
+            if i == 2:
+                current = [e.text for e in rt.memory.book(ns).current(when) if e.subject == "所在地"]
+                print(f"   where is the user now? {' / '.join(current)}")
+        root = rt.store.path(ns)
+        print(f"\n$ cat {root / MEMORY}\n")
+        print(rt.store.read_text(ns, MEMORY) or "")
+        print(f"$ git -C {root} log --oneline\n")
+        for row in rt.store.history(ns):
+            print(f"{row['rev'][:7]} {row['message']}")
     return 0
 
 
@@ -510,10 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data", help="data directory")
 
-    from . import chat_cli, serve
+    from . import serve
 
     chat_cli.add_parser(sub)
-    COMMANDS["chat"] = chat_cli.run
     serve.add_parsers(sub)
     return parser
 
@@ -541,10 +541,6 @@ def configure_logging(verbose: bool, env: Mapping[str, str]) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)
-
-
-def _fixed_clock(when: datetime) -> Callable[[], datetime]:
-    return lambda: when
 
 
 class _Parser(argparse.ArgumentParser):
@@ -584,6 +580,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from . import doctor
 
             return doctor.run(settings)
+        if args.command == "demo":
+            return demo(args, settings)
         with build(settings) as runtime:
             return COMMANDS[args.command](args, runtime)
     except LucidError as exc:

@@ -103,7 +103,7 @@ def extract(
     chat: str | None = None,
     generation: int | None = None,
 ) -> dict[str, Any]:
-    """Extract from one turn and write the facts through the single writer — unless the chat's
+    """Extract from one turn and write the facts through the memory service — unless the chat's
     memory was switched off (or flipped) since the turn: checked after the model, just before writing.
 
     The bot enqueues `extract_turn` on the `memory` queue after it replied, when a model is configured: the
@@ -120,5 +120,5 @@ def extract(
     where = Namespace.parse(ns)
     if chat is not None and not rt.switch.learning(where.tenant, where.persona, chat, generation):
         return {"status": "skipped", "reason": "memory is off in this chat", "outcomes": []}
-    outcomes = rt.writer.submit(Namespace.parse(ns), ops) if ops else []
+    outcomes = rt.memory.apply(where, ops) if ops else []
     return {"status": "done", "outcomes": [o.to_json() for o in outcomes]}

@@ -25,7 +25,7 @@ from .metrics import Metrics
 from .queues import queue
 from .redis_backend import ACCEPT, CLAIM, COMPARE_AND_DELETE, HAND_ON, take, text
 from .redis_keys import Keys
-from .runtime import current
+from .runtime import TurnTime, current
 from .turn import busy_notice, chat_pace, feishu_turn
 
 log = logging.getLogger(__name__)
@@ -160,20 +160,6 @@ def _enqueue_turn(
     )
 
 
-class TurnTime:
-    """How long a turn's own work takes in this process (a moving average, time asleep in the send pacer
-    left out): how early a paced turn may start."""
-
-    def __init__(self, seconds: float = 0.05) -> None:
-        self.seconds = seconds
-
-    def observe(self, seconds: float) -> None:
-        self.seconds = 0.7 * self.seconds + 0.3 * max(0.0, seconds)
-
-
-TURN_TIME = TurnTime()
-
-
 class Mailbox:
     """The worker's side: a person's turn job answers their oldest message(s), then hands on."""
 
@@ -190,7 +176,7 @@ class Mailbox:
     ) -> None:
         self.client = client
         self.sleep, self.clock = sleep, clock  # the wait for a paced chat's slot (tests inject both)
-        self.lead = lead or TURN_TIME
+        self.lead = lead if lead is not None else TurnTime()  # the runtime's estimate (handle_message)
         self.slept = slept  # seconds this thread has slept in send pacing so far (not a turn's own work)
         self.batch = max(1, batch)
         self.busy_backlog = busy_backlog
@@ -472,7 +458,12 @@ def handle_message(event: dict[str, Any], drain: bool = False) -> str:
         feishu_turn(runtime, inbound)
         return "answered"
     job = get_current_job()
-    mailbox = Mailbox(runtime.redis, pace=lambda item: chat_pace(runtime, item), slept=paced_seconds)
+    mailbox = Mailbox(
+        runtime.redis,
+        pace=lambda item: chat_pace(runtime, item),
+        lead=runtime.turn_time,
+        slept=paced_seconds,
+    )
     return mailbox.deliver(
         inbound,
         lambda item: feishu_turn(runtime, item),

@@ -14,7 +14,7 @@ import redis
 
 from memory_core.entry import Entry
 from memory_core.errors import LucidError
-from memory_core.history import iter_rows, undo
+from memory_core.history import iter_rows
 from memory_core.namespace import Namespace
 from memory_core.ops import Forget, Pin
 from memory_core.recall import visible_in
@@ -329,7 +329,7 @@ def _undo(runtime: Runtime, reg: Registration, action: CardAction, admin: bool) 
         log.warning("card undo on message=%s refused (admin=%s)", action.message_id, admin)
         return "undo refused"
     try:
-        done = undo(runtime.writer, reg.ns, dream.rev)
+        done = runtime.memory.undo(reg.ns, dream.rev)
     except LucidError as exc:  # a later change touched the same entries
         log.info("card undo of %s refused: %s", dream.rev[:10], exc)
         return "undo refused"

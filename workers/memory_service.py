@@ -24,6 +24,7 @@ from memory_core.errors import LineError, StaleIndex
 from memory_core.explain import Why, explain
 from memory_core.floor import REFERENCE, evidence_query
 from memory_core.forgetting import checked_profile
+from memory_core.history import Undone, undo
 from memory_core.ids import pin_refusal, successor_of
 from memory_core.intents import classify_type
 from memory_core.lineformat import RawMessage, format_time, parse_file, parse_raw
@@ -48,6 +49,8 @@ from memory_core.textindex import STOP_CHARS
 from memory_core.writer import RAW_REWRITES
 
 from .embedding import Embeddings, from_settings
+from .metrics import Metrics
+from .redis_backend import WRITES
 from .redis_keys import Keys
 
 if TYPE_CHECKING:
@@ -536,6 +539,15 @@ class MemoryService:
         ):
             self.embed_soon(ns)  # new or changed entries get their vectors off the turn
         return outcomes
+
+    def undo(self, ns: Namespace, rev: str | None = None) -> Undone:
+        """Take back one commit (`lucid undo`, the /memory card), entry by entry, as one batch of the writer
+        (history.undo); counted with the other writes and the restored entries get their vectors."""
+        done = undo(self.runtime.writer, ns, rev)
+        Metrics(self.runtime.redis).inc(WRITES, {"outcome": "undone"})
+        if done.entries:
+            self.embed_soon(ns)
+        return done
 
     def record(self, ns: Namespace, message: RawMessage, wait: bool = True) -> Outcome | None:
         """Archive one message. With `wait=False` (and Redis) the op is queued and a flush job applies it

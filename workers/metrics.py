@@ -53,7 +53,7 @@ HELP = {
     "lucid_dream_rejections_total": ("counter", "Dream operations rejected by the cage, by reason."),
     "lucid_llm_calls_total": ("counter", "Calls to the model server, by purpose and outcome."),
     "lucid_llm_tokens_total": ("counter", "Tokens spent, by purpose and direction."),
-    "lucid_memory_writes_total": ("counter", "Memory operations applied by the writer, by outcome."),
+    "lucid_memory_writes_total": ("counter", "Memory writes applied, by outcome (an undo: once, undone)."),
     "lucid_extraction_junk_total": (
         "counter",
         "Extraction or replay answers that were not a list of grounded facts (stored nothing), by path.",

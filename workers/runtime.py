@@ -43,6 +43,17 @@ def make_clock(settings: Settings) -> Callable[[], datetime]:
     return utcnow
 
 
+class TurnTime:
+    """How long a turn's own work takes on this runtime (a moving average, time asleep in the send pacer
+    left out): how early the mailbox starts a paced turn."""
+
+    def __init__(self, seconds: float = 0.05) -> None:
+        self.seconds = seconds
+
+    def observe(self, seconds: float) -> None:
+        self.seconds = 0.7 * self.seconds + 0.3 * max(0.0, seconds)
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -53,10 +64,12 @@ class Runtime:
     llm: LLM | None = None
     scratch: Scratch = field(init=False, repr=False)
     switch: ChatSwitch = field(init=False, repr=False)
+    turn_time: TurnTime = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.scratch = RedisScratch(self.redis) if self.redis is not None else LocalScratch()
         self.switch = ChatSwitch(self.redis)
+        self.turn_time = TurnTime()
         self._senders: dict[tuple[str, str, str], FeishuSender] = {}
         self._memory: MemoryService | None = None
         self._lock = threading.Lock()
@@ -142,13 +155,19 @@ def connect(url: str) -> redis.Redis:
     )
 
 
-def build(settings: Settings, redis_url: str | None = None, git: bool = True) -> Runtime:
-    """A runtime on `redis_url` (or settings.redis_url, or an embedded server already running).
+def build(
+    settings: Settings,
+    redis_url: str | None = None,
+    git: bool = True,
+    clock: Callable[[], datetime] | None = None,
+) -> Runtime:
+    """A runtime on `redis_url` (or settings.redis_url, or an embedded server already running), on `clock`
+    (default: `make_clock`), which the writer and the memory service share.
 
     With no Redis at all, the writer falls back to a host-local lock: one machine, same guarantees.
     """
     store = Store(settings.data_dir, git=git)
-    clock = make_clock(settings)
+    clock = clock or make_clock(settings)
     vault = derive_key(settings.vault_key) if settings.vault_key else None
     url = redis_url or settings.redis_url or embedded_redis.running_url(settings.data_dir)
     client = connect(url) if url else None

@@ -596,3 +596,11 @@ def _thinking_done(runtime: Runtime, inbound: Inbound) -> None:
     if runtime.redis is not None:
         with contextlib.suppress(redis.RedisError):
             runtime.redis.delete(_thinking_key(inbound))
+
+
+def handle_message(event: dict[str, Any], drain: bool = False) -> str:
+    """Kept for turn jobs queued by name (`workers.turn.handle_message`) before the upgrade that moved the
+    turn job to `workers.mailbox.handle_message`: it runs that one. Remove once no such job can be queued."""
+    from .mailbox import handle_message as turn_job  # the mailbox imports this module
+
+    return turn_job(event, drain)

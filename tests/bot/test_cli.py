@@ -163,6 +163,13 @@ def test_demo_tells_the_seed_story(tmp_path: Path) -> None:
     assert "superseded" in out.stdout and "where is the user now? 我在西湖区" in out.stdout
     assert "~~我在余杭区~~" in out.stdout and "sup=" in out.stdout and "vt=" in out.stdout
     assert out.stdout.count("memory: 1 superseded") == 2
+    # each step written at the story's own time, by the clock the demo's runtime was built on
+    story = json.loads(lucid(tmp_path / "demo", "show", "--all", "--json").stdout)["results"]
+    assert [(r["text"], r["at"]) for r in story] == [
+        ("我在余杭区", "2026-06-01T09:00:00Z"),
+        ("我在西湖区", "2026-06-20T09:00:00Z"),
+        ("我在余杭区", "2026-07-11T09:00:00Z"),
+    ]
 
 
 def test_dream_dry_run_shows_the_would_be_diff_and_writes_nothing(data_dir: Path) -> None:

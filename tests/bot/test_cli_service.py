@@ -11,6 +11,8 @@ import redis
 from memory_core.namespace import Namespace
 from tests.trust._history_helpers import Lucid
 from tests.trust.turns import TENANT, make_runtime, turn
+from workers.metrics import Metrics
+from workers.runtime import Runtime
 
 
 def entry(person: Lucid, text: str) -> dict[str, object]:
@@ -45,6 +47,32 @@ def test_a_forget_through_the_cli_drops_the_short_history_like_the_bots(
     assert alice.ok("forget", nut, "--json").json()["status"] == "forgotten"
     assert not list(redis_client.scan_iter(match=f"lucid:history:{ns.key}:*"))
     assert "花生" not in alice.read("MEMORY.md")
+
+
+def recalled(runtime: Runtime, query: str) -> list[str]:
+    ns = Namespace.of(TENANT, "alice", "default")
+    return [s.entry.text for s in runtime.memory.recall(ns, query, runtime.clock())]
+
+
+def test_an_undo_through_the_cli_is_a_memory_write_like_the_others(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """`lucid undo` writes through the bot's memory service: the bot running in the same process sees the
+    undone state at its next recall (as does a fresh one), and /metrics counts it with the other writes."""
+    bot = make_runtime(data_dir, redis_url, git=True)
+    turn(bot, "记住我对花生过敏")
+    assert recalled(bot, "我对什么过敏") == ["我对花生过敏"]
+    alice = Lucid(data_dir, user="alice", tenant=TENANT, env={"REDIS_URL": redis_url})
+    nut = entry(alice, "我对花生过敏")["id"]
+    alice.ok("forget", str(nut))
+    assert recalled(bot, "我对什么过敏") == []
+    undone = alice.ok("undo", "--json").json()
+    assert undone["summary"] == "forgot 1" and undone["entries"] == 1
+    assert recalled(bot, "我对什么过敏") == ["我对花生过敏"]  # the bot's warm books follow the undo
+    assert recalled(make_runtime(data_dir, redis_url), "我对什么过敏") == ["我对花生过敏"]
+    shown = Metrics(redis_client).render().splitlines()
+    assert 'lucid_memory_writes_total{outcome="undone"} 1' in shown
+    assert 'lucid_memory_writes_total{outcome="forgotten"} 1' in shown
 
 
 def test_a_pin_of_a_superseded_entry_is_refused_naming_its_successor(data_dir: Path) -> None:

@@ -31,6 +31,7 @@ from tests.fakes.feishu_events import (
     message_event,
 )
 from tests.fakes.feishu_ws import FakeFeishuWS
+from workers.metrics import Metrics
 from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
 from workers.worker import Worker
@@ -256,6 +257,8 @@ async def test_an_admin_card_offers_the_last_dream_and_its_undo_button_takes_it_
     await chat.post(card_action_event(undo, operator=ALICE, message_id=card_msg, chat_id="oc_x"))
     chat.work()
     assert "余杭区" in chat.memory()  # the archived line is back where it was
+    undone = 'lucid_memory_writes_total{outcome="undone"} 1'  # a write of the memory service, counted
+    assert undone in Metrics(chat.redis).render().splitlines()
     assert "上次做梦" not in _texts(chat.feishu.card_shown(card_msg))  # no undo offered for it again
 
     # someone who is not an admin gets no dream on their card, and a forged undo does nothing
@@ -271,6 +274,7 @@ async def test_an_admin_card_offers_the_last_dream_and_its_undo_button_takes_it_
     await chat.post(card_action_event(forged, operator=BOB, message_id=bob_card, chat_id="oc_y"))
     chat.work()
     assert chat.memory(BOB) == before
+    assert undone in Metrics(chat.redis).render().splitlines()  # the forged one wrote and counted nothing
 
 
 async def test_asking_what_it_remembers_in_words_gets_the_card_too(chat: Chat) -> None:

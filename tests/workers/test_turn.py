@@ -26,9 +26,9 @@ from tests.fakes.ollama import Delay, FakeOllama
 from workers.feishu_send import FeishuError
 from workers.inbound import Inbound, TurnLimits
 from workers.llm import LLM
-from workers.mailbox import Intake, Mailbox, TurnTime
+from workers.mailbox import Intake, Mailbox
 from workers.queues import fetch, queue
-from workers.runtime import Runtime, build
+from workers.runtime import Runtime, TurnTime, build
 from workers.settings import Persona, Settings
 from workers.turn import run_turn
 
@@ -348,7 +348,7 @@ def test_a_paced_chat_hands_on_instead_of_sleeping_while_others_wait(
         pace=lambda m: 0.2 if m.user == "alice" else 0.0,
         sleep=lambda seconds: None,
         clock=lambda: next(now),
-        lead=TurnTime(0.05),  # not the process's running estimate, which other tests' turns move
+        lead=TurnTime(0.05),  # a turn here takes 50 ms
     )
 
     job = fetch(redis_client.lpop(chat.key).decode(), redis_client)  # alice's, first in the queue
