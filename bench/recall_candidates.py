@@ -325,6 +325,18 @@ def saturated(ix: RelevanceIndex, query: str, k3: float) -> dict[str, float]:
     return {ix.entry_at(int(sl)).id: float(s[sl]) for sl in np.flatnonzero(s > 0)}
 
 
+def without_synonyms(ix: RelevanceIndex, dialogue: dict[str, Any]) -> dict[str, float]:
+    """The shipped ranking with recall.SYNONYMS (a hand-written expansion table) emptied for the call."""
+    import memory_core.recall as recall
+
+    kept = dict(recall.SYNONYMS)
+    recall.SYNONYMS.clear()
+    try:
+        return ix.relevance(dialogue_query(dialogue))
+    finally:
+        recall.SYNONYMS.update(kept)
+
+
 def madial_family(family: str) -> dict[str, MadialRank]:
     out: dict[str, MadialRank] = {"shipped": lambda ix, d: ix.relevance(dialogue_query(d))}
     if family == "prf":
@@ -339,6 +351,7 @@ def madial_family(family: str) -> dict[str, MadialRank]:
             out[f"k3 {k3}"] = lambda ix, d, k3=k3: saturated(ix, dialogue_query(d), k3)
         out["q = user lines"] = lambda ix, d: ix.relevance(QUERIES["user lines"](d))
         out["q = last 2 user lines"] = lambda ix, d: ix.relevance(QUERIES["last 2 user lines"](d))
+        out["SYNONYMS emptied"] = without_synonyms
     else:
         raise SystemExit(f"unknown MADial family {family!r}")
     return out
