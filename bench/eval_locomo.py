@@ -226,6 +226,10 @@ def evaluate(
     }
 
 
+def pct(vals: list[float]) -> float | None:
+    return round(100 * sum(vals) / len(vals), 1) if vals else None
+
+
 def turn_mode(samples: list[dict[str, Any]], embedder: Embedder | None) -> dict[str, Any]:
     """What the model sees: each conversation imported through the real write path (its turns into the raw
     archive, its observations as facts with `from=` links), then per question the memory block a chat turn
@@ -242,8 +246,10 @@ def turn_mode(samples: list[dict[str, Any]], embedder: Embedder | None) -> dict[
     rows: list[tuple[int, dict[int, float]]] = []
     anyhit: list[tuple[int, float]] = []
     sizes: list[int] = []
+    per_conv: dict[str, float | None] = {}
     started = time.perf_counter()
     for sample in samples:
+        first = len(rows)
         data = Path(tempfile.mkdtemp(prefix="lucid-locomo-turn-"))
         rt = build(Settings(data_dir=data, config_path=data / "none.toml"), git=False)
         ns = Namespace.of("eval", sample["sample_id"], "default")
@@ -296,9 +302,7 @@ def turn_mode(samples: list[dict[str, Any]], embedder: Embedder | None) -> dict[
             rows.append((int(qa["category"]), {0: share}))
             anyhit.append((int(qa["category"]), 1.0 if seen else 0.0))
             sizes.append(len(block))
-
-    def pct(vals: list[float]) -> float | None:
-        return round(100 * sum(vals) / len(vals), 1) if vals else None
+        per_conv[sample["sample_id"]] = pct([r[0] for cat, r in rows[first:] if cat in HEADLINE])
 
     return {
         "evidence_in_block": {CATEGORY[c]: pct([r[0] for cat, r in rows if cat == c]) for c in HEADLINE}
@@ -307,6 +311,7 @@ def turn_mode(samples: list[dict[str, Any]], embedder: Embedder | None) -> dict[
             CATEGORY[c]: pct([v for cat, v in anyhit if cat == c]) for c in HEADLINE
         }
         | {"answerable (1-4)": pct([v for cat, v in anyhit if cat in HEADLINE])},
+        "evidence_in_block_per_conversation": per_conv,
         "n": sum(1 for c, _ in rows if c in HEADLINE),
         "block_chars_p50": sorted(sizes)[len(sizes) // 2] if sizes else 0,
         "seconds": round(time.perf_counter() - started, 1),

