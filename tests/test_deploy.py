@@ -121,7 +121,7 @@ def test_serve_runs_everything_and_leaves_no_orphans(tmp_path: Path) -> None:
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "Lucid is listening" in out and "chat --data" in out
-    time.sleep(0.5)
+    psutil.wait_procs(family, timeout=10)  # until they are gone (or 10 s), not a fixed half second
     assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
