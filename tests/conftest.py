@@ -12,11 +12,18 @@ from pathlib import Path
 
 import pytest
 import redis
+from hypothesis import HealthCheck, settings
 
 from memory_core.store import Store
 from memory_core.writer import LocalLocker, Writer
 from workers import embedded_redis
 from workers.redis_backend import RedisLocker, RedisOpQueue
+
+# Hypothesis's per-example deadline (200 ms) and its "input generation is slow" check are wall-clock
+# assertions: on a loaded 2-core machine they failed property tests whose properties held. Every example
+# count stays as each test sets it.
+settings.register_profile("lucid", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("lucid")
 
 
 @pytest.fixture(scope="session")

@@ -121,7 +121,7 @@ def test_serve_runs_everything_and_leaves_no_orphans(tmp_path: Path) -> None:
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "Lucid is listening" in out and "chat --data" in out
-    time.sleep(0.5)
+    psutil.wait_procs(family, timeout=10)  # until they are gone (or 10 s), not a fixed half second
     assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
@@ -282,13 +282,17 @@ def _health(role: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _until_healthy(role: str, env: dict[str, str], tries: int = 60) -> subprocess.CompletedProcess[str]:
-    for _ in range(tries):
-        out = _health(role, env)
-        if out.returncode == 0:
-            return out
-        time.sleep(0.5)
-    return out
+def _until_healthy(role: str, env: dict[str, str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Wait on what `lucid healthcheck` reads (`workers.health.check` against the same Redis), then ask the
+    command once: a `lucid` process per poll was most of the test's time."""
+    from workers.health import check
+
+    client = redis.Redis.from_url(env["REDIS_URL"])
+    deadline = time.monotonic() + timeout
+    while check(client, role) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    client.close()
+    return _health(role, env)
 
 
 def test_healthchecks_tell_a_live_worker_and_cron_from_a_dead_one(tmp_path: Path, redis_url: str) -> None:

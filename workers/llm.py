@@ -7,14 +7,15 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
-
-import httpx
-import ollama
+from typing import TYPE_CHECKING, Any, cast
 
 from memory_core.reasoning import strip_partial, strip_reasoning
 
 from .errors import LLMBadOutput, LLMError, LLMUnavailable
+
+# The ollama client (pydantic, httpx) is ~40 % of `lucid`'s start-up: paid at the first model call.
+if TYPE_CHECKING:
+    import ollama
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ class LLM:
     def _client(self, timeout: float) -> ollama.Client:
         client = self._clients.get(timeout)
         if client is None:
+            import ollama
+
             client = ollama.Client(host=self.host, timeout=timeout)
             self._clients[timeout] = client
         return client
@@ -94,6 +97,9 @@ class LLM:
         """`timeout` bounds the whole call, retries included: a turn's model budget is never overrun by a
         retry of a request that already took the budget (the retry would answer after the user was told
         the model is unavailable, and the model would not be skipped during the cooldown)."""
+        import httpx
+        import ollama
+
         attempts = self.retries + 1
         budget = timeout or self.timeout
         deadline = time.monotonic() + budget

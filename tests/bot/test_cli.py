@@ -62,6 +62,16 @@ def test_remember_show_forget_pin_history_undo(data_dir: Path) -> None:
     assert missing.returncode == 3 and "not_found" in missing.stdout
 
 
+def test_a_memory_command_starts_without_the_feishu_sdk_or_the_model_client(data_dir: Path) -> None:
+    """Every `lucid` command pays its imports: lark-oapi (~3 s) and the ollama client (pydantic, httpx;
+    ~40 % of the rest) load only in a process that sends to Feishu or calls a model."""
+    out = lucid(data_dir, "remember", "我喜欢喝茶", "--json", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert out.returncode == 0 and json.loads(out.stdout)["status"] == "added", out.stderr[-2000:]
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
+    assert "memory_core.writer" in loaded  # the import profile is what this process loaded
+    assert sorted(m for m in loaded if m.split(".")[0] in ("lark_oapi", "ollama", "httpx")) == []
+
+
 def test_import_then_recall_and_search(data_dir: Path, tmp_path: Path) -> None:
     lines = [
         {

@@ -96,6 +96,55 @@ def lucid_cli(
     return out
 
 
+_BATCH_END = "\n--- lucid-batch-exit "
+_BATCH = f"""
+import json, sys
+from bot.cli import main
+for args in json.loads(sys.argv[1]):
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = exc.code
+    for stream in (sys.stdout, sys.stderr):
+        stream.write({_BATCH_END!r} + json.dumps(code) + "\\n")
+        stream.flush()
+"""
+
+
+def lucid_cli_batch(
+    data: Path,
+    commands: Sequence[Sequence[str]],
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float = 300,
+) -> list[subprocess.CompletedProcess[str]]:
+    """Several `lucid <args> --data <data>` run one after the other by `lucid`'s entry point
+    (`bot.cli:main`) in ONE process, each with its own runtime and output: for a test that reads with many
+    commands, a process start-up per command was most of its time. Same environment and checks as
+    `lucid_cli`; a command that raises fails the whole process, with its traceback."""
+    runs = [[*args, "--data", str(data)] for args in commands]
+    out = subprocess.run(
+        [sys.executable, "-c", _BATCH, json.dumps(runs)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env if env is not None else clean_env(),
+        timeout=timeout,
+    )
+    assert out.returncode == 0, f"lucid batch: exit {out.returncode}\n{out.stderr[-2000:]}"
+    outs, errs = out.stdout.split(_BATCH_END), out.stderr.split(_BATCH_END)
+    assert len(outs) == len(errs) == len(runs) + 1, out.stderr[-2000:]
+    done = []
+    for i, args in enumerate(runs):
+        code = json.loads(outs[i + 1].split("\n", 1)[0])
+        text = outs[i] if i == 0 else outs[i].split("\n", 1)[1]
+        err = errs[i] if i == 0 else errs[i].split("\n", 1)[1]
+        done.append(subprocess.CompletedProcess(args, code, text, err))
+        if check:
+            assert code == 0, f"lucid {' '.join(args)[:200]}: exit {code}\n{err[-2000:]}"
+    return done
+
+
 def lucid_import(
     data: Path, rows: Sequence[Mapping[str, Any]], *args: str, **kwargs: Any
 ) -> subprocess.CompletedProcess[str]:

@@ -29,7 +29,7 @@ from bot.app import create_app
 from memory_core.namespace import Namespace
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.feishu_events import ALICE, BOB, VERIFICATION_TOKEN, deliver, message_event
-from tests.reliability.harness import lucid_cli, lucid_import
+from tests.reliability.harness import lucid_cli_batch
 from workers.inbound import Inbound
 from workers.mailbox import Intake
 from workers.runtime import Runtime, build
@@ -317,16 +317,26 @@ ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b[31m红色\x9b1m\u202e反向\r覆盖"
 def test_terminal_escapes_in_messages_reach_the_operator_inert(tmp_path: Path) -> None:
     data = tmp_path / "data"
     who = ("--tenant", "t", "--user", "u", "--persona", "p")
-    lucid_cli(data, "remember", f"我喜欢{ESCAPES}的咖啡", *who, check=False)
-    lucid_import(data, [{"kind": "message", "id": "m1", "ts": "2026-06-01T09:00:00Z", "speaker": "u",
-                         "text": f"咖啡店 {ESCAPES}", "chat": "c1"}], *who)  # fmt: skip
-    outputs = {
-        "show": lucid_cli(data, "show", "--all", *who).stdout,
-        "search": lucid_cli(data, "search", "咖啡店", *who).stdout,
-        "recall": lucid_cli(data, "recall", "咖啡", *who).stdout,
-        "search --json": lucid_cli(data, "search", "咖啡店", "--json", *who).stdout,
-        "history": lucid_cli(data, "history", *who).stdout,
+    source = tmp_path / "import.jsonl"
+    source.write_text(json.dumps({"kind": "message", "id": "m1", "ts": "2026-06-01T09:00:00Z",
+                                  "speaker": "u", "text": f"咖啡店 {ESCAPES}", "chat": "c1"}) + "\n")  # fmt: skip
+    reads = {
+        "show": ["show", "--all"],
+        "search": ["search", "咖啡店"],
+        "recall": ["recall", "咖啡"],
+        "search --json": ["search", "咖啡店", "--json"],
+        "history": ["history"],
     }
+    # one process for all seven commands (`bot.cli:main` each, output to the process's real stdout)
+    remembered, imported, *shown = lucid_cli_batch(
+        data,
+        [["remember", f"我喜欢{ESCAPES}的咖啡", *who], ["import", str(source), "--quiet", *who]]
+        + [[*args, *who] for args in reads.values()],
+        check=False,
+    )
+    assert remembered.returncode == 0 and imported.returncode == 0, (remembered.stderr, imported.stderr)
+    assert all(run.returncode == 0 for run in shown), [run.stderr for run in shown]
+    outputs = {name: run.stdout for name, run in zip(reads, shown, strict=True)}
     for name, out in outputs.items():
         assert not any(c in out for c in "\x1b\x07\x9b\u202e\r"), name
     assert "\\x1b" in outputs["search"] and "红色" in outputs["search"]

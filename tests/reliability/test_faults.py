@@ -901,7 +901,8 @@ _MID_COMMIT = textwrap.dedent(
     from workers.redis_backend import RedisLocker, RedisOpQueue
     data, url, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     client = redis.Redis.from_url(url)
-    writer = Writer(Store(Path(data)), RedisLocker(client), RedisOpQueue(client))
+    # a 3 s lease (renewed each second), not 10: the next writer waits that long for the killed one's
+    writer = Writer(Store(Path(data)), RedisLocker(client, ttl_ms=3000), RedisOpQueue(client))
     ns = Namespace.of("t", "commit", "p")
     for i in range(n):
         message = {"id": f"v{i}", "ts": "2026-06-01T09:00:00Z", "speaker": "u", "text": "长消息" * 200}

@@ -14,6 +14,7 @@ trees, nothing left in Redis. Figures: ack latency, turn time, end-to-end latenc
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections import Counter, defaultdict
@@ -35,7 +36,6 @@ from tests.reliability.harness import (
     await_for,
     env_int,
     git,
-    lucid_cli,
     memory_entries,
     ns_for,
     percentiles,
@@ -222,19 +222,33 @@ async def load_run(
     )
 
 
-def test_facts_that_differ_in_a_number_are_never_lost(tmp_path: Path, figures: Figures) -> None:
+def test_facts_that_differ_in_a_number_are_never_lost(
+    tmp_path: Path, figures: Figures, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Found by the Feishu fault test (fixed in this issue): the upsert took a new text whose character bigrams
     overlap an old one's by ≥ 0.65 as a near duplicate and updated the old entry in place: "我的第0个愿望是去0号星球"
-    was overwritten by "我的第20个愿望是去20号星球" (Jaccard 0.67), though the person was told both were kept."""
+    was overwritten by "我的第20个愿望是去20号星球" (Jaccard 0.67), though the person was told both were kept.
+    The `lucid` commands run in this process (`bot.cli.main`): six process start-ups were most of its time."""
     import json
+
+    from bot.cli import main
+
+    for key in list(os.environ):
+        if key.startswith(("LUCID_", "REDIS_URL", "OLLAMA_")):
+            monkeypatch.delenv(key)
+
+    def lucid(*args: str) -> Any:
+        capsys.readouterr()
+        code = main([*args, "--json", "--data", str(data)])
+        out = capsys.readouterr()
+        assert code == 0, f"lucid {' '.join(args)}: exit {code}\n{out.err}"
+        return json.loads(out.out)
 
     data = tmp_path / "data"
     said = ["我的第0个愿望是去0号星球", "我的第20个愿望是去20号星球", "周三下午3点开会", "周三下午4点开会"]
-    outcomes = []
-    for text in said:
-        outcomes.append(json.loads(lucid_cli(data, "remember", text, "--json").stdout)["status"])
-    current = [r["text"] for r in json.loads(lucid_cli(data, "show", "--json").stdout)["results"]]
-    kept = [r["text"] for r in json.loads(lucid_cli(data, "show", "--all", "--json").stdout)["results"]]
+    outcomes = [lucid("remember", text)["status"] for text in said]
+    current = [r["text"] for r in lucid("show")["results"]]
+    kept = [r["text"] for r in lucid("show", "--all")["results"]]
     figures.update(outcomes=outcomes, memory=current)
     # nothing is lost: every text is current or in history (a moved meeting supersedes, issue 11) …
     assert [t for t in said if t not in kept] == [], (
