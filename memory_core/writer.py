@@ -95,9 +95,11 @@ class OpQueue(Protocol):
         outcomes: Sequence[Outcome],
         own: Sequence[Outcome] = (),
         limit: int = 0,
-    ) -> list[str]:
+        let_go: Lease | None = None,
+    ) -> list[str] | None:
         """Publish and count the outcome of each of `raw_ops` still queued, dropping it (so publishing twice
-        does nothing twice), count the `own` ones (never queued); returns the oldest `limit` ops queued."""
+        does nothing twice), count the `own` ones (never queued); returns the oldest `limit` ops queued.
+        With `let_go`, that lease is released in the same step if none are queued (then returns None)."""
 
     def results(self, op_ids: Sequence[str], wait: float) -> dict[str, Outcome]: ...
 
@@ -244,8 +246,11 @@ class Writer:
     ) -> BatchReport | None:
         """Apply `batch` under `lease`; then, if others queued ops meanwhile, lead on in a thread (so this
         process's op is answered now, not when the tenure ends), else commit and let go. None: lease lost."""
+        # Only this process's ops, nothing pending: commit now and let the lease go with the outcomes (one
+        # round trip less), unless others queued ops meanwhile: then lead on, their batches deferred.
+        solo = all(raw is None for raw, _ in batch) and ns not in self._deferred
         try:
-            report = self._batch(ns, lease, batch, defer=True) if batch else BatchReport()
+            report = self._batch(ns, lease, batch, defer=not solo, let_go=solo) if batch else BatchReport()
         except LeaseLost as exc:
             self._release(ns, lease)
             log.warning("lease lost during a batch of %s (%s)", ns.key, exc)
@@ -408,10 +413,12 @@ class Writer:
         message: str | None = None,
         expect_version: str | None = None,
         defer: bool = False,
+        let_go: bool = False,
     ) -> BatchReport | None:
         """Apply one batch. `defer`: leave its git commit to the end of the lease (`_release`), so the
         batches of one tenure are one commit; the files are written and synced, and the journal kept,
-        before any outcome is published, as without it."""
+        before any outcome is published, as without it. `let_go` (with a commit, not `defer`): the lease
+        goes with the outcomes, in their round trip, unless others queued ops meanwhile."""
         self.store.claim_fence(ns, lease.token)
         self.store.ensure_repo(ns)
         if ns not in self._deferred:  # else the journal is this tenure's own
@@ -458,7 +465,7 @@ class Writer:
                 files[name] = redact(text) if name in (PROFILE, DREAMS) else text
                 rendered = rendered and name != MEMORY
             if not files and not raw:
-                report.queued = self._publish(ns, ops, report.outcomes)
+                report.queued = self._publish(ns, ops, report.outcomes, lease if let_go else None)
                 return report
             pending = self._deferred.get(ns)
             msg = message or _message(_counts(report.outcomes) + (pending.counts if pending else Counter()))
@@ -498,7 +505,7 @@ class Writer:
                 group.message = msg
             if not defer:
                 report.revision = self._commit_deferred(ns)
-            report.queued = self._publish(ns, ops, report.outcomes)
+            report.queued = self._publish(ns, ops, report.outcomes, lease if let_go else None)
             return report
         raise ConcurrentEdit(f"{ns} kept changing during the write; nothing was applied")
 
@@ -619,14 +626,16 @@ class Writer:
         detail = "redacted" if clean.text != msg.text else None
         return Outcome(op.op_id, "recorded", id=msg.id, detail=detail)
 
-    def _publish(self, ns: Namespace, ops: list[tuple[str | None, Op]], outcomes: list[Outcome]) -> list[str]:
+    def _publish(
+        self, ns: Namespace, ops: list[tuple[str | None, Op]], outcomes: list[Outcome], let_go: Lease | None
+    ) -> list[str]:
         """Publish the outcomes; returns the ops queued meanwhile (the next batch), in the same round trip."""
         if self.queue is None:
             return []
         raw = [r for r, _ in ops if r is not None]
         published = [o for (r, _), o in zip(ops, outcomes, strict=True) if r is not None]
         own = [o for (r, _), o in zip(ops, outcomes, strict=True) if r is None]
-        return self.queue.finish(ns, raw, published, own, MAX_BATCH)
+        return self.queue.finish(ns, raw, published, own, MAX_BATCH, let_go) or []
 
     def _recover(self, ns: Namespace) -> None:
         """Finish a batch that crashed between its journal and its commit, or account for one that died

@@ -180,23 +180,28 @@ end
 return redis.call('ZCARD', KEYS[1])
 """
 
-# The writer's op queue: a batch's outcomes. KEYS: the queue, the metrics hash, the result list of each queued
-# op. ARGV: the results' ttl, how many queued ops to return, per queued op (its queued form, its outcome, its
-# metric field), then the metric fields of the batch's ops that were never queued. An op's outcome is
-# published and counted only if the op is still queued, and the op dropped with it: publishing a batch
-# twice (recovery after a crash) publishes and counts nothing twice. Returns the oldest ops still queued.
+# The writer's op queue: a batch's outcomes. KEYS: the queue, the metrics hash, the writer's lease, the result
+# list of each queued op. ARGV: the results' ttl, how many queued ops to return, the lease's owner to release
+# it if nothing is queued ('' to keep it), per queued op (its queued form, its outcome, its metric field),
+# then the metric fields of the batch's ops that were never queued. An op's outcome is published and counted
+# only if the op is still queued, and the op dropped with it: publishing a batch twice (recovery after a
+# crash) publishes and counts nothing twice. Returns the oldest ops still queued, or nil: lease released.
 FINISH = """
-local n = #KEYS - 2
+local n = #KEYS - 3
 for i = 1, n do
-  local a = 3 * i
+  local a = 3 * i + 1
   if redis.call('LREM', KEYS[1], 1, ARGV[a]) == 1 then
-    redis.call('RPUSH', KEYS[2 + i], ARGV[a + 1])
-    redis.call('EXPIRE', KEYS[2 + i], ARGV[1])
+    redis.call('RPUSH', KEYS[3 + i], ARGV[a + 1])
+    redis.call('EXPIRE', KEYS[3 + i], ARGV[1])
     redis.call('HINCRBYFLOAT', KEYS[2], ARGV[a + 2], 1)
   end
 end
-for i = 3 * n + 3, #ARGV do
+for i = 3 * n + 4, #ARGV do
   redis.call('HINCRBYFLOAT', KEYS[2], ARGV[i], 1)
+end
+if ARGV[3] ~= '' and redis.call('LLEN', KEYS[1]) == 0 then
+  if redis.call('GET', KEYS[3]) == ARGV[3] then redis.call('DEL', KEYS[3]) end
+  return false
 end
 if tonumber(ARGV[2]) == 0 then return {} end
 return redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
@@ -244,11 +249,23 @@ class RedisLease:
                 self._lost = True
                 return
 
+    @property
+    def owner(self) -> str:
+        return self._owner
+
+    def gone(self) -> None:
+        """Released elsewhere (by the writer's FINISH, with its batch's outcomes): stop renewing it."""
+        self._stop.set()
+
     def held(self) -> bool:
+        if self._stop.is_set():
+            return False
         # A process paused past its TTL may wake with the thread not yet run: trust the clock, not hope.
         return not self._lost and time.monotonic() - self._renewed < self._ttl * 0.9
 
     def release(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
         try:
             self._client.register_script(COMPARE_AND_DELETE)(keys=[self._key], args=[self._owner])
@@ -344,13 +361,20 @@ class RedisOpQueue:
         outcomes: Sequence[Outcome],
         own: Sequence[Outcome] = (),
         limit: int = 0,
-    ) -> list[str]:
-        keys = [Keys.ops(ns.key), Keys.METRICS, *(Keys.result(o.op_id) for o in outcomes)]
-        args: list[str | int] = [self.result_ttl, limit]
+        let_go: Lease | None = None,
+    ) -> list[str] | None:
+        owner = let_go.owner if isinstance(let_go, RedisLease) else ""
+        keys = [Keys.ops(ns.key), Keys.METRICS, Keys.lease(ns.key), *(Keys.result(o.op_id) for o in outcomes)]
+        args: list[str | int] = [self.result_ttl, limit, owner]
         for raw, outcome in zip(raw_ops, outcomes, strict=True):
             args += [raw, json.dumps(outcome.to_json(), ensure_ascii=False), _metric(outcome)]
         args += [_metric(o) for o in own]
-        return [text(r) for r in self._finish(keys=keys, args=args)]
+        got = self._finish(keys=keys, args=args)
+        if got is None:
+            assert isinstance(let_go, RedisLease)
+            let_go.gone()
+            return None
+        return [text(r) for r in got]
 
     def results(self, op_ids: Sequence[str], wait: float) -> dict[str, Outcome]:
         """The outcomes published for `op_ids` so far; with `wait`, blocks up to that long for the first."""
