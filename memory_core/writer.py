@@ -60,7 +60,8 @@ MAX_BATCH = 500
 #: state.json key: how many times raw lines were rewritten in place (a forget); readers' indexes rebuild.
 RAW_REWRITES = "raw_rewrites"
 FOLD_WINDOW = 600.0  # seconds: messages and hit counts fold into one commit (a turn) within this window
-TENURE = 1.0  # seconds a leader keeps applying others' ops before it commits them and lets the lease go
+COMMIT_EVERY = 1.0  # seconds: a leader commits the batches it applied at least this often
+TENURE = 10.0  # seconds a leader keeps the lease at most while others' ops keep arriving (then it lets go)
 LINGER = 0.01  # seconds a leader waits for more ops once the queue is empty (they are usually on their way)
 _RETRIES = 8
 
@@ -384,12 +385,12 @@ class Writer:
         self, ns: Namespace, lease: Lease, queued: list[str] | None = None, linger: float = LINGER
     ) -> None:
         """Apply queued ops batch after batch while more keep arriving (waiting up to `linger` for the next),
-        for up to TENURE; the caller commits them as one and lets the lease go.
+        committing them every COMMIT_EVERY, for up to TENURE; the caller commits the rest and lets go.
 
         Keeping the lease while the queue is busy keeps this process's parsed book valid, so a hot
         namespace is written by one warm leader instead of eight processes re-reading the file in turn."""
         assert self.queue is not None
-        started = time.monotonic()
+        started = committed = time.monotonic()
         raw_ops = self.queue.pending(ns, MAX_BATCH) if queued is None else queued
         idle = 0.0
         while lease.held() and time.monotonic() - started < TENURE:
@@ -403,6 +404,9 @@ class Writer:
             idle = 0.0
             report = self._batch(ns, lease, _decode(raw_ops), defer=True)
             raw_ops = report.queued if report is not None else []
+            if time.monotonic() - committed >= COMMIT_EVERY:
+                self._commit_deferred(ns)
+                committed = time.monotonic()
 
     def _batch(
         self,
