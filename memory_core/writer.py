@@ -179,8 +179,12 @@ class Writer:
         clock: Callable[[], datetime] = utcnow,
         lease_wait: float = 30.0,
         vault_key: bytes | None = None,
+        commit_behind: bool = False,
     ) -> None:
         self.store = store
+        # With a queue: answer a submitter once its batch is on disk and commit it in a thread (production);
+        # off, a lone submit returns with its commit made (tests that read git right after one).
+        self.commit_behind = commit_behind
         self.vault_key = vault_key
         self.locker: Locker = locker if locker is not None else LocalLocker(store)
         self.queue = queue
@@ -248,10 +252,12 @@ class Writer:
         """Apply `batch` under `lease`; then, if others queued ops meanwhile, lead on in a thread (so this
         process's op is answered now, not when the tenure ends), else commit and let go. None: lease lost."""
         # Only this process's ops, nothing pending: commit now and let the lease go with the outcomes (one
-        # round trip less), unless others queued ops meanwhile: then lead on, their batches deferred.
+        # round trip less) — or, `commit_behind`, commit in the thread — unless others queued ops meanwhile:
+        # then lead on, their batches deferred.
         solo = all(raw is None for raw, _ in batch) and ns not in self._deferred
+        now = solo and not self.commit_behind
         try:
-            report = self._batch(ns, lease, batch, defer=not solo, let_go=solo) if batch else BatchReport()
+            report = self._batch(ns, lease, batch, defer=not now, let_go=now) if batch else BatchReport()
         except LeaseLost as exc:
             self._release(ns, lease)
             log.warning("lease lost during a batch of %s (%s)", ns.key, exc)
@@ -260,23 +266,25 @@ class Writer:
             self._release(ns, lease)
             raise
         assert report is not None
-        if not report.queued:
+        if not report.queued and not (solo and self.commit_behind and batch):
             self._release(ns, lease)
             return report
         leader = threading.Thread(
-            target=self._lead_on, args=(ns, lease, report.queued), name=f"writer {ns.key}"
+            target=self._lead_on,
+            args=(ns, lease, report.queued, LINGER if report.queued else 0.0),
+            name=f"writer {ns.key}",
         )
         self._leaders[ns] = leader
         leader.start()
         return report
 
-    def _lead_on(self, ns: Namespace, lease: Lease | None, queued: list[str]) -> None:
+    def _lead_on(self, ns: Namespace, lease: Lease | None, queued: list[str], linger: float = LINGER) -> None:
         """The leader thread: drain, commit, let go; and lead again while ops are still queued (its book
         stays warm), until another process takes the lease or the queue is empty."""
         try:
             while lease is not None:
                 try:
-                    self._drain(ns, lease, queued)
+                    self._drain(ns, lease, queued, linger)
                 except LeaseLost as exc:
                     log.warning("lease lost while leading %s (%s)", ns.key, exc)
                 finally:
@@ -285,6 +293,7 @@ class Writer:
                 lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns)) if queued else None
                 if lease is not None and lease.pending is not None:
                     queued = lease.pending
+                linger = LINGER
         except Exception:  # the ops stay queued: the next holder applies them
             log.exception("the writer thread of %s failed", ns.key)
         finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import threading
 import time
@@ -210,10 +211,47 @@ return redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
 # ------------------------------------------------------------------------------------------------ lock
 
 
+class _Renewer:
+    """The process's one heartbeat thread: renews every held lease at a third of its ttl (a thread per lease
+    cost a thread start, a scheduling round on a loaded machine, per write)."""
+
+    def __init__(self) -> None:
+        self._leases: dict[int, RedisLease] = {}
+        self._wake = threading.Condition()
+        self._pid = 0
+
+    def add(self, lease: RedisLease) -> None:
+        with self._wake:
+            self._leases[id(lease)] = lease
+            if self._pid != os.getpid():  # first use in this process
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="lease-heartbeat", daemon=True).start()
+            self._wake.notify()
+
+    def discard(self, lease: RedisLease) -> None:
+        with self._wake:
+            self._leases.pop(id(lease), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                now = time.monotonic()
+                due = [lease for lease in self._leases.values() if lease.due <= now]
+                if not due:
+                    nxt = min((lease.due for lease in self._leases.values()), default=now + 60)
+                    self._wake.wait(max(nxt - now, 0.001))
+                    continue
+            for lease in due:  # outside the lock: a round trip each
+                lease.beat()
+
+
+_RENEWER = _Renewer()
+
+
 class RedisLease:
-    """A held lock. With `heartbeat`, a daemon thread renews it every ttl/3 and any failure marks it lost at
-    once; without, it simply expires after its ttl unless released first. `pending`: the writer's queued ops
-    read with the lease (None: not read)."""
+    """A held lock. With `heartbeat`, the process's heartbeat thread renews it every ttl/3 and any failure
+    marks it lost at once; without, it simply expires after its ttl unless released first. `pending`: the
+    writer's queued ops read with the lease (None: not read)."""
 
     def __init__(
         self,
@@ -234,20 +272,25 @@ class RedisLease:
         self._renewed = time.monotonic()
         self._lost = False
         self._stop = threading.Event()
+        self.due = self._renewed + self._ttl / 3
         if heartbeat:
-            self._renew = client.register_script(RENEW)
-            threading.Thread(target=self._heartbeat, name=f"lease-{key}", daemon=True).start()
+            _RENEWER.add(self)
 
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(self._ttl / 3):
-            try:
-                if not self._renew(keys=[self._key], args=[self._owner, int(self._ttl * 1000)]):
-                    self._lost = True
-                    return
+    def beat(self) -> None:
+        """Renew the lease (the heartbeat thread); a refusal or an error marks it lost."""
+        if self._stop.is_set():
+            return
+        try:
+            if self._client.register_script(RENEW)(
+                keys=[self._key], args=[self._owner, int(self._ttl * 1000)]
+            ):
                 self._renewed = time.monotonic()
-            except redis.RedisError:
-                self._lost = True
+                self.due = self._renewed + self._ttl / 3
                 return
+        except redis.RedisError:
+            pass
+        self._lost = True
+        _RENEWER.discard(self)
 
     @property
     def owner(self) -> str:
@@ -256,6 +299,7 @@ class RedisLease:
     def gone(self) -> None:
         """Released elsewhere (by the writer's FINISH, with its batch's outcomes): stop renewing it."""
         self._stop.set()
+        _RENEWER.discard(self)
 
     def held(self) -> bool:
         if self._stop.is_set():
@@ -267,6 +311,7 @@ class RedisLease:
         if self._stop.is_set():
             return
         self._stop.set()
+        _RENEWER.discard(self)
         try:
             self._client.register_script(COMPARE_AND_DELETE)(keys=[self._key], args=[self._owner])
         except redis.RedisError:
