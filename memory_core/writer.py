@@ -182,8 +182,8 @@ class Writer:
         commit_behind: bool = False,
     ) -> None:
         self.store = store
-        # With a queue: answer a submitter once its batch is on disk and commit it in a thread (production);
-        # off, a lone submit returns with its commit made (tests that read git right after one).
+        # With a queue: answer a lone submitter once its batch is on disk and commit it in a thread. Off (the
+        # default, as production is wired now), a lone submit returns with its commit made.
         self.commit_behind = commit_behind
         self.vault_key = vault_key
         self.locker: Locker = locker if locker is not None else LocalLocker(store)
@@ -283,12 +283,15 @@ class Writer:
         stays warm), until another process takes the lease or the queue is empty."""
         try:
             while lease is not None:
+                served = False
                 try:
-                    self._drain(ns, lease, queued, linger)
+                    served = self._drain(ns, lease, queued, linger)
                 except LeaseLost as exc:
                     log.warning("lease lost while leading %s (%s)", ns.key, exc)
                 finally:
                     self._release(ns, lease)
+                if served:  # a whole TENURE: others (a dream's transaction) get their turn at the lease
+                    return
                 queued = self.queue.pending(ns, MAX_BATCH) if self.queue is not None else []
                 lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns)) if queued else None
                 if lease is not None and lease.pending is not None:
@@ -392,9 +395,10 @@ class Writer:
 
     def _drain(
         self, ns: Namespace, lease: Lease, queued: list[str] | None = None, linger: float = LINGER
-    ) -> None:
+    ) -> bool:
         """Apply queued ops batch after batch while more keep arriving (waiting up to `linger` for the next),
-        committing them every COMMIT_EVERY, for up to TENURE; the caller commits the rest and lets go.
+        committing them every COMMIT_EVERY, for up to TENURE (then returns True); the caller commits the
+        rest and lets go.
 
         Keeping the lease while the queue is busy keeps this process's parsed book valid, so a hot
         namespace is written by one warm leader instead of eight processes re-reading the file in turn."""
@@ -405,7 +409,7 @@ class Writer:
         while lease.held() and time.monotonic() - started < TENURE:
             if not raw_ops:
                 if idle >= linger:
-                    return
+                    return False
                 time.sleep(linger / 5)
                 idle += linger / 5
                 raw_ops = self.queue.pending(ns, MAX_BATCH)
@@ -413,9 +417,10 @@ class Writer:
             idle = 0.0
             report = self._batch(ns, lease, _decode(raw_ops), defer=True)
             raw_ops = report.queued if report is not None else []
-            if time.monotonic() - committed >= COMMIT_EVERY:
+            if time.monotonic() - committed >= COMMIT_EVERY and lease.held():
                 self._commit_deferred(ns)
                 committed = time.monotonic()
+        return lease.held()
 
     def _batch(
         self,
