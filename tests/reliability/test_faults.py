@@ -976,7 +976,8 @@ _LEADER = textwrap.dedent(
     from memory_core.writer import Writer
     from workers.redis_backend import RedisLocker, RedisOpQueue
     client = redis.Redis.from_url(sys.argv[2])
-    writer = Writer(Store(Path(sys.argv[1])), RedisLocker(client), RedisOpQueue(client))
+    # a 3 s lease, not 10: the next writer waits that long for the killed one's
+    writer = Writer(Store(Path(sys.argv[1])), RedisLocker(client, ttl_ms=3000), RedisOpQueue(client))
     out = writer.submit(Namespace.of("t", "tenure", "p"), [Remember(text="领头进程自己的一条")])
     print(json.dumps([o.status for o in out]), flush=True)
     writer.settle()
