@@ -287,7 +287,7 @@ class RedisLease:
                 self._renewed = time.monotonic()
                 self.due = self._renewed + self._ttl / 3
                 return
-        except redis.RedisError:
+        except Exception:  # any failure: lost (and the process's heartbeat thread lives on)
             pass
         self._lost = True
         _RENEWER.discard(self)
