@@ -239,7 +239,7 @@ def _append(base: Path, path: Path, at: int, data: bytes, rel: str) -> None:
             try:
                 half = len(data) // 2
                 _write_all(fd, data[:half])  # in two: the fault suite kills between them (a cut append)
-                _kill_point("append")
+                kill_point("append")
                 _write_all(fd, data[half:])
                 os.fdatasync(fd)
             except OSError:
@@ -665,7 +665,7 @@ class Store:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            _kill_point("cache")
+            kill_point("cache")
             manifest_data = json.dumps({**manifest, "generation": gen}).encode()
             tmp = _stage_in(top, "manifest.json", manifest_data)
             os.replace(tmp, "manifest.json", src_dir_fd=top, dst_dir_fd=top)
@@ -832,14 +832,14 @@ class Store:
             return None
         sig = pygit2.Signature(*_SIGNATURE)
         oid = repo.create_commit(None, sig, sig, message.rstrip("\n") + "\n", tree, parents)
-        _kill_point("objects")
+        kill_point("objects")
         # The index first, then the ref: a crash between the two leaves HEAD behind the index, which the
         # next commit (built from HEAD's tree) mends; never a ref to a commit the index does not match.
         self._write_index(ns, repo, tree)
-        _kill_point("index")
+        kill_point("index")
         ref = self.file(ns, ".git", *_branch(repo).split("/"))
         atomic_write(self.data_dir, ref, f"{oid}\n".encode(), durable=False)
-        _kill_point("ref")
+        kill_point("ref")
         self._maybe_pack(ns, repo)
         return str(oid)[:7]
 
@@ -861,8 +861,9 @@ class Store:
     def _maybe_pack(self, ns: Namespace, repo: pygit2.Repository) -> None:
         """Pack the loose objects once there are LOOSE_MAX of them or LOOSE_BYTES (under the writer lease).
 
-        While the namespace is small (REPACK_ALL_OBJECTS) everything reachable is repacked into one pack:
-        one whole copy of each file plus deltas, the blobs of folded commits dropped. A larger one packs
+        While the namespace is small (REPACK_ALL_OBJECTS, REPACK_ALL_BYTES) everything reachable is repacked
+        into one pack: one whole copy of each file plus deltas, the blobs of folded commits dropped. A larger
+        one packs
         only its loose objects, and at PACKS_MAX packs merges all but the largest: either way the
         repository grows with the deltas, not a whole file per commit, and no packing redoes the history
         (libgit2 does not reuse deltas)."""
@@ -876,7 +877,8 @@ class Store:
             return
         packs = sorted((objects / "pack").glob("pack-*.pack"), key=lambda p: p.stat().st_size)
         counts = {p: len(_pack_ids(self.data_dir, p)) for p in packs}
-        if sum(counts.values()) + len(loose) <= REPACK_ALL_OBJECTS:
+        packed = sum(p.stat().st_size for p in packs)
+        if sum(counts.values()) + len(loose) <= REPACK_ALL_OBJECTS and packed <= REPACK_ALL_BYTES:
             self._pack(self.data_dir, repo, objects, None, loose, packs)
         elif len(packs) + 1 >= PACKS_MAX:  # geometric: the largest pack stays, the others merge
             merged = packs[:-1]
@@ -923,7 +925,7 @@ class Store:
             finally:
                 os.close(fd)
         _fsync_dir(base, pack_dir)
-        _kill_point("pack")
+        kill_point("pack")
         for oid in loose:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(objects / oid[:2] / oid[2:])
@@ -1042,12 +1044,13 @@ LOOSE_MAX = 32  # loose objects that are packed together (one pack of deltas)
 PACKS_MAX = 8  # packs that are merged into one
 LOOSE_BYTES = 1 << 20  # or once they take this much
 REPACK_ALL_OBJECTS = 256  # objects up to which a namespace is repacked whole at each packing
+REPACK_ALL_BYTES = 1 << 20  # and packed bytes: past them a whole repack (deltas redone) costs seconds
 _isolated = False
 
 
-def _kill_point(name: str) -> None:
-    """The fault suite's SIGKILL inside a write (LUCID_KILL_POINT=append|objects|index|ref|pack) or a cache
-    save."""
+def kill_point(name: str) -> None:
+    """The fault suite's SIGKILL inside a write (LUCID_KILL_POINT=append|tenure|objects|index|ref|pack) or a
+    cache save."""
     if os.environ.get("LUCID_KILL_POINT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
 

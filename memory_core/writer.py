@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -50,7 +51,7 @@ from .ops import (
 )
 from .secretscan import contains_secret, redact, redact_long
 from .sharing import share
-from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, TRACKED, Snapshot, Store, version_of
+from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, TRACKED, Snapshot, Store, kill_point, version_of
 from .vault import seal
 
 log = logging.getLogger(__name__)
@@ -59,12 +60,15 @@ MAX_BATCH = 500
 #: state.json key: how many times raw lines were rewritten in place (a forget); readers' indexes rebuild.
 RAW_REWRITES = "raw_rewrites"
 FOLD_WINDOW = 600.0  # seconds: messages and hit counts fold into one commit (a turn) within this window
-LEAD_TIME = 0.25
+COMMIT_EVERY = 1.0  # seconds: a leader commits the batches it applied at least this often
+TENURE = 10.0  # seconds a leader keeps the lease at most while others' ops keep arriving (then it lets go)
+LINGER = 0.01  # seconds a leader waits for more ops once the queue is empty (they are usually on their way)
 _RETRIES = 8
 
 
 class Lease(Protocol):
     token: int
+    pending: list[str] | None  # the namespace's queued ops, read with the lease (None: not read)
 
     def held(self) -> bool: ...
 
@@ -72,8 +76,9 @@ class Lease(Protocol):
 
 
 class Locker(Protocol):
-    def acquire(self, ns: Namespace, wait: float, floor: int) -> Lease | None:
-        """Take the namespace's lease within `wait` seconds, with a fencing token above `floor`."""
+    def acquire(self, ns: Namespace, wait: float, floor: int, push: Sequence[str] = ()) -> Lease | None:
+        """Take the namespace's lease within `wait` seconds, with a fencing token above `floor`; if it is
+        not taken, the queued ops `push` are pushed on the op queue (with the last attempt)."""
         ...
 
 
@@ -89,9 +94,13 @@ class OpQueue(Protocol):
         ns: Namespace,
         raw_ops: Sequence[str],
         outcomes: Sequence[Outcome],
-        applied: Sequence[Outcome] = (),
-    ) -> None:
-        """Publish the outcomes of the queued `raw_ops`, drop them from the queue, count every `applied` one."""
+        own: Sequence[Outcome] = (),
+        limit: int = 0,
+        let_go: Lease | None = None,
+    ) -> list[str] | None:
+        """Publish and count the outcome of each of `raw_ops` still queued, dropping it (so publishing twice
+        does nothing twice), count the `own` ones (never queued); returns the oldest `limit` ops queued.
+        With `let_go`, that lease is released in the same step if none are queued (then returns None)."""
 
     def results(self, op_ids: Sequence[str], wait: float) -> dict[str, Outcome]: ...
 
@@ -104,6 +113,7 @@ class _LocalLease:
     token: int
     fd: int
     released: bool = False
+    pending: list[str] | None = None
 
     def held(self) -> bool:
         return not self.released
@@ -121,7 +131,9 @@ class LocalLocker:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def acquire(self, ns: Namespace, wait: float, floor: int) -> Lease | None:
+    def acquire(self, ns: Namespace, wait: float, floor: int, push: Sequence[str] = ()) -> Lease | None:
+        if push:
+            raise LucidError("a host-local lock has no op queue to push to")
         path: Path = self.store.lock_path(ns)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -150,6 +162,7 @@ class BatchReport:
     manual_edit: bool = False
     redacted: int = 0
     revision: str | None = None
+    queued: list[str] = field(default_factory=list)  # ops others queued meanwhile (the next batch)
 
 
 Change = Callable[[Book, Snapshot], dict[str, str] | None]
@@ -166,8 +179,12 @@ class Writer:
         clock: Callable[[], datetime] = utcnow,
         lease_wait: float = 30.0,
         vault_key: bytes | None = None,
+        commit_behind: bool = False,
     ) -> None:
         self.store = store
+        # With a queue: answer a lone submitter once its batch is on disk and commit it in a thread. Off (the
+        # default, as production is wired now), a lone submit returns with its commit made.
+        self.commit_behind = commit_behind
         self.vault_key = vault_key
         self.locker: Locker = locker if locker is not None else LocalLocker(store)
         self.queue = queue
@@ -178,6 +195,7 @@ class Writer:
         # as it left them skips parsing (the common case when one process writes a hot namespace).
         self._books: dict[Namespace, tuple[str, Book]] = {}
         self._deferred: dict[Namespace, _Deferred] = {}  # written, not yet committed (this lease)
+        self._leaders: dict[Namespace, threading.Thread] = {}  # leading on after this process's op was done
 
     # -------------------------------------------------------------------------------------- public
 
@@ -197,54 +215,98 @@ class Writer:
         mine = self._lead(ns, screened)
         if mine is not None:
             return [mine.get(op.op_id) or early[op.op_id] for op in ops]
-        ids = [op.op_id for op in screened]
-        self.queue.push(ns, screened)
+        ids = [op.op_id for op in screened]  # queued: the lease holder applies them
         done: dict[str, Outcome] = {}
         deadline = time.monotonic() + timeout
         while True:
-            done.update(self.queue.results([i for i in ids if i not in done], 0))
+            done.update(self.queue.results([i for i in ids if i not in done], 0.05))
             if len(done) == len(ids):
                 done.update(early)
                 return [done[op.op_id] for op in ops]
-            taken = self.locker.acquire(ns, 0.0, self.store.read_fence(ns))
-            if taken is not None:
-                try:
-                    self._drain(ns, taken)
-                except LeaseLost as exc:
-                    log.warning("lease lost during a batch of %s (%s); retrying", ns.key, exc)
-                finally:
-                    self._release(ns, taken)
-                continue
-            done.update(self.queue.results([i for i in ids if i not in done], 0.05))
             if time.monotonic() > deadline:
                 raise LucidError(f"timed out waiting for the writer of {ns} ({len(done)}/{len(ids)} done)")
+            taken = self.locker.acquire(ns, 0.0, self.store.read_fence(ns))
+            if taken is not None:  # nobody leads (the leader let go or died): apply the queue
+                queued = taken.pending if taken.pending is not None else self.queue.pending(ns, MAX_BATCH)
+                self._lead_with(ns, taken, _decode(queued))
 
     def _lead(self, ns: Namespace, ops: list[Op]) -> dict[str, Outcome] | None:
         """If the lease is free, apply the queued ops of others and then `ops` as one batch, without a
         trip of `ops` through the queue (the common case: a namespace nobody else is writing). None: the
-        lease is taken, or was lost before the write — queue the ops instead."""
+        lease was taken, and `ops` are queued (the same round trip), or it was lost before the write."""
         assert self.queue is not None
-        lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns))
+        lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns), push=[op_json(op) for op in ops])
         if lease is None:
             return None
+        queued = lease.pending if lease.pending is not None else self.queue.pending(ns, MAX_BATCH)
+        batch = [*_decode(queued), *((None, op) for op in ops)]
+        report = self._lead_with(ns, lease, batch)
+        if report is None:
+            self.queue.push(ns, ops)
+            return None
+        return {o.op_id: o for (raw, _), o in zip(batch, report.outcomes, strict=True) if raw is None}
+
+    def _lead_with(
+        self, ns: Namespace, lease: Lease, batch: list[tuple[str | None, Op]]
+    ) -> BatchReport | None:
+        """Apply `batch` under `lease`; then, if others queued ops meanwhile, lead on in a thread (so this
+        process's op is answered now, not when the tenure ends), else commit and let go. None: lease lost."""
+        # Only this process's ops, nothing pending: commit now and let the lease go with the outcomes (one
+        # round trip less) — or, `commit_behind`, commit in the thread — unless others queued ops meanwhile:
+        # then lead on, their batches deferred.
+        solo = all(raw is None for raw, _ in batch) and ns not in self._deferred
+        now = solo and not self.commit_behind
         try:
-            batch = [*_decode(self.queue.pending(ns, MAX_BATCH)), *((None, op) for op in ops)]
-            report = self._batch(ns, lease, batch, defer=True)
+            report = self._batch(ns, lease, batch, defer=not now, let_go=now) if batch else BatchReport()
         except LeaseLost as exc:
             self._release(ns, lease)
-            log.warning("lease lost during a batch of %s (%s); queueing", ns.key, exc)
+            log.warning("lease lost during a batch of %s (%s)", ns.key, exc)
             return None
         except BaseException:
             self._release(ns, lease)
             raise
         assert report is not None
-        try:  # stay the warm leader while others keep queueing (see _drain)
-            self._drain(ns, lease)
-        except LeaseLost as exc:
-            log.warning("lease lost after a batch of %s (%s)", ns.key, exc)
-        finally:
+        if not report.queued and not (solo and self.commit_behind and batch):
             self._release(ns, lease)
-        return {o.op_id: o for (raw, _), o in zip(batch, report.outcomes, strict=True) if raw is None}
+            return report
+        leader = threading.Thread(
+            target=self._lead_on,
+            args=(ns, lease, report.queued, LINGER if report.queued else 0.0),
+            name=f"writer {ns.key}",
+        )
+        self._leaders[ns] = leader
+        leader.start()
+        return report
+
+    def _lead_on(self, ns: Namespace, lease: Lease | None, queued: list[str], linger: float = LINGER) -> None:
+        """The leader thread: drain, commit, let go; and lead again while ops are still queued (its book
+        stays warm), until another process takes the lease or the queue is empty."""
+        try:
+            while lease is not None:
+                served = False
+                try:
+                    served = self._drain(ns, lease, queued, linger)
+                except LeaseLost as exc:
+                    log.warning("lease lost while leading %s (%s)", ns.key, exc)
+                finally:
+                    self._release(ns, lease)
+                if served:  # a whole TENURE: others (a dream's transaction) get their turn at the lease
+                    return
+                queued = self.queue.pending(ns, MAX_BATCH) if self.queue is not None else []
+                lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns)) if queued else None
+                if lease is not None and lease.pending is not None:
+                    queued = lease.pending
+                linger = LINGER
+        except Exception:  # the ops stay queued: the next holder applies them
+            log.exception("the writer thread of %s failed", ns.key)
+        finally:
+            if self._leaders.get(ns) is threading.current_thread():
+                del self._leaders[ns]
+
+    def settle(self) -> None:
+        """Wait for this process's writer threads to commit and let their leases go (tests, shutdown)."""
+        for leader in list(self._leaders.values()):
+            leader.join()
 
     def _screen(self, ns: Namespace, ops: Sequence[Op]) -> tuple[list[Op], dict[str, Outcome]]:
         """Ops safe to queue (raw records redacted), and the outcomes of those refused on the spot."""
@@ -291,7 +353,7 @@ class Writer:
         if self.queue is None or not self.queue.pending(ns, 1):
             return
         with self._lease(ns) as lease:
-            self._drain(ns, lease)
+            self._drain(ns, lease, linger=0.0)
 
     def transact(
         self, ns: Namespace, change: Change, message: str, expect_version: str | None = None
@@ -331,20 +393,34 @@ class Writer:
             self._deferred.pop(ns, None)  # not committed (lease lost): the journal tells the next holder
             lease.release()
 
-    def _drain(self, ns: Namespace, lease: Lease) -> None:
-        """Apply pending ops batch after batch while more keep arriving (up to LEAD_TIME).
+    def _drain(
+        self, ns: Namespace, lease: Lease, queued: list[str] | None = None, linger: float = LINGER
+    ) -> bool:
+        """Apply queued ops batch after batch while more keep arriving (waiting up to `linger` for the next),
+        committing them every COMMIT_EVERY, for up to TENURE (then returns True); the caller commits the
+        rest and lets go.
 
         Keeping the lease while the queue is busy keeps this process's parsed book valid, so a hot
         namespace is written by one warm leader instead of eight processes re-reading the file in turn."""
         assert self.queue is not None
-        started = time.monotonic()
-        while True:
-            raw_ops = self.queue.pending(ns, MAX_BATCH)
+        started = committed = time.monotonic()
+        raw_ops = self.queue.pending(ns, MAX_BATCH) if queued is None else queued
+        idle = 0.0
+        while lease.held() and time.monotonic() - started < TENURE:
             if not raw_ops:
-                return
-            self._batch(ns, lease, _decode(raw_ops), defer=True)
-            if time.monotonic() - started > LEAD_TIME or not lease.held():
-                return
+                if idle >= linger:
+                    return False
+                time.sleep(linger / 5)
+                idle += linger / 5
+                raw_ops = self.queue.pending(ns, MAX_BATCH)
+                continue
+            idle = 0.0
+            report = self._batch(ns, lease, _decode(raw_ops), defer=True)
+            raw_ops = report.queued if report is not None else []
+            if time.monotonic() - committed >= COMMIT_EVERY and lease.held():
+                self._commit_deferred(ns)
+                committed = time.monotonic()
+        return lease.held()
 
     def _batch(
         self,
@@ -355,10 +431,12 @@ class Writer:
         message: str | None = None,
         expect_version: str | None = None,
         defer: bool = False,
+        let_go: bool = False,
     ) -> BatchReport | None:
         """Apply one batch. `defer`: leave its git commit to the end of the lease (`_release`), so the
         batches of one tenure are one commit; the files are written and synced, and the journal kept,
-        before any outcome is published, as without it."""
+        before any outcome is published, as without it. `let_go` (with a commit, not `defer`): the lease
+        goes with the outcomes, in their round trip, unless others queued ops meanwhile."""
         self.store.claim_fence(ns, lease.token)
         self.store.ensure_repo(ns)
         if ns not in self._deferred:  # else the journal is this tenure's own
@@ -405,7 +483,7 @@ class Writer:
                 files[name] = redact(text) if name in (PROFILE, DREAMS) else text
                 rendered = rendered and name != MEMORY
             if not files and not raw:
-                self._publish(ns, ops, report.outcomes)
+                report.queued = self._publish(ns, ops, report.outcomes, lease if let_go else None)
                 return report
             pending = self._deferred.get(ns)
             msg = message or _message(_counts(report.outcomes) + (pending.counts if pending else Counter()))
@@ -445,7 +523,7 @@ class Writer:
                 group.message = msg
             if not defer:
                 report.revision = self._commit_deferred(ns)
-            self._publish(ns, ops, report.outcomes)
+            report.queued = self._publish(ns, ops, report.outcomes, lease if let_go else None)
             return report
         raise ConcurrentEdit(f"{ns} kept changing during the write; nothing was applied")
 
@@ -455,6 +533,7 @@ class Writer:
         group = self._deferred.pop(ns, None)
         if group is None:
             return None
+        kill_point("tenure")  # the batches are written and their outcomes published; the commit is not made
         counts = Counter(group.counts)
         amend, folded = self._foldable(ns, group.now) if group.message is None else (None, Counter())
         if amend is not None:
@@ -565,12 +644,16 @@ class Writer:
         detail = "redacted" if clean.text != msg.text else None
         return Outcome(op.op_id, "recorded", id=msg.id, detail=detail)
 
-    def _publish(self, ns: Namespace, ops: list[tuple[str | None, Op]], outcomes: list[Outcome]) -> None:
+    def _publish(
+        self, ns: Namespace, ops: list[tuple[str | None, Op]], outcomes: list[Outcome], let_go: Lease | None
+    ) -> list[str]:
+        """Publish the outcomes; returns the ops queued meanwhile (the next batch), in the same round trip."""
         if self.queue is None:
-            return
+            return []
         raw = [r for r, _ in ops if r is not None]
         published = [o for (r, _), o in zip(ops, outcomes, strict=True) if r is not None]
-        self.queue.finish(ns, raw, published, outcomes)
+        own = [o for (r, _), o in zip(ops, outcomes, strict=True) if r is None]
+        return self.queue.finish(ns, raw, published, own, MAX_BATCH, let_go) or []
 
     def _recover(self, ns: Namespace) -> None:
         """Finish a batch that crashed between its journal and its commit, or account for one that died

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import threading
 import time
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +17,7 @@ import redis
 
 from memory_core.namespace import Namespace
 from memory_core.ops import Op, Outcome
-from memory_core.writer import Lease, op_json
+from memory_core.writer import MAX_BATCH, Lease, op_json
 
 from .metrics import label_text
 from .redis_keys import Keys
@@ -29,10 +29,15 @@ WRITES = "lucid_memory_writes_total"  # counted in the batch's own transaction: 
 
 # ------------------------------------------------------------------------------------------ Lua scripts
 
-# The lock. KEYS: the lock[, its fencing counter]. ARGV: the owner, the ttl (ms), the lowest token allowed.
-# Returns 0 (taken by someone else), else the fencing token (1 for an unfenced lock).
+# The lock. KEYS: the lock[, its fencing counter[, the writer's op queue]]. ARGV: the owner, the ttl (ms), the
+# lowest token allowed[, how many queued ops to return, then ops to queue if the lock is taken].
+# Returns 0 (taken by someone else; the ops given are queued), else the fencing token (1 for an unfenced
+# lock), or with a queue {token, its oldest ops}: one round trip takes the writer's lease and its batch.
 TAKE = """
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if #ARGV > 4 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 5)) end
+  return 0
+end
 if #KEYS < 2 then return 1 end
 local f = redis.call('INCR', KEYS[2])
 local floor = tonumber(ARGV[3])
@@ -40,7 +45,8 @@ if f <= floor then
   f = floor + 1
   redis.call('SET', KEYS[2], f)
 end
-return f
+if #KEYS < 3 then return f end
+return {f, redis.call('LRANGE', KEYS[3], 0, tonumber(ARGV[4]) - 1)}
 """
 RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -175,55 +181,139 @@ end
 return redis.call('ZCARD', KEYS[1])
 """
 
-# The writer's op queue: drop the ops a batch applied. KEYS: the queue. ARGV: the ops as queued.
+# The writer's op queue: a batch's outcomes. KEYS: the queue, the metrics hash, the writer's lease, the result
+# list of each queued op. ARGV: the results' ttl, how many queued ops to return, the lease's owner to release
+# it if nothing is queued ('' to keep it), per queued op (its queued form, its outcome, its metric field),
+# then the metric fields of the batch's ops that were never queued. An op's outcome is published and counted
+# only if the op is still queued, and the op dropped with it: publishing a batch twice (recovery after a
+# crash) publishes and counts nothing twice. Returns the oldest ops still queued, or nil: lease released.
 FINISH = """
-for i = 1, #ARGV do
-  redis.call('LREM', KEYS[1], 1, ARGV[i])
+local n = #KEYS - 3
+for i = 1, n do
+  local a = 3 * i + 1
+  if redis.call('LREM', KEYS[1], 1, ARGV[a]) == 1 then
+    redis.call('RPUSH', KEYS[3 + i], ARGV[a + 1])
+    redis.call('EXPIRE', KEYS[3 + i], ARGV[1])
+    redis.call('HINCRBYFLOAT', KEYS[2], ARGV[a + 2], 1)
+  end
 end
-return #ARGV
+for i = 3 * n + 4, #ARGV do
+  redis.call('HINCRBYFLOAT', KEYS[2], ARGV[i], 1)
+end
+if ARGV[3] ~= '' and redis.call('LLEN', KEYS[1]) == 0 then
+  if redis.call('GET', KEYS[3]) == ARGV[3] then redis.call('DEL', KEYS[3]) end
+  return false
+end
+if tonumber(ARGV[2]) == 0 then return {} end
+return redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
 """
 
 # ------------------------------------------------------------------------------------------------ lock
 
 
+class _Renewer:
+    """The process's one heartbeat thread: renews every held lease at a third of its ttl (a thread per lease
+    cost a thread start, a scheduling round on a loaded machine, per write)."""
+
+    def __init__(self) -> None:
+        self._leases: dict[int, RedisLease] = {}
+        self._wake = threading.Condition()
+        self._pid = 0
+
+    def add(self, lease: RedisLease) -> None:
+        with self._wake:
+            self._leases[id(lease)] = lease
+            if self._pid != os.getpid():  # first use in this process
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="lease-heartbeat", daemon=True).start()
+            self._wake.notify()
+
+    def discard(self, lease: RedisLease) -> None:
+        with self._wake:
+            self._leases.pop(id(lease), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                now = time.monotonic()
+                due = [lease for lease in self._leases.values() if lease.due <= now]
+                if not due:
+                    nxt = min((lease.due for lease in self._leases.values()), default=now + 60)
+                    self._wake.wait(max(nxt - now, 0.001))
+                    continue
+            for lease in due:  # outside the lock: a round trip each
+                lease.beat()
+
+
+_RENEWER = _Renewer()
+
+
 class RedisLease:
-    """A held lock. With `heartbeat`, a daemon thread renews it every ttl/3 and any failure marks it lost at
-    once; without, it simply expires after its ttl unless released first."""
+    """A held lock. With `heartbeat`, the process's heartbeat thread renews it every ttl/3 and any failure
+    marks it lost at once; without, it simply expires after its ttl unless released first. `pending`: the
+    writer's queued ops read with the lease (None: not read)."""
 
     def __init__(
-        self, client: redis.Redis, key: str, owner: str, token: int, ttl_ms: int, heartbeat: bool = True
+        self,
+        client: redis.Redis,
+        key: str,
+        owner: str,
+        token: int,
+        ttl_ms: int,
+        heartbeat: bool = True,
+        pending: list[str] | None = None,
     ) -> None:
         self._client = client
         self._key = key
         self._owner = owner
         self.token = token
+        self.pending = pending
         self._ttl = ttl_ms / 1000
         self._renewed = time.monotonic()
         self._lost = False
         self._stop = threading.Event()
+        self.due = self._renewed + self._ttl / 3
         if heartbeat:
-            self._renew = client.register_script(RENEW)
-            threading.Thread(target=self._heartbeat, name=f"lease-{key}", daemon=True).start()
+            _RENEWER.add(self)
 
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(self._ttl / 3):
-            try:
-                if not self._renew(keys=[self._key], args=[self._owner, int(self._ttl * 1000)]):
-                    self._lost = True
-                    return
+    def beat(self) -> None:
+        """Renew the lease (the heartbeat thread); a refusal or an error marks it lost."""
+        if self._stop.is_set():
+            return
+        try:
+            if self._client.register_script(RENEW)(
+                keys=[self._key], args=[self._owner, int(self._ttl * 1000)]
+            ):
                 self._renewed = time.monotonic()
-            except redis.RedisError:
-                self._lost = True
+                self.due = self._renewed + self._ttl / 3
                 return
+        except Exception:  # any failure: lost (and the process's heartbeat thread lives on)
+            pass
+        self._lost = True
+        _RENEWER.discard(self)
+
+    @property
+    def owner(self) -> str:
+        return self._owner
+
+    def gone(self) -> None:
+        """Released elsewhere (by the writer's FINISH, with its batch's outcomes): stop renewing it."""
+        self._stop.set()
+        _RENEWER.discard(self)
 
     def held(self) -> bool:
+        if self._stop.is_set():
+            return False
         # A process paused past its TTL may wake with the thread not yet run: trust the clock, not hope.
         return not self._lost and time.monotonic() - self._renewed < self._ttl * 0.9
 
     def release(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
+        _RENEWER.discard(self)
         try:
-            self._client.eval(COMPARE_AND_DELETE, 1, self._key, self._owner)
+            self._client.register_script(COMPARE_AND_DELETE)(keys=[self._key], args=[self._owner])
         except redis.RedisError:
             log.warning("could not release lease %s (it will expire)", self._key)
 
@@ -236,9 +326,13 @@ def take(
     heartbeat: bool = True,
     fence_key: str | None = None,
     floor: int = 0,
+    queue_key: str | None = None,
+    peek: int = 0,
+    push: Sequence[str] = (),
 ) -> RedisLease | None:
     """The lock on `key` if nobody holds it (one attempt), else None. With `fence_key`, its token is the next
-    value of that counter and above `floor`.
+    value of that counter and above `floor`; with `queue_key` (the writer's), the lease also holds the oldest
+    `peek` ops of that queue, and if the lock is taken, `push` is queued instead (the same round trip).
 
     The lock (`take`) is a `SET NX PX` with a random owner, released only by its owner (compare-and-delete),
     renewed by a heartbeat while held, and — for the writer — fenced: a token from a counter that only grows,
@@ -246,30 +340,44 @@ def take(
     """
     owner = secrets.token_hex(12)
     keys = [key] if fence_key is None else [key, fence_key]
-    token = int(client.register_script(TAKE)(keys=keys, args=[owner, ttl_ms, floor]))
-    if not token:
+    args: list[str | int] = [owner, ttl_ms, floor]
+    if queue_key is not None and fence_key is not None:
+        keys.append(queue_key)
+        args += [max(peek, 1), *push]
+    got = client.register_script(TAKE)(keys=keys, args=args)
+    if not got:
         return None
-    return RedisLease(client, key, owner, token if fence_key else 0, ttl_ms, heartbeat)
+    pending = None
+    if isinstance(got, list):
+        got, pending = got[0], [text(r) for r in got[1]]
+    return RedisLease(client, key, owner, int(got) if fence_key else 0, ttl_ms, heartbeat, pending)
 
 
 class RedisLocker:
-    """The writer's lock per namespace: fenced and renewed, waited for up to `wait` seconds."""
+    """The writer's lock per namespace: fenced and renewed, waited for up to `wait` seconds; taken with the
+    namespace's first queued ops (`pending`), or, with `push`, those ops queued if it is not free."""
 
     def __init__(self, client: redis.Redis, ttl_ms: int = 10_000) -> None:
         self.client = client
         self.ttl_ms = ttl_ms
 
-    def acquire(self, ns: Namespace, wait: float, floor: int) -> Lease | None:
+    def acquire(self, ns: Namespace, wait: float, floor: int, push: Sequence[str] = ()) -> Lease | None:
         deadline = time.monotonic() + wait
         delay = 0.002
         while True:
+            last = time.monotonic() >= deadline
             held = take(
-                self.client, Keys.lease(ns.key), self.ttl_ms, fence_key=Keys.fence(ns.key), floor=floor
+                self.client,
+                Keys.lease(ns.key),
+                self.ttl_ms,
+                fence_key=Keys.fence(ns.key),
+                floor=floor,
+                queue_key=Keys.ops(ns.key),
+                peek=MAX_BATCH,
+                push=push if last else (),
             )
-            if held is not None:
+            if held is not None or last:
                 return held
-            if time.monotonic() >= deadline:
-                return None
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
 
@@ -289,29 +397,40 @@ class RedisOpQueue:
         self.client.rpush(Keys.ops(ns.key), *[op_json(op) for op in ops])
 
     def pending(self, ns: Namespace, limit: int) -> list[str]:
-        raw = self.client.lrange(Keys.ops(ns.key), 0, limit - 1)
-        return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
+        return [text(r) for r in self.client.lrange(Keys.ops(ns.key), 0, limit - 1)]
 
     def finish(
         self,
         ns: Namespace,
         raw_ops: Sequence[str],
         outcomes: Sequence[Outcome],
-        applied: Sequence[Outcome] = (),
-    ) -> None:
-        pipe = self.client.pipeline(transaction=True)
-        for outcome in outcomes:
-            key = Keys.result(outcome.op_id)
-            pipe.rpush(key, json.dumps(outcome.to_json(), ensure_ascii=False))
-            pipe.expire(key, self.result_ttl)
-        for kind, n in Counter(str(o.kind) for o in applied).items():
-            pipe.hincrbyfloat(Keys.METRICS, WRITES + label_text({"outcome": kind}), n)
-        pipe.execute()
-        if raw_ops:
-            self._finish(keys=[Keys.ops(ns.key)], args=list(raw_ops))
+        own: Sequence[Outcome] = (),
+        limit: int = 0,
+        let_go: Lease | None = None,
+    ) -> list[str] | None:
+        owner = let_go.owner if isinstance(let_go, RedisLease) else ""
+        keys = [Keys.ops(ns.key), Keys.METRICS, Keys.lease(ns.key), *(Keys.result(o.op_id) for o in outcomes)]
+        args: list[str | int] = [self.result_ttl, limit, owner]
+        for raw, outcome in zip(raw_ops, outcomes, strict=True):
+            args += [raw, json.dumps(outcome.to_json(), ensure_ascii=False), _metric(outcome)]
+        args += [_metric(o) for o in own]
+        got = self._finish(keys=keys, args=args)
+        if got is None:
+            assert isinstance(let_go, RedisLease)
+            let_go.gone()
+            return None
+        return [text(r) for r in got]
 
     def results(self, op_ids: Sequence[str], wait: float) -> dict[str, Outcome]:
+        """The outcomes published for `op_ids` so far; with `wait`, blocks up to that long for the first."""
         found: dict[str, Outcome] = {}
+        if op_ids and wait > 0:
+            got = self.client.blpop([Keys.result(i) for i in op_ids], timeout=wait)
+            if got is None:
+                return found
+            op_id = text(got[0]).rsplit(":", 1)[1]
+            found[op_id] = Outcome.from_json(json.loads(got[1]))
+            op_ids = [i for i in op_ids if i != op_id]
         if not op_ids:
             return found
         pipe = self.client.pipeline(transaction=False)
@@ -320,14 +439,11 @@ class RedisOpQueue:
         for op_id, raw in zip(op_ids, pipe.execute(), strict=True):
             if raw is not None:
                 found[op_id] = Outcome.from_json(json.loads(raw))
-        if found or wait <= 0:
-            return found
-        got = self.client.blpop([Keys.result(i) for i in op_ids], timeout=wait)
-        if got is not None:
-            key, raw = got
-            op_id = (key.decode() if isinstance(key, bytes) else str(key)).rsplit(":", 1)[1]
-            found[op_id] = Outcome.from_json(json.loads(raw))
         return found
+
+
+def _metric(outcome: Outcome) -> str:
+    return WRITES + label_text({"outcome": str(outcome.kind)})
 
 
 def text(value: Any) -> str:

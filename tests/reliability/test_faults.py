@@ -899,10 +899,12 @@ _MID_COMMIT = textwrap.dedent(
     from memory_core.store import Store
     from memory_core.writer import Writer
     from workers.redis_backend import RedisLocker, RedisOpQueue
-    data, url, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    data, url, n, behind = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "behind"
     client = redis.Redis.from_url(url)
     # a 3 s lease (renewed each second), not 10: the next writer waits that long for the killed one's
-    writer = Writer(Store(Path(data)), RedisLocker(client, ttl_ms=3000), RedisOpQueue(client))
+    writer = Writer(
+        Store(Path(data)), RedisLocker(client, ttl_ms=3000), RedisOpQueue(client), commit_behind=behind
+    )
     ns = Namespace.of("t", "commit", "p")
     for i in range(n):
         message = {"id": f"v{i}", "ts": "2026-06-01T09:00:00Z", "speaker": "u", "text": "长消息" * 200}
@@ -912,13 +914,15 @@ _MID_COMMIT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("point", ["append", "objects", "index", "ref", "pack"])
+@pytest.mark.parametrize("point", ["append", "tenure", "tenure-behind", "objects", "index", "ref", "pack"])
 def test_a_writer_sigkilled_mid_commit_leaves_a_repository_the_next_writer_commits_to(
     point: str, tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:
     """The writer is SIGKILLed inside its write: halfway through appending new lines to a file, and inside
     its in-process git commit: after the objects are written, after the index is replaced, after the
-    branch ref moved, and between writing a pack and dropping the loose objects it holds. No acknowledged op is lost, the op being committed is applied once, and the next
+    branch ref moved, and between writing a pack and dropping the loose objects it holds; `tenure`: after
+    the batches are written and answered, before their commit (`-behind`: in the thread that commits once
+    the op is answered). No acknowledged op is lost, the op being committed is applied once, and the next
     writer commits on top: `git fsck` accepts the repository and `git status` is clean."""
     from memory_core.ops import Remember
     from memory_core.store import Store
@@ -929,9 +933,10 @@ def test_a_writer_sigkilled_mid_commit_leaves_a_repository_the_next_writer_commi
     ns = Namespace.of("t", "commit", "p")
     writer = Writer(Store(data), RedisLocker(redis_client), RedisOpQueue(redis_client))
     assert writer.submit(ns, [Remember(text="杀之前就确认过的事")])[0].status == "added"
+    point, _, behind = point.partition("-")
     env = {**dict(__import__("os").environ), "LUCID_KILL_POINT": point}
     victim = subprocess.run(
-        [sys.executable, "-c", _MID_COMMIT, str(data), redis_url, "60"],
+        [sys.executable, "-c", _MID_COMMIT, str(data), redis_url, "60", behind or "now"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -957,4 +962,73 @@ def test_a_writer_sigkilled_mid_commit_leaves_a_repository_the_next_writer_commi
     assert fsck.returncode == 0, fsck.stderr
     assert git(root, "status", "--porcelain").strip() == ""
     assert git(root, "log", "-1", "--format=%s").startswith("memory: 1 added")  # (+ the cut op, unchanged)
+    assert git(root, "show", "HEAD:MEMORY.md") == (root / "MEMORY.md").read_text("utf-8")
+
+
+_LEADER = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import redis
+    from memory_core.namespace import Namespace
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+    client = redis.Redis.from_url(sys.argv[2])
+    # a 3 s lease, not 10: the next writer waits that long for the killed one's
+    writer = Writer(Store(Path(sys.argv[1])), RedisLocker(client, ttl_ms=3000), RedisOpQueue(client))
+    out = writer.submit(Namespace.of("t", "tenure", "p"), [Remember(text="领头进程自己的一条")])
+    print(json.dumps([o.status for o in out]), flush=True)
+    writer.settle()
+    """
+)
+
+
+def test_a_leader_sigkilled_before_its_tenure_is_committed_publishes_and_counts_nothing_twice(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """600 ops of others are queued; a process takes the lease, answers its own op with the first batch of
+    500, applies the other 100 in its leader thread, and is SIGKILLed after publishing them, before the
+    tenure's one git commit. The next writer commits what is on disk; every queued op has exactly one
+    outcome waiting for its submitter, `lucid_memory_writes_total` counts each op once, nothing is lost."""
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+    from workers.redis_keys import Keys
+
+    data = tmp_path / "data"
+    ns = Namespace.of("t", "tenure", "p")
+    queue = RedisOpQueue(redis_client)
+    queued = [
+        Remember(text=f"别人排队的第{i}条：{chr(0x4E00 + 13 * i)}{chr(0x4E00 + 7 * i + 3)}")
+        for i in range(600)
+    ]
+    queue.push(ns, queued)
+    env = {**dict(__import__("os").environ), "LUCID_KILL_POINT": "tenure"}
+    victim = subprocess.run(
+        [sys.executable, "-c", _LEADER, str(data), redis_url],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert victim.returncode == -signal.SIGKILL, victim.stderr[-2000:]
+    assert victim.stdout.strip() == '["added"]'  # answered with the first batch, before the kill
+    assert queue.pending(ns, 1) == []  # the leader thread applied the other 100, then died
+    writer = Writer(Store(data), RedisLocker(redis_client), RedisOpQueue(redis_client))
+    assert writer.submit(ns, [Remember(text="下一个写者的第一件事")])[0].status == "added"
+    lengths = {redis_client.llen(Keys.result(op.op_id)) for op in queued}
+    assert lengths == {1}  # one outcome per op: recovery published none of the last batch's again
+    done = queue.results([op.op_id for op in queued], 0)
+    assert {o.status for o in done.values()} == {"added"} and len(done) == 600
+    added = redis_client.hget(Keys.METRICS, 'lucid_memory_writes_total{outcome="added"}')
+    assert float(added or 0) == 602  # the 600, the leader's own, the next writer's: each once
+    root = ns.path(data)
+    texts = Counter(e.text for e in parse_file((root / "MEMORY.md").read_text("utf-8")).entries())
+    assert len(texts) == 602 and max(texts.values()) == 1
+    assert git(root, "status", "--porcelain").strip() == ""
+    assert git(root, "log", "--format=%s").split("\n")[:2] == ["memory: 1 added", "memory: 601 added"]
     assert git(root, "show", "HEAD:MEMORY.md") == (root / "MEMORY.md").read_text("utf-8")
