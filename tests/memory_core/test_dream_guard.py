@@ -46,6 +46,7 @@ def test_cue_words_keep_the_two_characters_after_them() -> None:
     assert key_terms("三月去") == {"三月"}
     # a salience word in any case: dropping it changes how much the fact matters
     assert key_terms("NEVER skip it") == {"never"}
+    assert key_terms("we must go") == {"must"}
 
 
 def test_a_place_keeps_its_name_without_the_verb_before_it() -> None:

@@ -162,6 +162,10 @@ RULES = [
     ("password-quoted-3-chars", 'password: "abc"', 'password: "abc"'),
     ("quoted-phrase-without-separator", 'the password "reset link"', 'the password "reset link"'),
     ("password-possessive", "the password's 'fine'", "the password's 'fine'"),
+    ("quoted-field-name", 'the "password" field and "username1"', 'the "password" field and "username1"'),
+    # a value quoted straight after the word is still the value (it was passed over as a possessive)
+    ("quoted-right-after-cjk-word", '我的密码"abc123"', '我的密码"[REDACTED:password]"'),
+    ("single-quoted-right-after-word", "password'hunter22'", "password'[REDACTED:password]'"),
     # words: one hyphen after ":" or two after "is" make a passphrase; a plain word only when assigned
     ("passphrase-assigned", "password: correct-horse", "password: [REDACTED:password]"),
     ("one-hyphen-after-is", "password is correct-horse", "password is correct-horse"),
@@ -172,6 +176,7 @@ RULES = [
     ("word-bare", "password hunter", "password hunter"),
     ("bare-with-digit", "password hunter2", "password [REDACTED:password]"),
     ("bare-5-chars", "password hunt2", "password hunt2"),
+    ("bare-6-chars", "password hunt12", "password [REDACTED:password]"),
     ("bare-after-chinese-word", "密码 abc1", "密码 [REDACTED:password]"),
     ("symbols-assigned", "password: p@ss!", "password: [REDACTED:password]"),
     ("is-now", "password is now hunter22", "password is now [REDACTED:password]"),
