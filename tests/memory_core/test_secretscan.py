@@ -207,6 +207,12 @@ RULES = [
     ("service-token-is", "github token is Ab3dE5fG7hJ9kL1mXX", "github token is [REDACTED:generic_token]"),
     ("service-token-bare", "github token Ab3dE5fG7hJ9kL1mXX", "github token [REDACTED:generic_token]"),
     ("service-key", "github key: Ab3dE5fG7hJ9kL1mXX", "github key: [REDACTED:api_key]"),
+    ("service-tokens", "github tokens: Ab3dE5fG7hJ9kL1mXX", "github tokens: [REDACTED:generic_token]"),
+    (
+        "feishu-token-mid-sentence",
+        "我的飞书 token: Ab3dE5fG7hJ9kL1m",
+        "我的飞书 token: [REDACTED:feishu_secret]",
+    ),
     ("weak-key-name", "my_key = Ab3dE5fG7hJ9kL1m", "my_key = [REDACTED:api_key]"),
     ("weak-key-name-letters-run", "my_key = abcdefgh12345678", "my_key = abcdefgh12345678"),
     ("feishu-app-secret", "app secret: Ab3dE5fG7hJ9kL1m", "app secret: [REDACTED:feishu_secret]"),
