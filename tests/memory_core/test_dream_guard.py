@@ -32,6 +32,7 @@ def test_a_latin_term_is_a_name_or_a_word_with_digits_not_a_sentence_start() -> 
     # stop words ("I") and lower-case words without digits say nothing on their own.
     assert key_terms("my cat Tom and I live here. Berlin is far") == {"tom"}
     assert key_terms("we run k8s nightly") == {"k8s"}
+    assert key_terms("call Anna tomorrow") == {"anna"}
     assert key_terms("NASA called") == {"nasa"}
     assert key_terms("The User said so") == set()
 
