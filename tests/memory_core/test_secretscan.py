@@ -213,6 +213,33 @@ RULES = [
         "我的飞书 token: Ab3dE5fG7hJ9kL1m",
         "我的飞书 token: [REDACTED:feishu_secret]",
     ),
+    ("service-token-hex", "github token: 9f86d081884c7d65", "github token: [REDACTED:generic_token]"),
+    ("service-password-bare-number", "github password 12345678", "github password 12345678"),
+    ("service-named-after", "api key abc123XYZ789qq for OpenAI", "api key abc123XYZ789qq for OpenAI"),
+    # a service named up to 24 characters before a bare key word
+    (
+        "service-24-before",
+        "OpenAI" + "的" * 18 + "api key abc123XYZ789qq",
+        "OpenAI" + "的" * 18 + "api key [REDACTED:api_key]",
+    ),
+    (
+        "service-25-before",
+        "OpenAI" + "的" * 19 + "api key abc123XYZ789qq",
+        "OpenAI" + "的" * 19 + "api key abc123XYZ789qq",
+    ),
+    # Feishu named up to 40 characters before a secret makes it a Feishu secret; named after, it does not
+    (
+        "feishu-40-before",
+        "飞书" + "的" * 38 + "secret: Ab3dE5fG7h",
+        "飞书" + "的" * 38 + "secret: [REDACTED:feishu_secret]",
+    ),
+    (
+        "feishu-41-before",
+        "飞书" + "的" * 39 + "secret: Ab3dE5fG7h",
+        "飞书" + "的" * 39 + "secret: [REDACTED:api_key]",
+    ),
+    ("feishu-named-after", "secret: Ab3dE5fG7h 飞书", "secret: [REDACTED:api_key] 飞书"),
+    ("feishu-secret-hex", "app secret: 9f86d081884c7d65", "app secret: [REDACTED:feishu_secret]"),
     ("weak-key-name", "my_key = Ab3dE5fG7hJ9kL1m", "my_key = [REDACTED:api_key]"),
     ("weak-key-name-letters-run", "my_key = abcdefgh12345678", "my_key = abcdefgh12345678"),
     ("feishu-app-secret", "app secret: Ab3dE5fG7hJ9kL1m", "app secret: [REDACTED:feishu_secret]"),
