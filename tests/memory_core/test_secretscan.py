@@ -178,6 +178,7 @@ RULES = [
     ("bare-5-chars", "password hunt2", "password hunt2"),
     ("bare-6-chars", "password hunt12", "password [REDACTED:password]"),
     ("bare-after-chinese-word", "密码 abc1", "密码 [REDACTED:password]"),
+    ("bare-after-chinese-word-no-digit", "密码 ab#cd", "密码 ab#cd"),
     ("symbols-assigned", "password: p@ss!", "password: [REDACTED:password]"),
     ("is-now", "password is now hunter22", "password is now [REDACTED:password]"),
     ("changed-to", "changed my password to hunter22", "changed my password to [REDACTED:password]"),
