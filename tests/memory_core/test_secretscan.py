@@ -275,6 +275,14 @@ def test_a_long_paste_is_redacted_window_by_window_as_in_one_pass() -> None:
     for window in (64, 100):
         assert redact_long(text, window=window, context=60) == (redact(text), 5)
     assert redact(text).count("[REDACTED:github_token]") == 5
+    # a secret at the very start, one starting exactly on a window's edge, and two that touch
+    tok = "ghp_" + "a1B2c3D4e5" * 4
+    pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAx9Yzx9Yzx9Yz\n-----END RSA PRIVATE KEY-----"
+    edges = tok + " " * (64 - len(tok)) + tok + " " * 30 + pem + "AKIAIOSFODNN7EXAMPLQ" + " " * 50
+    assert redact_long(edges, window=64, context=60) == (redact(edges), 4)
+    assert redact(edges).split() == ["[REDACTED:github_token]"] * 2 + [
+        "[REDACTED:private_key][REDACTED:aws_key]"
+    ]
     assert redact_long("password: hunter22") == ("password: [REDACTED:password]", 1)
     assert redact_long("no secret here") == ("no secret here", 0)
 
