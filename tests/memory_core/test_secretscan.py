@@ -241,6 +241,12 @@ RULES = [
     ),
     ("feishu-named-after", "secret: Ab3dE5fG7h 飞书", "secret: [REDACTED:api_key] 飞书"),
     ("feishu-secret-hex", "app secret: 9f86d081884c7d65", "app secret: [REDACTED:feishu_secret]"),
+    (
+        "service-key-every-hex-digit",
+        "OpenAI api key 0123456789abcdef-ABCDEF",
+        "OpenAI api key 0123456789abcdef-ABCDEF",
+    ),
+    ("weak-key-hex", "my_key = 9f86d081884c7d659a2feaa0c55ad015", "my_key = [REDACTED:api_key]"),
     ("weak-key-name", "my_key = Ab3dE5fG7hJ9kL1m", "my_key = [REDACTED:api_key]"),
     ("weak-key-name-letters-run", "my_key = abcdefgh12345678", "my_key = abcdefgh12345678"),
     ("feishu-app-secret", "app secret: Ab3dE5fG7hJ9kL1m", "app secret: [REDACTED:feishu_secret]"),
