@@ -240,6 +240,11 @@ RULES = [
         "飞书" + "的" * 39 + "secret: [REDACTED:api_key]",
     ),
     ("feishu-named-after", "secret: Ab3dE5fG7h 飞书", "secret: [REDACTED:api_key] 飞书"),
+    (
+        "feishu-named-secret-hex",
+        "飞书 app secret: 9f86d081884c7d65",
+        "飞书 app secret: [REDACTED:feishu_secret]",
+    ),
     ("feishu-secret-hex", "app secret: 9f86d081884c7d65", "app secret: [REDACTED:feishu_secret]"),
     (
         "service-key-every-hex-digit",
