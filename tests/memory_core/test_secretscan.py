@@ -279,6 +279,15 @@ def test_each_contextual_rule_at_its_edge(text: str, stored: str) -> None:
     assert contains_secret(text) == (stored != text)
 
 
+def test_one_pass_finds_every_secret_after_a_chinese_password() -> None:
+    # `redact` repeats until nothing is found, which would hide a miss; a long paste is scanned once.
+    text = "我的密码是芝麻开门，PIN码: 4821"
+    assert [(f.kind, text[f.start : f.end]) for f in find_secrets(text)] == [
+        ("password", "芝麻开门"),
+        ("pin", "4821"),
+    ]
+
+
 def test_a_long_paste_is_redacted_window_by_window_as_in_one_pass() -> None:
     # The writer sets a long pasted blob aside with `redact_long`; secrets across a window's edge are
     # found as whole ones, each counted once.
