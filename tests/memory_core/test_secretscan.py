@@ -286,6 +286,8 @@ def test_one_pass_finds_every_secret_after_a_chinese_password() -> None:
         ("password", "芝麻开门"),
         ("pin", "4821"),
     ]
+    # a secret word with no value after it does not end the scan either
+    assert [f.kind for f in find_secrets("忘了密码？PIN码: 4821")] == ["pin"]
 
 
 def test_a_long_paste_is_redacted_window_by_window_as_in_one_pass() -> None:
