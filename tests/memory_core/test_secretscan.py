@@ -193,6 +193,14 @@ RULES = [
     ("self-name", "password = password", "password = password"),
     ("a-count", "password 8 characters", "password 8 characters"),
     ("a-call", "password = input()", "password = input()"),
+    ("quoted-ending-in-a-bracket", 'password: "Xk9#mQ2("', 'password: "[REDACTED:password]"'),
+    # a unit makes the value a count only within the 12 characters after it
+    ("unit-11-spaces-after", "password: hunter22" + " " * 11 + "位", "password: hunter22" + " " * 11 + "位"),
+    (
+        "unit-12-spaces-after",
+        "password: hunter22" + " " * 12 + "位",
+        "password: [REDACTED:password]" + " " * 12 + "位",
+    ),
     # keys and tokens must be assigned and look generated; a named service's key needs no separator
     ("token-assigned", "token: Ab3dE5fG7hJ9kL1m", "token: [REDACTED:generic_token]"),
     ("token-quoted", 'token: "Ab3dE5fG7hJ9kL1m"', 'token: "[REDACTED:generic_token]"'),
