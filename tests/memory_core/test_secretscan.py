@@ -296,6 +296,8 @@ def test_one_pass_finds_every_secret_after_a_chinese_password() -> None:
     ]
     # a secret word with no value after it does not end the scan either
     assert [f.kind for f in find_secrets("忘了密码？PIN码: 4821")] == ["pin"]
+    # nor does a rejected value: the scan goes on inside it ("x/cvv=123" is no PIN, "cvv=123" is), however far in
+    assert [f.kind for f in find_secrets("a" * 250 + " pin: x/cvv=123")] == ["pin"]
 
 
 def test_a_long_paste_is_redacted_window_by_window_as_in_one_pass() -> None:
