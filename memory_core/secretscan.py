@@ -522,11 +522,9 @@ def _passphrase(words: list[str]) -> bool:
 
 def _classify_phrase(m: re.Match[str]) -> tuple[str, str] | None:
     text, kind = m.string, next(k for k in _KW_KINDS if m[k] is not None)
-    kw_start, kw_end = m.span(kind)
+    kw_start = m.start(kind)
     word = (m["w"] or "").lower()
     if _one_time(text, kw_start) or (word == "to" and kind != "password"):  # not "pin to 2024"
-        return None
-    if not m["sep"] and m.end() == kw_end and text[kw_end : kw_end + 1] in "'\"`":  # "password's …"
         return None
     if kind == "service_key":
         token = m[kind].lower().rstrip("s").endswith("token")

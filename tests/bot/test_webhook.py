@@ -462,6 +462,92 @@ async def test_admin_dream_is_a_real_light_phase_unless_a_dry_run_is_asked_for_a
     ]
 
 
+def _person(data_dir: Path, tenant: str, user: str) -> Path:
+    """A person's memory on disk, as the writer leaves it: one persona directory with its MEMORY.md."""
+    home = data_dir / tenant / user / "enc"
+    home.mkdir(parents=True)
+    (home / "MEMORY.md").write_text(f"- {user} 住在西湖区\n", encoding="utf-8")
+    return home
+
+
+async def test_admin_erase_removes_that_person_only_and_names_each_fault(
+    aiohttp_client: ClientFactory,
+    data_dir: Path,
+    redis_url: str,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    carol, dave = _person(data_dir, "t", "ou_carol"), _person(data_dir, "t", "ou_dave")
+    admin = await aiohttp_client(create_app(_runtime(data_dir, redis_url, admin_token="s3cret-admin")))
+    auth = {"Authorization": "Bearer s3cret-admin"}
+    assert (await admin.post("/admin/erase", json={"user": "ou_carol"})).status == 401
+    faults = [
+        await admin.post("/admin/erase", data=b"{", headers={**auth, "Content-Type": "application/json"}),
+        await admin.post("/admin/erase", json=["ou_carol"], headers=auth),
+        await admin.post("/admin/erase", json={"user": 7}, headers=auth),
+        await admin.post("/admin/erase", json={"user": "  "}, headers=auth),
+        await admin.post("/admin/erase", json={"tenant": "t"}, headers=auth),
+        await admin.post("/admin/erase", json={"user": "ou_carol", "tenant": 5}, headers=auth),
+    ]
+    strings = {"error": "user (and optionally tenant) must be strings"}
+    assert [(a.status, json.loads(await a.text())) for a in faults] == [
+        (400, {"error": "body must be JSON"}),
+        *[(400, strings)] * 5,
+    ]
+    assert carol.is_dir() and dave.is_dir()  # a refused request erases nothing
+    elsewhere = await admin.post("/admin/erase", json={"user": "ou_carol", "tenant": "t2"}, headers=auth)
+    assert elsewhere.status == 404 and (await elsewhere.json())["namespaces"] == []
+    assert carol.is_dir()  # the tenant named is the only one searched
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bot.admin"):
+        done = await admin.post("/admin/erase", json={"user": "ou_carol", "tenant": "t"}, headers=auth)
+    assert done.status == 200 and (await done.json())["namespaces"] == ["t/ou_carol/enc"]
+    assert not (data_dir / "t" / "ou_carol").exists() and (dave / "MEMORY.md").is_file()
+    assert [r.getMessage() for r in caplog.records if r.name == "bot.admin"] == [
+        "admin API: erased 1 namespace(s) of a user"
+    ]
+    again = await admin.post("/admin/erase", json={"user": "ou_carol"}, headers=auth)
+    assert again.status == 404 and (await again.json())["namespaces"] == []
+
+
+async def test_admin_erase_while_the_writer_holds_the_namespace_is_a_409_that_says_try_again(
+    aiohttp_client: ClientFactory, data_dir: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    carol = _person(data_dir, "t", "ou_carol")
+    rt = _runtime(data_dir, redis_url, admin_token="s3cret-admin")
+    rt.writer.lease_wait = 0.05  # the writer's configured wait, shortened: the holder never lets go
+    held = rt.writer.locker.acquire(Namespace.of("t", "ou_carol", "enc"), 1.0, 0)
+    assert held is not None
+    admin = await aiohttp_client(create_app(rt))
+    try:
+        busy = await admin.post(
+            "/admin/erase", json={"user": "ou_carol"}, headers={"Authorization": "Bearer s3cret-admin"}
+        )
+    finally:
+        held.release()
+    assert (busy.status, await busy.json()) == (
+        409,
+        {"error": "could not take the writer lease of t/ou_carol/enc: try again"},
+    )
+    assert (carol / "MEMORY.md").is_file()  # nothing erased
+
+
+async def test_admin_answers_an_authorization_that_is_not_utf8_with_a_400_naming_the_header(
+    aiohttp_client: ClientFactory, data_dir: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    admin = await aiohttp_client(create_app(_runtime(data_dir, redis_url, admin_token="s3cret-admin")))
+    reader, writer = await asyncio.open_connection(admin.server.host, admin.server.port)
+    writer.write(
+        b"GET /admin/stats HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\nConnection: close\r\n\r\n"
+    )
+    await writer.drain()
+    answer = await reader.read(65536)
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head, answer[:300]
+    assert json.loads(body) == {"error": "Authorization header is not UTF-8"}
+
+
 # ------------------------------------------------------------------------------------------- routing
 
 

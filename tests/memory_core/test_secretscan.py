@@ -13,6 +13,7 @@ from memory_core.secretscan import (
     find_secrets,
     luhn_valid,
     redact,
+    redact_long,
 )
 
 from .secret_corpus import BENIGN, ORDER_NUMBER, POSITIVES, Positive, card, cn_id, luhn_ok
@@ -132,6 +133,190 @@ def test_long_adversarial_lines_finish() -> None:
     for line in lines:
         for f in find_secrets(line):
             assert 0 <= f.start < f.end <= len(line)
+
+
+# --- each rule of the contextual detector, at its edges (found by mutation testing, docs/TESTING.md) -----
+# What the user sees is the stored text: the secret cut out and named, or the fact left as it was said.
+
+RULES = [
+    # a PIN is 3 to 12 digits, assigned, quoted or after "is"; bare ("pin 4821") it is a reference, not a PIN
+    ("pin-quoted", 'PIN: "4821"', 'PIN: "[REDACTED:pin]"'),
+    ("pin-3-digits", "pin: 482", "pin: [REDACTED:pin]"),
+    ("pin-2-digits", "pin: 48", "pin: 48"),
+    ("pin-12-digits", "pin: 482113579246", "pin: [REDACTED:pin]"),
+    ("pin-13-digits", "pin: 4821135792461", "pin: 4821135792461"),
+    ("pin-bare", "pin 4821", "pin 4821"),
+    ("pin-is", "pin is 4821", "pin is [REDACTED:pin]"),
+    ("pin-not-digits", "pin: 48a1", "pin: 48a1"),
+    ("pin-to-a-year", "pin to 2024", "pin to 2024"),
+    ("cvv", "cvv: 123", "cvv: [REDACTED:pin]"),
+    ("pin-code-cjk", "PIN码: 4821", "PIN码: [REDACTED:pin]"),
+    # a password is 4 characters or more, not a stop word, not a bare number
+    ("password-3-chars", "password: abc", "password: abc"),
+    ("password-4-chars", "password: ab1!", "password: [REDACTED:password]"),
+    ("password-stop-word", "password: required", "password: required"),
+    ("password-bare-number", "password 123456", "password 123456"),
+    ("password-assigned-number", "password: 123456", "password: [REDACTED:password]"),
+    ("password-quoted-phrase", 'password: "hello world"', 'password: "[REDACTED:password]"'),
+    ("password-quoted-after-is", 'my password is "two words"', 'my password is "[REDACTED:password]"'),
+    ("password-quoted-3-chars", 'password: "abc"', 'password: "abc"'),
+    ("quoted-phrase-without-separator", 'the password "reset link"', 'the password "reset link"'),
+    ("password-possessive", "the password's 'fine'", "the password's 'fine'"),
+    ("quoted-field-name", 'the "password" field and "username1"', 'the "password" field and "username1"'),
+    # a value quoted straight after the word is still the value (it was passed over as a possessive)
+    ("quoted-right-after-cjk-word", '我的密码"abc123"', '我的密码"[REDACTED:password]"'),
+    ("single-quoted-right-after-word", "password'hunter22'", "password'[REDACTED:password]'"),
+    # words: one hyphen after ":" or two after "is" make a passphrase; a plain word only when assigned
+    ("passphrase-assigned", "password: correct-horse", "password: [REDACTED:password]"),
+    ("one-hyphen-after-is", "password is correct-horse", "password is correct-horse"),
+    ("passphrase-after-is", "password is correct-horse-battery", "password is [REDACTED:password]"),
+    ("hyphenated-prose", "password: case-sensitive", "password: case-sensitive"),
+    ("word-assigned", "password: hunter", "password: [REDACTED:password]"),
+    ("word-after-is", "password is hunter", "password is hunter"),
+    ("word-bare", "password hunter", "password hunter"),
+    ("bare-with-digit", "password hunter2", "password [REDACTED:password]"),
+    ("bare-5-chars", "password hunt2", "password hunt2"),
+    ("bare-6-chars", "password hunt12", "password [REDACTED:password]"),
+    ("bare-after-chinese-word", "密码 abc1", "密码 [REDACTED:password]"),
+    ("bare-after-chinese-word-no-digit", "密码 ab#cd", "密码 ab#cd"),
+    ("symbols-assigned", "password: p@ss!", "password: [REDACTED:password]"),
+    ("is-now", "password is now hunter22", "password is now [REDACTED:password]"),
+    ("changed-to", "changed my password to hunter22", "changed my password to [REDACTED:password]"),
+    ("cjk-also-is", "密码也是 hunter22", "密码也是 [REDACTED:password]"),
+    ("cjk-changed-to", "密码改成了 hunter22", "密码改成了 [REDACTED:password]"),
+    ("for-the-wifi", "password for the wifi is hunter22", "password for the wifi is [REDACTED:password]"),
+    ("sentence-full-stop", "password: hunter22.", "password: [REDACTED:password]."),
+    ("sentence-colon", "password: hunter22:", "password: [REDACTED:password]:"),
+    ("one-time-code", "one-time password: 482913", "one-time password: 482913"),
+    ("placeholder", "password: ${DB_PASSWORD}", "password: ${DB_PASSWORD}"),
+    ("path", "password: /etc/secret", "password: /etc/secret"),
+    ("self-name", "password = password", "password = password"),
+    ("a-count", "password 8 characters", "password 8 characters"),
+    ("a-call", "password = input()", "password = input()"),
+    ("quoted-ending-in-a-bracket", 'password: "Xk9#mQ2("', 'password: "[REDACTED:password]"'),
+    # a unit makes the value a count only within the 12 characters after it
+    ("unit-11-spaces-after", "password: hunter22" + " " * 11 + "位", "password: hunter22" + " " * 11 + "位"),
+    (
+        "unit-12-spaces-after",
+        "password: hunter22" + " " * 12 + "位",
+        "password: [REDACTED:password]" + " " * 12 + "位",
+    ),
+    # keys and tokens must be assigned and look generated; a named service's key needs no separator
+    ("token-assigned", "token: Ab3dE5fG7hJ9kL1m", "token: [REDACTED:generic_token]"),
+    ("token-quoted", 'token: "Ab3dE5fG7hJ9kL1m"', 'token: "[REDACTED:generic_token]"'),
+    ("token-bare", "token Ab3dE5fG7hJ9kL1m", "token Ab3dE5fG7hJ9kL1m"),
+    ("token-to", "token to Ab3dE5fG7hJ9kL1mZZ", "token to Ab3dE5fG7hJ9kL1mZZ"),
+    ("api-key-bare", "api key abc123XYZ789qq", "api key abc123XYZ789qq"),
+    ("api-key-is", "api key is Ab3dE5fG7hJ9kL1mXX", "api key is [REDACTED:api_key]"),
+    ("secret-made-of-letters", "secret: abcdefghijklmnop", "secret: abcdefghijklmnop"),
+    ("secret-generated", "secret: Ab3dE5fG7h", "secret: [REDACTED:api_key]"),
+    ("service-key-bare", "OpenAI api key abc123XYZ789qq", "OpenAI api key [REDACTED:api_key]"),
+    ("service-key-hex", "OpenAI api key abcdef123456", "OpenAI api key abcdef123456"),
+    ("service-token", "github token: Ab3dE5fG7hJ9kL1mXX", "github token: [REDACTED:generic_token]"),
+    ("service-token-is", "github token is Ab3dE5fG7hJ9kL1mXX", "github token is [REDACTED:generic_token]"),
+    ("service-token-bare", "github token Ab3dE5fG7hJ9kL1mXX", "github token [REDACTED:generic_token]"),
+    ("service-key", "github key: Ab3dE5fG7hJ9kL1mXX", "github key: [REDACTED:api_key]"),
+    ("service-tokens", "github tokens: Ab3dE5fG7hJ9kL1mXX", "github tokens: [REDACTED:generic_token]"),
+    (
+        "feishu-token-mid-sentence",
+        "我的飞书 token: Ab3dE5fG7hJ9kL1m",
+        "我的飞书 token: [REDACTED:feishu_secret]",
+    ),
+    ("service-token-hex", "github token: 9f86d081884c7d65", "github token: [REDACTED:generic_token]"),
+    ("service-password-bare-number", "github password 12345678", "github password 12345678"),
+    ("service-named-after", "api key abc123XYZ789qq for OpenAI", "api key abc123XYZ789qq for OpenAI"),
+    # a service named up to 24 characters before a bare key word
+    (
+        "service-24-before",
+        "OpenAI" + "的" * 18 + "api key abc123XYZ789qq",
+        "OpenAI" + "的" * 18 + "api key [REDACTED:api_key]",
+    ),
+    (
+        "service-25-before",
+        "OpenAI" + "的" * 19 + "api key abc123XYZ789qq",
+        "OpenAI" + "的" * 19 + "api key abc123XYZ789qq",
+    ),
+    # Feishu named up to 40 characters before a secret makes it a Feishu secret; named after, it does not
+    (
+        "feishu-40-before",
+        "飞书" + "的" * 38 + "secret: Ab3dE5fG7h",
+        "飞书" + "的" * 38 + "secret: [REDACTED:feishu_secret]",
+    ),
+    (
+        "feishu-41-before",
+        "飞书" + "的" * 39 + "secret: Ab3dE5fG7h",
+        "飞书" + "的" * 39 + "secret: [REDACTED:api_key]",
+    ),
+    ("feishu-named-after", "secret: Ab3dE5fG7h 飞书", "secret: [REDACTED:api_key] 飞书"),
+    (
+        "feishu-named-secret-hex",
+        "飞书 app secret: 9f86d081884c7d65",
+        "飞书 app secret: [REDACTED:feishu_secret]",
+    ),
+    ("feishu-secret-hex", "app secret: 9f86d081884c7d65", "app secret: [REDACTED:feishu_secret]"),
+    (
+        "service-key-every-hex-digit",
+        "OpenAI api key 0123456789abcdef-ABCDEF",
+        "OpenAI api key 0123456789abcdef-ABCDEF",
+    ),
+    ("weak-key-hex", "my_key = 9f86d081884c7d659a2feaa0c55ad015", "my_key = [REDACTED:api_key]"),
+    ("weak-key-name", "my_key = Ab3dE5fG7hJ9kL1m", "my_key = [REDACTED:api_key]"),
+    ("weak-key-name-letters-run", "my_key = abcdefgh12345678", "my_key = abcdefgh12345678"),
+    ("feishu-app-secret", "app secret: Ab3dE5fG7hJ9kL1m", "app secret: [REDACTED:feishu_secret]"),
+    ("feishu-named-bare", "飞书 app secret Ab3dE5fG7hJ9kL1m", "飞书 app secret [REDACTED:feishu_secret]"),
+    (
+        "feishu-near-secret",
+        "飞书应用的 secret: Ab3dE5fG7hJ9kL1m",
+        "飞书应用的 secret: [REDACTED:feishu_secret]",
+    ),
+    ("encrypt-key-bare", "encrypt key EK-Ab3dE5fG7hJ9kL1m", "encrypt key [REDACTED:feishu_secret]"),
+    (
+        "verification-token",
+        "verification token: Ab3dE5fG7hJ9kL1m",
+        "verification token: [REDACTED:feishu_secret]",
+    ),
+    ("private-key-word", "private key: Ab3dE5fG7hJ9kL1m", "private key: [REDACTED:private_key]"),
+    ("cjk-key", "密钥：Ab3dE5fG7hJ9kL1m", "密钥：[REDACTED:api_key]"),
+    ("cjk-token", "令牌：Ab3dE5fG7hJ9kL1m", "令牌：[REDACTED:generic_token]"),
+]
+
+
+@pytest.mark.parametrize(("text", "stored"), [pytest.param(t, r, id=i) for i, t, r in RULES])
+def test_each_contextual_rule_at_its_edge(text: str, stored: str) -> None:
+    assert redact(text) == stored
+    assert contains_secret(text) == (stored != text)
+
+
+def test_one_pass_finds_every_secret_after_a_chinese_password() -> None:
+    # `redact` repeats until nothing is found, which would hide a miss; a long paste is scanned once.
+    text = "我的密码是芝麻开门，PIN码: 4821"
+    assert [(f.kind, text[f.start : f.end]) for f in find_secrets(text)] == [
+        ("password", "芝麻开门"),
+        ("pin", "4821"),
+    ]
+    # a secret word with no value after it does not end the scan either
+    assert [f.kind for f in find_secrets("忘了密码？PIN码: 4821")] == ["pin"]
+    # nor does a rejected value: the scan goes on inside it ("x/cvv=123" is no PIN, "cvv=123" is), however far in
+    assert [f.kind for f in find_secrets("a" * 250 + " pin: x/cvv=123")] == ["pin"]
+
+
+def test_a_long_paste_is_redacted_window_by_window_as_in_one_pass() -> None:
+    # The writer sets a long pasted blob aside with `redact_long`; secrets across a window's edge are
+    # found as whole ones, each counted once.
+    text = ("x" * 50 + " token=ghp_" + "a1B2c3D4e5" * 4 + " ") * 5
+    for window in (64, 100):
+        assert redact_long(text, window=window, context=60) == (redact(text), 5)
+    assert redact(text).count("[REDACTED:github_token]") == 5
+    # a secret at the very start, one starting exactly on a window's edge, and two that touch
+    tok = "ghp_" + "a1B2c3D4e5" * 4
+    pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAx9Yzx9Yzx9Yz\n-----END RSA PRIVATE KEY-----"
+    edges = tok + " " * (64 - len(tok)) + tok + " " * 30 + pem + "AKIAIOSFODNN7EXAMPLQ" + " " * 50
+    assert redact_long(edges, window=64, context=60) == (redact(edges), 4)
+    assert redact(edges).split() == ["[REDACTED:github_token]"] * 2 + [
+        "[REDACTED:private_key][REDACTED:aws_key]"
+    ]
+    assert redact_long("password: hunter22") == ("password: [REDACTED:password]", 1)
+    assert redact_long("no secret here") == ("no secret here", 0)
 
 
 # --- properties ------------------------------------------------------------------------------------------
