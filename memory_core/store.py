@@ -751,9 +751,16 @@ class Store:
     def ensure_repo(self, ns: Namespace) -> None:
         root = self.file(ns)
         os.close(open_beneath(self.data_dir, root, _DIR, makedirs=True))
-        if not self.git_enabled or self.file(ns, ".git").exists():
+        if not self.git_enabled:
+            return
+        if self.file(ns, ".git").exists():
+            if not self.file(ns, ".gitignore").exists():  # left by a writer killed at creation (older order)
+                atomic_write(self.data_dir, self.file(ns, ".gitignore"), _GITIGNORE.encode(), durable=False)
             return
         _isolate_git_config()
+        # .gitignore first: a writer killed before it was written left a repository whose next commit
+        # tracked the writer's own `.lucid/` files.
+        atomic_write(self.data_dir, self.file(ns, ".gitignore"), _GITIGNORE.encode(), durable=False)
         # Made beside and renamed into place: a half-made `.git` never looks like a repository.
         tmp = Path(tempfile.mkdtemp(prefix=".git.", suffix=".tmp", dir=root))
         repo = pygit2.init_repository(str(tmp), bare=True, initial_head="main")
@@ -762,7 +769,6 @@ class Store:
         with folder_beneath(self.data_dir, root, makedirs=False) as folder:
             _no_link_at(folder, ".git", self.file(ns, ".git"))
             os.replace(tmp.name, ".git", src_dir_fd=folder, dst_dir_fd=folder)
-        atomic_write(self.data_dir, self.file(ns, ".gitignore"), _GITIGNORE.encode(), durable=False)
 
     def head(self, ns: Namespace) -> str | None:
         """The full id of the newest commit, or None before the first one (or without git)."""

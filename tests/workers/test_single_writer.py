@@ -226,6 +226,17 @@ _CRASHER = textwrap.dedent(
 )
 
 
+def _as_recovered(data_dir: Path, rel: str) -> str:
+    """A file as the next writer will see it: as it is, or cut back to where the journal's unfinished
+    append began (a torn tail that no journal records fails the caller's check)."""
+    data = (NS.path(data_dir) / rel).read_bytes()
+    journal = Store(data_dir).read_journal(NS) or {}
+    spec = (journal.get("appends") or {}).get(rel)
+    if spec is not None and not data.endswith(b"\n"):
+        data = data[: int(spec["at"])]
+    return data.decode("utf-8")
+
+
 def test_sigkill_at_any_point_never_tears_a_file(data_dir: Path) -> None:
     memory = NS.path(data_dir) / "MEMORY.md"
     rng = random.Random(7)
@@ -235,9 +246,11 @@ def test_sigkill_at_any_point_never_tears_a_file(data_dir: Path) -> None:
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         if memory.exists():
-            doc = parse_file(memory.read_text("utf-8"))
-            assert doc.problems() == []  # each file is a whole batch's state, never half written
-            raw = (NS.path(data_dir) / "raw" / "2026-06-01.md").read_text("utf-8")
+            # Each file is a whole batch's state; a cut append is the one exception, and only one the
+            # journal records, so the next writer takes it back to that state (what is asserted here).
+            doc = parse_file(_as_recovered(data_dir, "MEMORY.md"))
+            assert doc.problems() == []
+            raw = _as_recovered(data_dir, "raw/2026-06-01.md")
             assert raw.endswith("\n") and all(line.endswith("-->") for line in raw.splitlines()[2:])
     # A fresh writer recovers whatever batch was cut short and commits it; nothing is left uncommitted.
     w = Writer(Store(data_dir))
@@ -248,6 +261,23 @@ def test_sigkill_at_any_point_never_tears_a_file(data_dir: Path) -> None:
     assert status.strip() == ""
     ids = [e.id for e in parse_file(memory.read_text("utf-8")).entries()]
     assert len(ids) == len(set(ids))
+
+
+def test_a_repository_left_without_its_gitignore_never_tracks_the_writers_own_files(data_dir: Path) -> None:
+    """A writer killed between making `.git` and writing `.gitignore` left a repository whose next commit
+    tracked `.lucid/` (journal, written hashes): git status was never clean again. The next writer puts
+    the `.gitignore` back before it commits."""
+    import pygit2
+
+    root = NS.path(data_dir)
+    root.mkdir(parents=True)
+    pygit2.init_repository(str(root / ".git"), bare=True, initial_head="main").config["core.bare"] = False
+    Writer(Store(data_dir)).submit(NS, [Remember(text="建库时被杀之后的第一条")])
+    Writer(Store(data_dir)).submit(NS, [Remember(text="之后又写了一条")])
+    tracked = subprocess.run(["git", "-C", str(root), "ls-files"], capture_output=True, text=True).stdout
+    assert "MEMORY.md" in tracked.split() and ".lucid" not in tracked
+    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True)
+    assert status.stdout.strip() == ""
 
 
 _APPENDER = textwrap.dedent(
