@@ -227,8 +227,7 @@ class Writer:
                 raise LucidError(f"timed out waiting for the writer of {ns} ({len(done)}/{len(ids)} done)")
             taken = self.locker.acquire(ns, 0.0, self.store.read_fence(ns))
             if taken is not None:  # nobody leads (the leader let go or died): apply the queue
-                queued = taken.pending if taken.pending is not None else self.queue.pending(ns, MAX_BATCH)
-                self._lead_with(ns, taken, _decode(queued))
+                self._lead_with(ns, taken, _decode(self._queued(ns, taken)))
 
     def _lead(self, ns: Namespace, ops: list[Op]) -> dict[str, Outcome] | None:
         """If the lease is free, apply the queued ops of others and then `ops` as one batch, without a
@@ -238,8 +237,7 @@ class Writer:
         lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns), push=[op_json(op) for op in ops])
         if lease is None:
             return None
-        queued = lease.pending if lease.pending is not None else self.queue.pending(ns, MAX_BATCH)
-        batch = [*_decode(queued), *((None, op) for op in ops)]
+        batch = [*_decode(self._queued(ns, lease)), *((None, op) for op in ops)]
         report = self._lead_with(ns, lease, batch)
         if report is None:
             self.queue.push(ns, ops)
@@ -294,14 +292,19 @@ class Writer:
                     return
                 queued = self.queue.pending(ns, MAX_BATCH) if self.queue is not None else []
                 lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns)) if queued else None
-                if lease is not None and lease.pending is not None:
-                    queued = lease.pending
+                if lease is not None:
+                    queued = self._queued(ns, lease)
                 linger = LINGER
         except Exception:  # the ops stay queued: the next holder applies them
             log.exception("the writer thread of %s failed", ns.key)
         finally:
             if self._leaders.get(ns) is threading.current_thread():
                 del self._leaders[ns]
+
+    def _queued(self, ns: Namespace, lease: Lease) -> list[str]:
+        """The namespace's oldest queued ops: those the lease was taken with, else read now."""
+        assert self.queue is not None
+        return lease.pending if lease.pending is not None else self.queue.pending(ns, MAX_BATCH)
 
     def settle(self) -> None:
         """Wait for this process's writer threads to commit and let their leases go (tests, shutdown)."""

@@ -310,8 +310,7 @@ class RedisLease:
     def release(self) -> None:
         if self._stop.is_set():
             return
-        self._stop.set()
-        _RENEWER.discard(self)
+        self.gone()
         try:
             self._client.register_script(COMPARE_AND_DELETE)(keys=[self._key], args=[self._owner])
         except redis.RedisError:
