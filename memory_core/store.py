@@ -49,33 +49,42 @@ def no_symlink(base: Path, path: Path) -> Path:
     The one symlink rule (issue 15): a link planted in a namespace (`raw/`, `MEMORY.md`, `.vault/…`,
     `.index/`) would make a write land, or a read come from, outside the data directory. `base` itself may
     be a link: that is the operator's choice of where the data lives. Raises UnsafePath."""
-    rel = _below(base, path)
-    current = base
-    for part in rel.parts:
-        current = current / part
+    current = os.fspath(base)
+    for part in _below(base, path):
+        current = os.path.join(current, part)
         try:
             mode = os.lstat(current).st_mode
         except FileNotFoundError:
             break
         except NotADirectoryError as exc:
-            raise UnsafePath(f"{current.parent} is not a directory") from exc
+            raise UnsafePath(f"{os.path.dirname(current)} is not a directory") from exc
         if stat.S_ISLNK(mode):
-            raise _link_refused(current)
+            raise _link_refused(Path(current))
     return path
 
 
-def _below(base: Path, path: Path) -> Path:
-    """`path` relative to `base`; UnsafePath if it is not below it."""
-    try:
-        rel = path.relative_to(base)
-    except ValueError as exc:
-        raise UnsafePath(f"{path} is outside the data directory {base}") from exc
-    if ".." in rel.parts:
+def _below(base: Path, path: Path) -> tuple[str, ...]:
+    """The components of `path` below `base`; UnsafePath if it is not below it. Strings, not `PurePath`
+    arithmetic: every file access of a batch passes here (dozens per op)."""
+    b, p = os.fspath(base), os.fspath(path)
+    prefix = b if b.endswith("/") else b + "/"
+    if p == b:
+        parts: tuple[str, ...] = ()
+    elif p.startswith(prefix) and b != ".":
+        parts = tuple(p[len(prefix) :].split("/"))
+    else:
+        parts = ()
+    if p != b and (not parts or "" in parts or "." in parts):  # not plainly below: as `PurePath` reads it
+        try:
+            parts = Path(p).relative_to(Path(b)).parts
+        except ValueError as exc:
+            raise UnsafePath(f"{path} is outside the data directory {base}") from exc
+    if ".." in parts:
         raise UnsafePath(f"{path} leaves the data directory {base}")
-    return rel
+    return parts
 
 
-def _link_refused(path: Path) -> UnsafePath:
+def _link_refused(path: Path | str) -> UnsafePath:
     try:
         target = f" points to {os.readlink(path)!r}"
     except OSError:
@@ -111,14 +120,14 @@ def open_beneath(
             raise
         base.mkdir(parents=True, exist_ok=True)  # the data directory itself (above it: the operator's)
         folder = os.open(base, _DIR)
-    current = base
+    current = os.fspath(base)
     try:
-        if not rel.parts:
+        if not rel:
             fd, folder = folder, -1
             return fd
         whole = makedirs and flags & os.O_DIRECTORY  # a folder to open or create: every part is one
-        for part in rel.parts if whole else rel.parts[:-1]:
-            current = current / part
+        for part in rel if whole else rel[:-1]:
+            current = os.path.join(current, part)
             try:
                 nxt = _open_at(folder, part, _DIR, 0, current)
             except FileNotFoundError:
@@ -132,13 +141,13 @@ def open_beneath(
         if whole:
             fd, folder = folder, -1
             return fd
-        return _open_at(folder, rel.parts[-1], flags, mode, path)
+        return _open_at(folder, rel[-1], flags, mode, path)
     finally:
         if folder >= 0:
             os.close(folder)
 
 
-def _open_at(folder: int, name: str, flags: int, mode: int, path: Path) -> int:
+def _open_at(folder: int, name: str, flags: int, mode: int, path: Path | str) -> int:
     """`name` in the open folder `folder`, with O_NOFOLLOW: a link there is refused by the open (UnsafePath;
     lstat only names why: ELOOP, or ENOTDIR for a folder on Linux)."""
     try:
@@ -167,15 +176,22 @@ def folder_beneath(base: Path, path: Path, makedirs: bool = True, dir_mode: int 
         os.close(fd)
 
 
+def _exists_at(folder: int, name: str, path: Path) -> bool:
+    """Whether `name` exists in the open folder `folder`; UnsafePath if it is a symbolic link."""
+    try:
+        mode = os.lstat(name, dir_fd=folder).st_mode
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(mode):
+        raise _link_refused(path)
+    return True
+
+
 def _no_link_at(folder: int, name: str, path: Path) -> None:
     """Refuse to replace a link: a rename would not follow it (nothing lands outside), but it would
     silently swap a planted link for a file instead of reporting it. A link planted after this check is
     replaced, never written through."""
-    try:
-        if stat.S_ISLNK(os.lstat(name, dir_fd=folder).st_mode):
-            raise _link_refused(path)
-    except FileNotFoundError:
-        pass
+    _exists_at(folder, name, path)
 
 
 def _sha(data: bytes) -> str:
@@ -334,25 +350,36 @@ class Store:
         self.data_dir = Path(data_dir)
         self.git_enabled = git
         self._commits: dict[str, int] = {}  # commits made by this process, by namespace (packing)
+        self._roots: dict[Namespace, Path] = {}
 
     # -------------------------------------------------------------------------------------- paths
 
     def path(self, ns: Namespace) -> Path:
-        return ns.path(self.data_dir)
+        root = self._roots.get(ns)
+        if root is None:
+            if len(self._roots) > 4096:  # a long-lived process sees every namespace: stay bounded
+                self._roots.clear()
+            root = self._roots[ns] = ns.path(self.data_dir)
+        return root
 
     def file(self, ns: Namespace, *parts: str) -> Path:
         """A path in the namespace, refused (UnsafePath) if it or a folder on the way is a symbolic link."""
         return no_symlink(self.data_dir, self.path(ns).joinpath(*parts))
+
+    def _at(self, ns: Namespace, *parts: str) -> Path:
+        """A path in the namespace for an opener that follows no link by construction (`open_beneath`,
+        `atomic_write`, `flocked`): the lstat walk of `file()` would only repeat what the open refuses."""
+        return self.path(ns).joinpath(*parts)
 
     def _read(self, path: Path) -> bytes:
         """The bytes of `path` (a `file()` path), opened without following any link (`open_beneath`)."""
         return read_beneath(self.data_dir, path)
 
     def _meta(self, ns: Namespace, name: str) -> Path:
-        return self.file(ns, ".lucid", name)
+        return self._at(ns, ".lucid", name)
 
     def lock_path(self, ns: Namespace) -> Path:
-        return self._meta(ns, "writer.lock")
+        return self.file(ns, ".lucid", "writer.lock")  # opened with a plain `os.open`: checked
 
     # -------------------------------------------------------------------------------------- reading
 
@@ -360,7 +387,7 @@ class Store:
         files: dict[str, bytes | None] = {}
         for name in TRACKED:
             try:
-                files[name] = self._read(self.file(ns, name))
+                files[name] = self._read(self._at(ns, name))
             except FileNotFoundError:
                 files[name] = None
         written = self._written(ns)
@@ -369,7 +396,7 @@ class Store:
 
     def read_text(self, ns: Namespace, name: str) -> str | None:
         try:
-            return self._read(self.file(ns, name)).decode("utf-8", errors="surrogateescape")
+            return self._read(self._at(ns, name)).decode("utf-8", errors="surrogateescape")
         except FileNotFoundError:
             return None
 
@@ -462,15 +489,15 @@ class Store:
         short, recovery takes it back). Raises ConcurrentChange (a StoreError) if a tracked file changed on
         disk since `before` was read: a hand edit raced us.
         """
-        root = self.file(ns)
+        root = self._at(ns)
         os.close(open_beneath(self.data_dir, root, _DIR, makedirs=True))
         for name in TRACKED:
-            if self._maybe(self.file(ns, name)) != before.files.get(name):
+            if self._maybe(self._at(ns, name)) != before.files.get(name):
                 raise ConcurrentChange(name)
         hashes = {n: _sha(d) for n, d in before.files.items() if d is not None}
         writes: list[tuple[str, bytes, bytes | None]] = []  # (path in the namespace, new, current)
         for name, content in (raw or {}).items():
-            current = self._maybe(self.file(ns, "raw", name))
+            current = self._maybe(self._at(ns, "raw", name))
             writes.append((f"raw/{name}", content.encode("utf-8", errors="surrogateescape"), current))
         for name in (ARCHIVE, PROFILE, DREAMS, MEMORY):
             if name in files:
@@ -491,7 +518,7 @@ class Store:
         try:
             for rel, data, _ in writes:
                 if rel not in appends:
-                    path = self.file(ns, *rel.split("/"))
+                    path = self._at(ns, *rel.split("/"))
                     if path.parent not in folders:
                         folders[path.parent] = open_beneath(self.data_dir, path.parent, _DIR, makedirs=True)
                     folder = folders[path.parent]
@@ -515,7 +542,7 @@ class Store:
                     sync=bool(appends),
                 )
             for rel, (at, more) in appends.items():
-                path = self.file(ns, *rel.split("/"))
+                path = self._at(ns, *rel.split("/"))
                 _append(self.data_dir, path, at, more, rel)
                 appended.append((path, at))
             for folder, tmp, name in staged:
@@ -701,7 +728,7 @@ class Store:
 
     def read_text_raw(self, ns: Namespace, day_name: str) -> str | None:
         try:
-            return self._read(self.file(ns, "raw", day_name)).decode("utf-8", errors="surrogateescape")
+            return self._read(self._at(ns, "raw", day_name)).decode("utf-8", errors="surrogateescape")
         except FileNotFoundError:
             return None
 
@@ -749,14 +776,14 @@ class Store:
             raise StoreError(f"cannot open the git repository of {ns}: {exc}") from exc
 
     def ensure_repo(self, ns: Namespace) -> None:
-        root = self.file(ns)
-        os.close(open_beneath(self.data_dir, root, _DIR, makedirs=True))
-        if not self.git_enabled:
-            return
-        if self.file(ns, ".git").exists():
-            if not self.file(ns, ".gitignore").exists():  # left by a writer killed at creation (older order)
-                atomic_write(self.data_dir, self.file(ns, ".gitignore"), _GITIGNORE.encode(), durable=False)
-            return
+        root = self._at(ns)
+        with folder_beneath(self.data_dir, root) as folder:  # made if missing
+            if not self.git_enabled:
+                return
+            if _exists_at(folder, ".git", root / ".git"):
+                if not _exists_at(folder, ".gitignore", root / ".gitignore"):  # a writer killed at creation
+                    atomic_write(self.data_dir, root / ".gitignore", _GITIGNORE.encode(), durable=False)
+                return
         _isolate_git_config()
         # .gitignore first: a writer killed before it was written left a repository whose next commit
         # tracked the writer's own `.lucid/` files.
@@ -794,8 +821,10 @@ class Store:
         if not self.git_enabled:
             return None
         self.ensure_repo(ns)
-        for inside in ("objects", "refs", "index", "HEAD"):  # where git itself writes
-            self.file(ns, ".git", inside)
+        git = self._at(ns, ".git")
+        with folder_beneath(self.data_dir, git, makedirs=False) as folder:  # libgit2 follows links: none
+            for inside in ("objects", "refs", "index", "HEAD"):  # where git itself writes
+                _exists_at(folder, inside, git / inside)
         try:
             return self._commit(ns, message, exact, amend)
         except (pygit2.GitError, OSError) as exc:
@@ -843,7 +872,7 @@ class Store:
         # next commit (built from HEAD's tree) mends; never a ref to a commit the index does not match.
         self._write_index(ns, repo, tree)
         kill_point("index")
-        ref = self.file(ns, ".git", *_branch(repo).split("/"))
+        ref = self._at(ns, ".git", *_branch(repo).split("/"))
         atomic_write(self.data_dir, ref, f"{oid}\n".encode(), durable=False)
         kill_point("ref")
         self._maybe_pack(ns, repo)

@@ -192,3 +192,27 @@ def test_without_redis_a_secret_in_the_speaker_field_is_redacted_too(data_dir: P
     raw = (NS.path(data_dir) / "raw" / "2026-06-01.md").read_text("utf-8")
     assert SECRET not in raw and "你好" in raw
     assert SECRET not in _git_log(data_dir)
+
+
+@pytest.mark.parametrize(
+    "inside",
+    ["../elsewhere/MEMORY.md", "t1/../../elsewhere/MEMORY.md", "t1/u1/../../../x"],
+)
+def test_a_path_that_leaves_the_data_directory_is_refused_before_any_open(
+    data_dir: Path, inside: str
+) -> None:
+    """The lexical rule under every open: nothing outside the data directory is read or written, whatever
+    the path's spelling (`..` inside it, a sibling folder whose name starts like the data directory's)."""
+    from memory_core.errors import UnsafePath
+    from memory_core.store import no_symlink, open_beneath
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    outside = data_dir.parent / (data_dir.name + "-sibling") / "MEMORY.md"
+    outside.parent.mkdir(exist_ok=True)
+    outside.write_text("not ours", "utf-8")
+    for path in (data_dir / inside, outside, Path("/") / "etc" / "passwd"):
+        with pytest.raises(UnsafePath):
+            no_symlink(data_dir, path)
+        with pytest.raises(UnsafePath):
+            open_beneath(data_dir, path)
+    assert no_symlink(data_dir, data_dir / "t1" / "u1") == data_dir / "t1" / "u1"  # below it: fine
