@@ -590,16 +590,17 @@ class Store:
                 _truncate(self.data_dir, path, at)
                 log.warning("took back a cut append of %s/%s (%d of %d bytes)", ns, rel, len(tail), len(more))
 
-    def record_hashes(self, ns: Namespace, hashes: Mapping[str, str], **values: Any) -> None:
-        """Record what the writer wrote (and other writer state, e.g. the MEMORY.md it rendered).
+    def record_written(self, ns: Namespace, **values: Any) -> None:
+        """Record what the writer wrote: `hashes` of the tracked files, the MEMORY.md it `rendered`, the
+        commit the next one may `fold` into (messages and hit counts only, or None).
 
         Not synced: after a power cut a lost or torn record only makes the next batch take the files as a
         hand edit and commit them as one (nothing is lost; the guard errs on the side of a person)."""
-        self._update_written(ns, hashes=dict(hashes), **values)
-
-    def record_fold(self, ns: Namespace, fold: Mapping[str, Any] | None) -> None:
-        """The commit the next one may fold into (messages and hit counts only), or None."""
-        self._update_written(ns, fold=dict(fold) if fold is not None else None)
+        if "hashes" in values:
+            values["hashes"] = dict(values["hashes"])
+        if values.get("fold") is not None:
+            values["fold"] = dict(values["fold"])
+        self._update_written(ns, **values)
 
     def _update_written(self, ns: Namespace, **values: Any) -> None:
         with flocked(self.data_dir, self._meta(ns, "state.lock")):

@@ -517,7 +517,9 @@ class Writer:
             if rendered:
                 book.settle()  # the files now hold this book: the next batch may append to them
             mark = hashes.get(MEMORY) if rendered else snap.rendered if snap.rendered_memory() else None
-            self.store.record_hashes(ns, hashes, rendered=mark)
+            written: dict[str, object] = {"hashes": hashes, "rendered": mark}
+            if defer:  # else recorded with the commit's fold, in one write (the journal covers the gap)
+                self.store.record_written(ns, **written)
             if change is None:
                 self._books[ns] = (version_of(hashes), book)
             group = self._deferred.setdefault(ns, _Deferred())
@@ -525,16 +527,19 @@ class Writer:
             if message is not None or change is not None:
                 group.message = msg
             if not defer:
-                report.revision = self._commit_deferred(ns)
+                report.revision = self._commit_deferred(ns, written)
             report.queued = self._publish(ns, ops, report.outcomes, lease if let_go else None)
             return report
         raise ConcurrentEdit(f"{ns} kept changing during the write; nothing was applied")
 
-    def _commit_deferred(self, ns: Namespace) -> str | None:
+    def _commit_deferred(self, ns: Namespace, written: dict[str, object] | None = None) -> str | None:
         """One git commit of the batches written since the last one (exactly the bytes they wrote): messages
-        and hit counts alone fold into HEAD if it is such a commit of this turn (FOLD_WINDOW)."""
+        and hit counts alone fold into HEAD if it is such a commit of this turn (FOLD_WINDOW). `written`:
+        the last batch's record (its hashes), kept with the fold in one write after the commit."""
         group = self._deferred.pop(ns, None)
         if group is None:
+            if written:
+                self.store.record_written(ns, **written)
             return None
         kill_point("tenure")  # the batches are written and their outcomes published; the commit is not made
         counts = Counter(group.counts)
@@ -543,9 +548,12 @@ class Writer:
             counts.update(folded)
         msg = group.message or _message(counts)
         revision = self.store.commit(ns, msg, group.exact, amend=amend)
+        record = dict(written or {})
         if revision is not None:
             fold = {"rev": revision, "at": format_time(group.now), "counts": dict(counts)}
-            self.store.record_fold(ns, fold if group.filler else None)
+            record["fold"] = fold if group.filler else None
+        if record:
+            self.store.record_written(ns, **record)
         self.store.clear_journal(ns)
         return revision
 
@@ -669,7 +677,7 @@ class Writer:
         current = _hashes(snap)
         target = journal.get("target") or {}
         landed = bool(target) and all(current.get(name) == digest for name, digest in target.items())
-        self.store.record_hashes(ns, current)
+        self.store.record_written(ns, hashes=current)
         message = str(journal.get("message") or "batch") if landed else "recover an interrupted batch"
         self.store.commit(ns, message)
         if landed and self.queue is not None and journal.get("ops"):
@@ -706,7 +714,7 @@ class Writer:
             with self.store.fenced(ns, lease.token, lease.held):
                 self.store.replace_files(ns, snap, files)
             snap = self.store.snapshot(ns)
-        self.store.record_hashes(ns, _hashes(snap))
+        self.store.record_written(ns, hashes=_hashes(snap))
         note = f" ({redacted} secret(s) redacted)" if redacted else ""
         note += f" ({aside} oversized line(s) set aside)" if aside else ""
         self.store.commit(ns, f"manual edit{note}")

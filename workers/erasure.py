@@ -55,7 +55,7 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
     def rewrite(outcomes: list[Outcome]) -> None:
         if outcomes[0].ok:
             rewrite_history(store.path(ns), [Forgotten.of(entry)])
-            store.record_hashes(ns, _hashes(store.path(ns)))  # the files on disk are what HEAD holds
+            store.record_written(ns, hashes=_hashes(store.path(ns)))  # the files on disk are what HEAD holds
 
     outcome = runtime.writer.submit_then(ns, [Forget(entry_id)], rewrite)[0]
     if not outcome.ok:

@@ -219,6 +219,7 @@ class _Renewer:
         self._leases: dict[int, RedisLease] = {}
         self._wake = threading.Condition()
         self._pid = 0
+        self._until = 0.0  # when the thread wakes next on its own
 
     def add(self, lease: RedisLease) -> None:
         with self._wake:
@@ -226,7 +227,8 @@ class _Renewer:
             if self._pid != os.getpid():  # first use in this process
                 self._pid = os.getpid()
                 threading.Thread(target=self._run, name="lease-heartbeat", daemon=True).start()
-            self._wake.notify()
+            if lease.due < self._until:  # else it wakes in time anyway: no thread switch per write
+                self._wake.notify()
 
     def discard(self, lease: RedisLease) -> None:
         with self._wake:
@@ -238,8 +240,9 @@ class _Renewer:
                 now = time.monotonic()
                 due = [lease for lease in self._leases.values() if lease.due <= now]
                 if not due:
-                    nxt = min((lease.due for lease in self._leases.values()), default=now + 60)
-                    self._wake.wait(max(nxt - now, 0.001))
+                    self._until = min((lease.due for lease in self._leases.values()), default=now + 60)
+                    self._wake.wait(max(self._until - now, 0.001))
+                    self._until = 0.0  # awake: an add need not notify
                     continue
             for lease in due:  # outside the lock: a round trip each
                 lease.beat()
