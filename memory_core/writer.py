@@ -180,8 +180,14 @@ class Writer:
         lease_wait: float = 30.0,
         vault_key: bytes | None = None,
         commit_behind: bool = False,
+        tenure: float = TENURE,
+        commit_every: float = COMMIT_EVERY,
     ) -> None:
         self.store = store
+        # How long a leader keeps the lease while others' ops keep arriving, and how often it commits
+        # meanwhile (module defaults; the tests' small values are what makes them observable).
+        self.tenure = tenure
+        self.commit_every = commit_every
         # With a queue: answer a lone submitter once its batch is on disk and commit it in a thread. Off (the
         # default, as production is wired now), a lone submit returns with its commit made.
         self.commit_behind = commit_behind
@@ -288,7 +294,7 @@ class Writer:
                     log.warning("lease lost while leading %s (%s)", ns.key, exc)
                 finally:
                     self._release(ns, lease)
-                if served:  # a whole TENURE: others (a dream's transaction) get their turn at the lease
+                if served:  # a whole tenure: others (a dream's transaction) get their turn at the lease
                     return
                 queued = self.queue.pending(ns, MAX_BATCH) if self.queue is not None else []
                 lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns)) if queued else None
@@ -400,7 +406,7 @@ class Writer:
         self, ns: Namespace, lease: Lease, queued: list[str] | None = None, linger: float = LINGER
     ) -> bool:
         """Apply queued ops batch after batch while more keep arriving (waiting up to `linger` for the next),
-        committing them every COMMIT_EVERY, for up to TENURE (then returns True); the caller commits the
+        committing them every `commit_every`, for up to `tenure` (then returns True); the caller commits the
         rest and lets go.
 
         Keeping the lease while the queue is busy keeps this process's parsed book valid, so a hot
@@ -409,7 +415,7 @@ class Writer:
         started = committed = time.monotonic()
         raw_ops = self.queue.pending(ns, MAX_BATCH) if queued is None else queued
         idle = 0.0
-        while lease.held() and time.monotonic() - started < TENURE:
+        while lease.held() and time.monotonic() - started < self.tenure:
             if not raw_ops:
                 if idle >= linger:
                     return False
@@ -420,7 +426,7 @@ class Writer:
             idle = 0.0
             report = self._batch(ns, lease, _decode(raw_ops), defer=True)
             raw_ops = report.queued if report is not None else []
-            if time.monotonic() - committed >= COMMIT_EVERY and lease.held():
+            if time.monotonic() - committed >= self.commit_every and lease.held():
                 self._commit_deferred(ns)
                 committed = time.monotonic()
         return lease.held()
