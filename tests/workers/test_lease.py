@@ -52,3 +52,23 @@ def test_a_lease_taken_over_in_redis_is_reported_lost(redis_client: redis.Redis)
     finally:
         lease.release()
     assert redis_client.get(f"lucid:lease:{NS.key}") == b"someone-else"  # release never drops another's
+
+
+def test_a_short_lease_taken_while_the_heartbeat_waits_on_a_long_one_is_renewed_in_time(
+    redis_client: redis.Redis,
+) -> None:
+    """The process's one heartbeat thread sleeps until the next lease is due; a lease due sooner than that
+    must wake it, or it lapses under its working holder (and a second process takes the namespace)."""
+    long = RedisLocker(redis_client, ttl_ms=60_000).acquire(Namespace.of("t1", "long", "default"), 1.0, 0)
+    assert long is not None
+    time.sleep(0.05)  # the heartbeat thread is now asleep until the long lease is due (20 s)
+    short = RedisLocker(redis_client, ttl_ms=TTL_MS).acquire(NS, 1.0, 0)
+    assert short is not None
+    try:
+        for _ in range(8):  # 4 TTLs of the short lease
+            time.sleep(TTL_MS / 2000)
+            assert short.held()
+        assert RedisLocker(redis_client).acquire(NS, 0.0, 0) is None
+    finally:
+        short.release()
+        long.release()
