@@ -91,12 +91,10 @@ def _entry(args: argparse.Namespace, rt: Runtime) -> tuple[Entry | None, list[En
 
 @command("forget")
 def cmd_forget(args: argparse.Namespace, rt: Runtime) -> int:
-    from workers import erasure
-
     entry, _ = _entry(args, rt)
     ident = entry.id if entry else args.id
     if args.purge:
-        outcome = erasure.purge(rt, _ns(args), ident)
+        outcome = rt.memory.purge(_ns(args), ident)
     else:
         outcome = rt.memory.apply(_ns(args), [Forget(id=ident)])[0]
     _emit(

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -24,10 +24,11 @@ from memory_core.namespace import Namespace, safe_component
 from memory_core.ops import Forget, Outcome
 from memory_core.store import TRACKED
 
-from .memory_service import drop_short_history
 from .queues import fetch
 from .redis_keys import Keys
-from .runtime import Runtime
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,19 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
         return outcome
     drop_short_history(runtime, ns)
     return Outcome(outcome.op_id, "purged", id=entry_id, detail="forgotten, and removed from git history")
+
+
+def drop_short_history(runtime: Runtime, ns: Namespace) -> None:
+    """Forget reaches the model's short conversation history too (`lucid:history:<ns>:<chat>`, the last
+    few turns replayed to the model): it is dropped, so a forgotten fact is not re-read from there."""
+    if runtime.redis is None:
+        return
+    try:
+        keys = list(runtime.redis.scan_iter(match=Keys.history(f"{ns.key}:*"), count=500))
+        if keys:
+            runtime.redis.delete(*keys)
+    except redis.RedisError as exc:
+        log.warning("could not drop the short history of %s: %s", ns.key, type(exc).__name__)
 
 
 def rewrite_history(root: Path, targets: Sequence[Forgotten]) -> None:

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-import redis
 
 from memory_core.book import Book
 from memory_core.entry import Entry
@@ -49,6 +48,7 @@ from memory_core.textindex import STOP_CHARS
 from memory_core.writer import RAW_REWRITES
 
 from .embedding import Embeddings, from_settings
+from .erasure import drop_short_history, purge
 from .metrics import Metrics
 from .redis_backend import WRITES
 from .redis_keys import Keys
@@ -553,6 +553,14 @@ class MemoryService:
             self.embed_soon(ns)  # new or changed entries get their vectors off the turn
         return outcomes
 
+    def purge(self, ns: Namespace, entry_id: str) -> Outcome:
+        """`forget --purge`: forget `entry_id` as `apply` would, and rewrite the namespace's git history so
+        no commit holds it (workers.erasure.purge); counted with the other writes."""
+        outcome = purge(self.runtime, ns, entry_id)
+        if outcome.ok:
+            Metrics(self.runtime.redis).inc(WRITES, {"outcome": "purged"})
+        return outcome
+
     def undo(self, ns: Namespace, rev: str | None = None) -> Undone:
         """Take back one commit (`lucid undo`, the /memory card), entry by entry, as one batch of the writer
         (history.undo); counted with the other writes and the restored entries get their vectors."""
@@ -633,19 +641,6 @@ def _ids(raw: object) -> list[str] | None:
     except ValueError:
         return None
     return [str(i) for i in value] if isinstance(value, list) else None
-
-
-def drop_short_history(runtime: Runtime, ns: Namespace) -> None:
-    """Forget reaches the model's short conversation history too (`lucid:history:<ns>:<chat>`, the last
-    few turns replayed to the model): it is dropped, so a forgotten fact is not re-read from there."""
-    if runtime.redis is None:
-        return
-    try:
-        keys = list(runtime.redis.scan_iter(match=Keys.history(f"{ns.key}:*"), count=500))
-        if keys:
-            runtime.redis.delete(*keys)
-    except redis.RedisError as exc:
-        log.warning("could not drop the short history of %s: %s", ns.key, type(exc).__name__)
 
 
 def schedule_flush(runtime: Runtime, ns: Namespace) -> None:

@@ -75,6 +75,26 @@ def test_an_undo_through_the_cli_is_a_memory_write_like_the_others(
     assert 'lucid_memory_writes_total{outcome="forgotten"} 1' in shown
 
 
+def test_a_purge_through_the_cli_is_a_memory_write_like_the_others(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """`lucid forget --purge` goes through the bot's memory service too: the model's short history loses
+    the fact, the bot running beside it no longer recalls it, git keeps no trace, /metrics counts it."""
+    bot = make_runtime(data_dir, redis_url, git=True)
+    turn(bot, "记住我对花生过敏")
+    assert recalled(bot, "我对什么过敏") == ["我对花生过敏"]
+    ns = Namespace.of(TENANT, "alice", "default")
+    redis_client.set(f"lucid:history:{ns.key}:oc_p2p_alice", "[我对花生过敏]")
+    alice = Lucid(data_dir, user="alice", tenant=TENANT, env={"REDIS_URL": redis_url})
+    nut = entry(alice, "我对花生过敏")["id"]
+    assert alice.ok("forget", str(nut), "--purge", "--json").json()["status"] == "purged"
+    assert recalled(bot, "我对什么过敏") == []
+    assert not list(redis_client.scan_iter(match=f"lucid:history:{ns.key}:*"))
+    assert "花生" not in alice.ok("history", "--all").out
+    shown = Metrics(redis_client).render().splitlines()
+    assert 'lucid_memory_writes_total{outcome="purged"} 1' in shown
+
+
 def test_a_pin_of_a_superseded_entry_is_refused_naming_its_successor(data_dir: Path) -> None:
     alice = Lucid(data_dir, user="alice")
     old = alice.ok("remember", "我住在余杭区", "--json", now="2026-06-01T09:00:00Z").json()["id"]
