@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from datetime import date
 from functools import partial
 
-from .cjk import HAN
+from .policy import HAN
 
 
 @dataclass(frozen=True)
