@@ -24,7 +24,7 @@ from memory_core.intents import (
 )
 from memory_core.namespace import Namespace
 from memory_core.ops import Edit, Forget, Kind, Op, Outcome, Pin, Remember, Share
-from memory_core.policy import HAN, REFUSAL, asked_subject, subject_key
+from memory_core.policy import HAN, REFUSAL, RESIDENT_TYPES, asked_subject, subject_key
 from memory_core.recall import visible_in
 from memory_core.store import DREAMS
 from memory_core.subjects import recognise
@@ -453,7 +453,7 @@ def deterministic_intent(text: str) -> tuple[str, str]:
     if intent.kind == "statement":
         standing = (
             is_memorable(intent.text)
-            and classify_type(intent.text) in ("identity", "preference", "instruction")
+            and classify_type(intent.text) in RESIDENT_TYPES
             and not is_conversational(intent.text)
         )
         if standing or recognise(intent.text) is not None or is_durable_statement(intent.text):
