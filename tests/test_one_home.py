@@ -1,9 +1,14 @@
-"""Each shared rule has one home (issue 13): memory_core/policy.py is the only file that spells a CJK range."""
+"""Each shared rule has one home (issue 13): memory_core/policy.py is the only file that spells a CJK range,
+and the per-phase tables of workers/ name exactly the phases memory_core.dream lists."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from memory_core.dream import MODEL_PHASES, PHASES
+from workers.dreaming import BUDGETS
+from workers.settings import DREAM_INTERVALS
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = ROOT / "memory_core" / "policy.py"
@@ -26,3 +31,9 @@ def test_only_policy_spells_a_cjk_range() -> None:
         if HAN_BOUND.search(line)
     ]
     assert spelt == [], "import HAN (or KANA, WIDE) from memory_core.policy instead"
+
+
+def test_every_phase_has_a_schedule_and_every_model_phase_a_budget() -> None:
+    # A phase missing from DREAM_INTERVALS is never scheduled; a model phase without a budget fails its run.
+    assert list(DREAM_INTERVALS) == list(PHASES)
+    assert set(BUDGETS) == MODEL_PHASES
