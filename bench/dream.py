@@ -37,8 +37,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from memory_core.cjk import HAN
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from memory_core.book import Book
@@ -46,7 +44,7 @@ from memory_core.dream_deep import apply_deep, merge_messages, plan_clusters, re
 from memory_core.dream_light import apply_light, plan_light
 from memory_core.entry import Entry
 from memory_core.lineformat import parse_file, render_file
-from memory_core.policy import protected
+from memory_core.policy import HAN, protected
 from memory_core.similarity import DUPLICATE, bigrams
 
 NOW = datetime(2026, 6, 20, 9, 0, tzinfo=UTC)

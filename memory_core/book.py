@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from . import meaning, policy, similarity
-from .cjk import HAN
 from .entry import MAX_TEXT_CHARS, PROMOTED, TYPES, Entry, new_id
 from .injection import carries_instruction
 from .lineformat import (
@@ -24,8 +23,9 @@ from .lineformat import (
     render_entry,
 )
 from .ops import Edit, Forget, Op, Outcome, Pin, Put, Remember, Touch, entry_from_json
+from .policy import CANONICAL, HAN, subject_key
 from .secretscan import contains_secret, holds_redaction
-from .subjects import CANONICAL, recognise, subject_key
+from .subjects import recognise
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _PLACEMENT = {"resident": "resident", "recall": "recall"}  # MEMORY.md's section of each tier

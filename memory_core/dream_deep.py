@@ -24,11 +24,10 @@ from .dream_light import scope_key, stamp
 from .dream_pairs import similar_pairs
 from .entry import MAX_TEXT_CHARS, Entry, new_id
 from .injection import carries_instruction, instructions
-from .policy import protected
+from .policy import protected, subject_key
 from .recall import recency
 from .secretscan import contains_secret
 from .similarity import RELATED, bigrams
-from .subjects import subject_key
 
 MAX_CLUSTERS = 4
 MAX_CLUSTER_SIZE = 8

@@ -8,8 +8,8 @@ import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 
-from .cjk import HAN
 from .injection import instructions
+from .policy import HAN
 from .recall import HINTS
 from .similarity import bigrams, normalise
 

@@ -14,10 +14,9 @@ from .book import Book
 from .dream_pairs import similar_pairs
 from .entry import DEMOTED, PROMOTED, Entry
 from .injection import carries_instruction
-from .policy import protected
+from .policy import protected, subject_key
 from .recall import importance, recency
 from .similarity import DUPLICATE, bigrams, numbers_agree
-from .subjects import subject_key
 
 Action = Literal["merge", "supersede", "archive", "promote", "demote", "unpromote"]
 PROMOTE_HITS = 3

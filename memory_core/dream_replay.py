@@ -14,10 +14,10 @@ from .dream_guard import coverage, is_refusal, new_instructions, one_line
 from .intents import classify_type, is_memorable
 from .lineformat import RawMessage, format_time
 from .ops import Remember
+from .policy import subject_key
 from .reasoning import strip_reasoning
 from .secretscan import contains_secret
 from .similarity import bigrams
-from .subjects import subject_key
 
 USER_CAP = 1000  # characters of user text sent per call
 CONTEXT_CAP = 500  # characters of the assistant's reply sent as context

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .cjk import HAN
+from .policy import HAN
 
 #: The frame of a request at the start of a message ("Write …", "Can you explain …", 帮我写…, 翻译…):
 #: the verb says what to do, not what about, so it is no evidence. Only the leading frame: "which

@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from .cjk import HAN
 from .injection import carries_instruction
+from .policy import HAN
 from .subjects import recognise
 
 IntentKind = Literal["remember", "forget", "question", "statement", "chitchat", "none"]

@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from . import similarity
-from .cjk import HAN
+from .policy import HAN
 from .subjects import EN_PLACES, ZH_PLACES, recognise
 
 SAME_FRAME = 0.75  # frames at least this alike are one statement pattern

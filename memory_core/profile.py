@@ -11,7 +11,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from .cjk import HAN
 from .dream_guard import (
     MIN_TEXT_CHARS,
     coverage,
@@ -24,9 +23,10 @@ from .dream_light import stamp
 from .entry import Entry
 from .injection import carries_instruction, instructions
 from .lineformat import format_time
+from .policy import HAN, subject_key
 from .secretscan import contains_secret
 from .similarity import bigrams, normalise
-from .subjects import recognise, subject_key
+from .subjects import recognise
 
 PROFILE_TYPES = ("identity", "preference", "fact")
 MAX_PROFILE_CHARS = 600

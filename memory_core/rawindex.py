@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .cjk import HAN, KANA
 from .entry import as_utc
 from .errors import StaleIndex
 from .lineformat import RawMessage
+from .policy import HAN, KANA
 from .textindex import (
     RRF_K,
     TOKENIZER_VERSION,

@@ -15,13 +15,11 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from .cjk import HAN, WIDE
 from .entry import Entry
 from .floor import evidence_query
 from .intents import is_chitchat
-from .policy import GROUP_STANDING_TYPES
+from .policy import GROUP_STANDING_TYPES, HAN, WIDE, asked_subject, subject_key
 from .sensitive import is_sensitive
-from .subjects import asked_subject, subject_key
 from .textindex import (
     ENTRY_B,
     ENTRY_DENSE_WEIGHT,

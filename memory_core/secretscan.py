@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from datetime import date
 from functools import partial
 
-from .cjk import HAN
+from .policy import HAN
 
 
 @dataclass(frozen=True)
@@ -315,7 +315,7 @@ _PHRASE_SOURCE = (
 # Every match starts with an ASCII letter or the first character of one of the Chinese words above: a
 # lookahead on that class lets the search skip any other position at once (a page of Chinese text costs a
 # few milliseconds instead of most of a second; the other positions cannot start a match anyway).
-_PHRASE_FIRST = "".join(sorted({w[0] for w in re.findall("[\u4e00-\u9fff]+", _PHRASE_SOURCE)}))
+_PHRASE_FIRST = "".join(sorted({w[0] for w in re.findall(rf"[{HAN}]+", _PHRASE_SOURCE)}))
 _PHRASE = re.compile(f"(?=[A-Za-z{_PHRASE_FIRST}])" + _PHRASE_SOURCE, re.IGNORECASE)
 _IDENT = re.compile(
     r"(?<![A-Za-z0-9_.$-])([\"']?)(?P<name>[A-Za-z_][A-Za-z0-9_.-]{0,63}+)\1[ \t]*+(?::=|=>|[:=：])[ \t]*+"

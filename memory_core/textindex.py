@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import snowballstemmer
 
-from .cjk import HAN, KANA
+from .policy import HAN, KANA
 
 FloatArray = npt.NDArray[np.float64]
 IndexArray = npt.NDArray[np.intp]

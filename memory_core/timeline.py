@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from .entry import Entry
-from .subjects import canonical_subject
+from .policy import canonical_subject
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from memory_core import policy
-from memory_core.cjk import HAN
 from memory_core.dream import PHASES
 from memory_core.entry import TYPES, Entry
 from memory_core.errors import LucidError
@@ -26,9 +24,10 @@ from memory_core.intents import (
 )
 from memory_core.namespace import Namespace
 from memory_core.ops import Edit, Forget, Kind, Op, Outcome, Pin, Remember, Share
+from memory_core.policy import HAN, REFUSAL, RESIDENT_TYPES, asked_subject, subject_key
 from memory_core.recall import visible_in
 from memory_core.store import DREAMS
-from memory_core.subjects import asked_subject, recognise, subject_key
+from memory_core.subjects import recognise
 
 from . import dreaming
 from .inbound import Inbound
@@ -454,7 +453,7 @@ def deterministic_intent(text: str) -> tuple[str, str]:
     if intent.kind == "statement":
         standing = (
             is_memorable(intent.text)
-            and classify_type(intent.text) in ("identity", "preference", "instruction")
+            and classify_type(intent.text) in RESIDENT_TYPES
             and not is_conversational(intent.text)
         )
         if standing or recognise(intent.text) is not None or is_durable_statement(intent.text):
@@ -636,7 +635,7 @@ def tool_call(
     outcome = mem.apply(inbound.ns, [op])[0]
     outcomes.append(outcome)
     if outcome.status == "rejected:protected":  # the model relays this; only the person can change it
-        return {"status": outcome.status, "id": outcome.id, "error": outcome.detail or policy.REFUSAL}
+        return {"status": outcome.status, "id": outcome.id, "error": outcome.detail or REFUSAL}
     answer: dict[str, Any] = {"status": outcome.status, "id": outcome.id, "detail": outcome.detail}
     if args.get("share") in (True, "true") and action in ("add", "update") and outcome.ok and outcome.id:
         shared = mem.apply(inbound.ns, [Share(outcome.id, source="tool")])[0]

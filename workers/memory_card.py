@@ -17,8 +17,8 @@ from memory_core.errors import LucidError
 from memory_core.history import iter_rows
 from memory_core.namespace import Namespace
 from memory_core.ops import Forget, Pin
+from memory_core.policy import subject_key
 from memory_core.recall import visible_in
-from memory_core.subjects import subject_key
 from memory_core.timeline import subject_timelines
 
 from .errors import FeishuError

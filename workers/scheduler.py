@@ -86,7 +86,7 @@ def _last_runs(rt: Runtime, ns: Namespace) -> dict[str, dict[str, Any]]:
 
 def _changes(rt: Runtime, ns: Namespace, records: Mapping[str, Mapping[str, Any]]) -> dict[str, bool]:
     version = memory_version(rt.store.snapshot(ns))
-    changed = {p: records[p].get("version") != version for p in ("light", "deep", "profile")}
+    changed = {p: records[p].get("version") != version for p in PHASES if p != "replay"}
     watermark = str(records["replay"].get("watermark") or records["replay"].get("at") or "")
     newest = max(rt.store.raw_days(ns), default="")
     changed["replay"] = bool(newest) and (not watermark or newest >= f"{watermark[:10]}.md")

@@ -59,6 +59,8 @@ from typing import Any, Self
 
 from aiohttp import web
 
+from memory_core.policy import HAN
+
 __all__ = [
     "SCRATCHPAD",
     "BackgroundServer",
@@ -291,9 +293,9 @@ def capabilities(model: str) -> list[str]:
     return caps
 
 
-_TOKEN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]|[^\W_]+|[^\w\s]", re.UNICODE)
+_TOKEN = re.compile(rf"[{HAN}]|[^\W_]+|[^\w\s]", re.UNICODE)
 _STREAM_CHUNK_CHARS = 6
-_TOKEN_OR_SPACE = re.compile(r"\s*(?:[\u3400-\u9fff\uf900-\ufaff]|[^\W_]+|[^\w\s])", re.UNICODE)
+_TOKEN_OR_SPACE = re.compile(rf"\s*(?:[{HAN}]|[^\W_]+|[^\w\s])", re.UNICODE)
 
 
 def count_tokens(text: str) -> int:

@@ -18,6 +18,7 @@ import pytest
 
 from memory_core.entry import Entry
 from memory_core.floor import evidence_query
+from memory_core.policy import asked_subject, canonical_subject
 from memory_core.recall import (
     DENSE_CANDIDATES,
     DENSE_WEIGHT,
@@ -33,7 +34,6 @@ from memory_core.recall import (
     strong_terms,
     visible_in,
 )
-from memory_core.subjects import asked_subject, canonical_subject
 from memory_core.textindex import ENTRY_B, ENTRY_DENSE_WEIGHT, ENTRY_K1, BM25Index, tokenize
 
 NOW = datetime(2026, 6, 26, 12, 0, tzinfo=UTC)

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memory_core.entry import TYPES
-from memory_core.subjects import CANONICAL, Recognised, canonical_subject, recognise
+from memory_core.policy import CANONICAL, canonical_subject
+from memory_core.subjects import Recognised, recognise
 
 LOCATION = [
     ("我在余杭区", "余杭区"),

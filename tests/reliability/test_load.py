@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 import redis
 
-from memory_core.subjects import canonical_subject
+from memory_core.policy import canonical_subject
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.feishu_events import deliver
 from tests.reliability.conftest import Figures
