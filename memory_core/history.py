@@ -110,10 +110,6 @@ def entry_changes(before: Files, after: Files) -> dict[str, tuple[State | None, 
     }
 
 
-def meaningful(before: Files, after: Files) -> bool:
-    return bool(entry_changes(before, after)) or (before.get(PROFILE) or "") != (after.get(PROFILE) or "")
-
-
 def _runs(journal: str | None) -> tuple[str, list[str]]:
     if not journal or "\n## " not in "\n" + journal:
         return (journal or ""), []

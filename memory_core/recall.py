@@ -478,22 +478,6 @@ def best_rows(
     return rows[np.lexsort((rows, -cosine[rows]))][:n]
 
 
-def dense_candidates(
-    table: VectorTable,
-    query_vector: Sequence[float] | npt.ArrayLike,
-    keep: Callable[[str], bool],
-    n: int,
-    floor: float | None = None,
-) -> dict[str, float]:
-    """id → cosine for the `n` best cosines among the ids `keep` accepts: positive, and at least `floor`
-    when one is given (a cosine under the embedder's floor is no vector evidence)."""
-    if not len(table.ids):
-        return {}
-    cos = (table.matrix @ np.asarray(query_vector, dtype=np.float32).reshape(-1)).astype(np.float64)
-    allowed = np.fromiter((keep(i) for i in table.ids), dtype=bool, count=len(table.ids))
-    return {table.ids[int(j)]: float(cos[j]) for j in best_rows(cos, allowed, n, floor)}
-
-
 def recall(
     entries: Sequence[Entry],
     query: str,
