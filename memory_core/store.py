@@ -475,7 +475,7 @@ class Store:
         self,
         ns: Namespace,
         before: Snapshot,
-        files: Mapping[str, str],
+        files: Mapping[str, str | bytes],
         raw: Mapping[str, str] | None = None,
         journal: Mapping[str, Any] | None = None,
     ) -> dict[str, str]:
@@ -494,14 +494,15 @@ class Store:
         for name in TRACKED:
             if self._maybe(self._at(ns, name)) != before.files.get(name):
                 raise ConcurrentChange(name)
-        hashes = {n: _sha(d) for n, d in before.files.items() if d is not None}
+        hashes = dict(before.hashes)
         writes: list[tuple[str, bytes, bytes | None]] = []  # (path in the namespace, new, current)
-        for name, content in (raw or {}).items():
+        for name, day in (raw or {}).items():
             current = self._maybe(self._at(ns, "raw", name))
-            writes.append((f"raw/{name}", content.encode("utf-8", errors="surrogateescape"), current))
+            writes.append((f"raw/{name}", day.encode("utf-8", errors="surrogateescape"), current))
         for name in (ARCHIVE, PROFILE, DREAMS, MEMORY):
             if name in files:
-                data = files[name].encode("utf-8", errors="surrogateescape")
+                content = files[name]
+                data = content if isinstance(content, bytes) else content.encode("utf-8", "surrogateescape")
                 hashes[name] = _sha(data)
                 if data != before.files.get(name):
                     writes.append((name, data, before.files.get(name)))

@@ -64,6 +64,7 @@ COMMIT_EVERY = 1.0  # seconds: a leader commits the batches it applied at least 
 TENURE = 10.0  # seconds a leader keeps the lease at most while others' ops keep arriving (then it lets go)
 LINGER = 0.01  # seconds a leader waits for more ops once the queue is empty (they are usually on their way)
 _RETRIES = 8
+_TAIL = 1 << 16  # bytes of MEMORY.md an append is checked against (its last line must be in them)
 
 
 class Lease(Protocol):
@@ -477,12 +478,15 @@ class Writer:
             forgotten = _deleted_by_hand(before, book)
             report.outcomes, raw = self._apply(ns, book, [op for _, op in ops], now, forgotten)
             extra = change(book, snap) if change is not None else None
-            files: dict[str, str] = {}
+            files: dict[str, str | bytes] = {}
             if book.changed:
-                text = snap.text(MEMORY) or ""
-                more = book.memory_appended(text) if snap.rendered_memory() else None
+                data = snap.files.get(MEMORY) or b""
+                # Only its end is compared: decoding (then encoding) a file of thousands of lines per batch
+                # cost more than the batch's own work. A line longer than the tail renders the whole file.
+                tail = data[-_TAIL:].decode("utf-8", errors="surrogateescape")
+                more = book.memory_appended(tail) if snap.rendered_memory() else None
                 if more is not None:  # only new lines: appended, the rest is not rendered again
-                    files[MEMORY] = text + more
+                    files[MEMORY] = data + more.encode("utf-8", errors="surrogateescape")
                 else:
                     files[MEMORY] = render_file(book.memory_file())
                     files[ARCHIVE] = render_file(book.archive_file())
@@ -513,10 +517,7 @@ class Writer:
                     ns, RAW_REWRITES, int(self.store.state_value(ns, RAW_REWRITES) or 0) + 1
                 )
             exact: dict[str, bytes | None] = {
-                name: files[name].encode("utf-8", errors="surrogateescape")
-                if name in files
-                else snap.files.get(name)
-                for name in TRACKED
+                name: _bytes(files[name]) if name in files else snap.files.get(name) for name in TRACKED
             }
             for day, text in raw.items():
                 exact[f"raw/{day}"] = text.encode("utf-8", errors="surrogateescape")
@@ -621,7 +622,7 @@ class Writer:
         book: Book,
         forgotten: Sequence[Forgotten],
         raw: dict[str, str],
-        files: dict[str, str],
+        files: dict[str, str | bytes],
         now: datetime,
     ) -> bool:
         """Forget means forget: the profile and the raw archive lose what drew on a forgotten entry, in
@@ -774,6 +775,10 @@ def _deleted_by_hand(before: Book | None, book: Book) -> list[Forgotten]:
     ids, texts = {e.id for e in now}, {e.text for e in now}
     gone = [e for e in [*before.entries(), *before.archived()] if e.id not in ids and e.text not in texts]
     return [Forgotten.of(e) for e in gone]
+
+
+def _bytes(content: str | bytes) -> bytes:
+    return content if isinstance(content, bytes) else content.encode("utf-8", errors="surrogateescape")
 
 
 def _hashes(snap: Snapshot) -> dict[str, str]:
