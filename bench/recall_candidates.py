@@ -22,9 +22,10 @@ import json
 import re
 import statistics
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -453,6 +454,78 @@ def run_snippets(path: Path) -> dict[str, Any]:
     return out
 
 
+def run_snippet_cost(bank_path: Path, questions_path: Path) -> dict[str, Any]:
+    """What each `SnippetRule` costs in a Chinese conversation (no gold here, so no figure): MemoryBank's
+    15 people, each history imported through the write path as p2p turns (a session per day), then the
+    block `MemoryService.assemble` builds for each of their probing questions; median and p90 of the block's
+    estimated tokens (one per CJK character) and of its snippet section alone."""
+    from memory_core.importer import parse_import
+    from memory_core.namespace import Namespace
+    from memory_core.recall import estimate_tokens
+    from workers.memory_service import MemoryService
+    from workers.runtime import build
+    from workers.settings import Settings
+
+    bank = json.loads(bank_path.read_text(encoding="utf-8"))
+    asked = {
+        k: v
+        for line in questions_path.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+        for k, v in json.loads(line).items()
+    }
+    rules = snippet_rules()
+    tokens: dict[str, list[int]] = {n: [] for n in rules}
+    section: dict[str, list[int]] = {n: [] for n in rules}
+    for p, (name, person) in enumerate(bank.items()):
+        data = Path(tempfile.mkdtemp(prefix="lucid-memorybank-"))
+        rt = build(Settings(data_dir=data, config_path=data / "none.toml"), git=False)
+        ns = Namespace.of("eval", f"p{p}", "default")
+        rows, last = [], None
+        for day, turns in person["history"].items():
+            for t, turn in enumerate(turns):
+                for side, (speaker, text) in enumerate(((name, turn["query"]), ("AI", turn["response"]))):
+                    last = f"{day}T12:{t:02d}:{side * 30:02d}Z"
+                    rows.append(
+                        {
+                            "kind": "message",
+                            "id": f"{day}-{t}-{side}",
+                            "ts": last,
+                            "speaker": speaker,
+                            "text": text,
+                            "chat": "p2p",
+                            "session": day,
+                        }
+                    )
+        plan = parse_import("\n".join(json.dumps(r, ensure_ascii=False) for r in rows).encode(), ns)
+        for target, ops in plan.ops.items():
+            rt.writer.submit(target, ops)
+        now = datetime.fromisoformat(str(last).replace("Z", "+00:00")) + timedelta(days=1)
+        for rname, rule in rules.items():
+            service = MemoryService(rt, snippets=rule)
+            for q, question in enumerate(asked.get(name, [])):
+                got = service.assemble(ns, question, chat_type="p2p", chat="p2p", session=f"q{q}", now=now)
+                tokens[rname].append(estimate_tokens(got.block) if got.block else 0)
+                part = got.block.split("## Earlier conversation", 1)
+                section[rname].append(estimate_tokens(part[1]) if len(part) == 2 else 0)
+            service.close()
+
+    def q(vals: list[int], at: float) -> int:
+        return sorted(vals)[min(len(vals) - 1, int(at * len(vals)))] if vals else 0
+
+    return {
+        "questions": len(tokens[next(iter(rules))]),
+        "tokens": {
+            n: {
+                "block_p50": q(tokens[n], 0.5),
+                "block_p90": q(tokens[n], 0.9),
+                "snippets_p50": q(section[n], 0.5),
+                "snippets_p90": q(section[n], 0.9),
+            }
+            for n in rules
+        },
+    }
+
+
 # ------------------------------------------------------------------------------- MADial entry recall
 
 MadialRank = Callable[[RelevanceIndex, dict[str, Any]], dict[str, float]]
@@ -580,7 +653,7 @@ def run_madial(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("harness", choices=("locomo", "madial"))
+    ap.add_argument("harness", choices=("locomo", "madial", "memorybank"))
     ap.add_argument("paths", type=Path, nargs="+")
     ap.add_argument(
         "--family",
@@ -593,6 +666,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.harness == "locomo":
         result = run_locomo(args.paths[0], args.family, args.cache)
+    elif args.harness == "memorybank":
+        if args.family != "snippets":
+            raise SystemExit("memorybank: only --family snippets (a cost count: the data has no gold)")
+        result = run_snippet_cost(args.paths[0], args.paths[1])
     else:
         result = run_madial(args.paths[0], args.paths[1], args.family, args.cache)
     print(json.dumps(result, ensure_ascii=False))
