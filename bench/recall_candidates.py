@@ -235,6 +235,8 @@ def run_locomo(path: Path, family: str, cache: Path | None) -> dict[str, Any]:
         return run_windows(path)
     if family == "snippets":
         return run_snippets(path, cache)
+    if family == "bm25":
+        return run_bm25(path)
     cands = locomo_family(family)
     embedder = None
     if family == "vprf":
@@ -292,6 +294,53 @@ def run_windows(path: Path) -> dict[str, Any]:
                 rows[name][sample["sample_id"]] = conv
     finally:
         raw.WINDOW, raw.PREV_WEIGHT, raw.NEXT_WEIGHT = shipped
+    names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
+    return cross_validate(rows, [5, 10], 10, HEADLINE, names)
+
+
+#: BM25's k1 / b and the named-speaker lift, re-chosen per fold (`--family bm25`); the shipped triple first.
+BM25_GRID = [(0.9, 0.5, 0.3)] + [
+    (k1, b, lift)
+    for k1 in (0.6, 0.9, 1.2, 1.6)
+    for b in (0.3, 0.5, 0.75)
+    for lift in (0.1, 0.2, 0.3, 0.5)
+    if (k1, b, lift) != (0.9, 0.5, 0.3)
+]
+
+
+def run_bm25(path: Path) -> dict[str, Any]:
+    """Raw search with `rawindex.K1`, `B` and `SPEAKER_BOOST` set per candidate (the module constants
+    `RawIndex` reads when it builds and searches), cross-validated leave-one-conversation-out."""
+    import memory_core.rawindex as raw
+
+    shipped = (raw.K1, raw.B, raw.SPEAKER_BOOST)
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {}
+    samples = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        for sample in samples:
+            convo = sample["conversation"]
+            known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
+            qs = [
+                (int(qa["category"]), qa["question"], gold)
+                for qa in sample["qa"]
+                if (gold := normalise_evidence(qa.get("evidence", []), known))
+            ]
+            built: dict[tuple[float, float], RawIndex] = {}
+            for k1, b, lift in BM25_GRID:
+                raw.K1, raw.B, raw.SPEAKER_BOOST = k1, b, lift
+                if (k1, b) not in built:
+                    built[(k1, b)] = RawIndex()
+                    built[(k1, b)].add_many(turn_messages(sample))
+                ix = built[(k1, b)]
+                name = f"k1 {k1} b {b} speaker lift {lift}" + (
+                    " (shipped)" if (k1, b, lift) == shipped else ""
+                )
+                rows.setdefault(name, {})[sample["sample_id"]] = [
+                    (cat, {k: recall_at_k(gold, [h.id for h in ix.search(q, k=10)], k) for k in (5, 10)})
+                    for cat, q, gold in qs
+                ]
+    finally:
+        raw.K1, raw.B, raw.SPEAKER_BOOST = shipped
     names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
     return cross_validate(rows, [5, 10], 10, HEADLINE, names)
 
@@ -673,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--family",
         required=True,
-        help="locomo: prf, multiquery, diversity, window, vprf, snippets; madial: prf, query, vprf",
+        help="locomo: prf, multiquery, diversity, window, vprf, bm25, snippets; madial: prf, query, vprf",
     )
     ap.add_argument(
         "--cache",
