@@ -33,6 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import memory_core.rawindex as rawindex
 from bench.eval_locomo import (
     CATEGORY,
     HEADLINE,
@@ -48,7 +49,7 @@ from bench.eval_madial import QUERIES, dialogue_query, load_memories, read_jsonl
 from bench.folds import CachedEmbedder, cross_validate, mean_recall
 from memory_core.entry import Entry
 from memory_core.floor import evidence_query
-from memory_core.rawindex import SPEAKER_BOOST, RawHit, RawIndex
+from memory_core.rawindex import RawHit, RawIndex
 from memory_core.recall import RelevanceIndex, expand, fuse
 from memory_core.textindex import BM25Index, rrf, tokenize, top_slots
 
@@ -74,7 +75,7 @@ def speaker_lift(ix: RawIndex, query: str, scores: Scores) -> Scores:
     named = ix._named_speakers(query) if best > 0 else []
     if named:
         lift = np.isin(ix._spk.data[: scores.size], named) & (scores > 0)
-        scores[lift] += SPEAKER_BOOST * best
+        scores[lift] += rawindex.SPEAKER_BOOST * best  # read at call time: --family bm25 sets it
     return scores
 
 
@@ -147,6 +148,15 @@ def diversified(ix: RawIndex, query: str, k: int, lam: float, scope: int) -> lis
     return ids(ix, chosen)
 
 
+def named_words(ix: RawIndex, query: str, k: int, w: float) -> list[str]:
+    """The query's words that name a speaker it asks about count w times: the speaker lift already carries
+    who is asked about, and their name is in many turns that mention them."""
+    named = ix._named_speakers(query)
+    names = {t for spk in named for t in tokenize(" ".join(sorted(ix._speaker_names[spk][0])))}
+    wts = {t: (w if t in names else 1.0) * c for t, c in Counter(tokenize(query)).items()}
+    return ids(ix, top_slots(speaker_lift(ix, query, weighted(ix._bm25, wts)), k))
+
+
 class _Fixed:
     def __init__(self, v: np.ndarray) -> None:
         self.v = v
@@ -202,6 +212,9 @@ def locomo_family(family: str) -> dict[str, RawRank]:
                 out[f"neighbour penalty {lam} within {scope}"] = lambda ix, q, k, lam=lam, scope=scope: (
                     diversified(ix, q, k, lam, scope)
                 )
+    elif family == "names":
+        for w in (0.0, 0.25, 0.5, 0.75):
+            out[f"named speaker's words at weight {w}"] = lambda ix, q, k, w=w: named_words(ix, q, k, w)
     elif family == "vprf":
         out["shipped"] = lambda ix, q, k: rocchio(ix, q, k, 3, 0.0, 0.3)
         for d in (3, 5, 10):
@@ -235,8 +248,8 @@ def run_locomo(path: Path, family: str, cache: Path | None) -> dict[str, Any]:
         return run_windows(path)
     if family == "snippets":
         return run_snippets(path, cache)
-    if family == "bm25":
-        return run_bm25(path)
+    if family in ("bm25", "bm25+names"):
+        return run_bm25(path, with_names=family == "bm25+names")
     cands = locomo_family(family)
     embedder = None
     if family == "vprf":
@@ -308,10 +321,14 @@ BM25_GRID = [(0.9, 0.5, 0.3)] + [
 ]
 
 
-def run_bm25(path: Path) -> dict[str, Any]:
+def run_bm25(path: Path, with_names: bool = False) -> dict[str, Any]:
     """Raw search with `rawindex.K1`, `B` and `SPEAKER_BOOST` set per candidate (the module constants
-    `RawIndex` reads when it builds and searches), cross-validated leave-one-conversation-out."""
+    `RawIndex` reads when it builds and searches), cross-validated leave-one-conversation-out; with
+    `with_names` (`--family bm25+names`) each also with the named speaker's words at half weight."""
     import memory_core.rawindex as raw
+
+    def rank(ix: RawIndex, q: str, names: float) -> list[str]:
+        return named_words(ix, q, 10, names) if names != 1.0 else [h.id for h in ix.search(q, k=10)]
 
     shipped = (raw.K1, raw.B, raw.SPEAKER_BOOST)
     rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {}
@@ -326,19 +343,20 @@ def run_bm25(path: Path) -> dict[str, Any]:
                 if (gold := normalise_evidence(qa.get("evidence", []), known))
             ]
             built: dict[tuple[float, float], RawIndex] = {}
-            for k1, b, lift in BM25_GRID:
-                raw.K1, raw.B, raw.SPEAKER_BOOST = k1, b, lift
-                if (k1, b) not in built:
-                    built[(k1, b)] = RawIndex()
-                    built[(k1, b)].add_many(turn_messages(sample))
-                ix = built[(k1, b)]
-                name = f"k1 {k1} b {b} speaker lift {lift}" + (
-                    " (shipped)" if (k1, b, lift) == shipped else ""
-                )
-                rows.setdefault(name, {})[sample["sample_id"]] = [
-                    (cat, {k: recall_at_k(gold, [h.id for h in ix.search(q, k=10)], k) for k in (5, 10)})
-                    for cat, q, gold in qs
-                ]
+            for names in (1.0, 0.5) if with_names else (1.0,):
+                for k1, b, lift in BM25_GRID:
+                    raw.K1, raw.B, raw.SPEAKER_BOOST = k1, b, lift
+                    if (k1, b) not in built:
+                        built[(k1, b)] = RawIndex()
+                        built[(k1, b)].add_many(turn_messages(sample))
+                    ix = built[(k1, b)]
+                    name = f"k1 {k1} b {b} speaker lift {lift}" + (f" names {names}" if with_names else "")
+                    if (k1, b, lift, names) == (*shipped, 1.0):
+                        name += " (shipped)"
+                    rows.setdefault(name, {})[sample["sample_id"]] = [
+                        (cat, {k: recall_at_k(gold, rank(ix, q, names), k) for k in (5, 10)})
+                        for cat, q, gold in qs
+                    ]
     finally:
         raw.K1, raw.B, raw.SPEAKER_BOOST = shipped
     names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
@@ -722,7 +740,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--family",
         required=True,
-        help="locomo: prf, multiquery, diversity, window, vprf, bm25, snippets; madial: prf, query, vprf",
+        help="locomo: prf, multiquery, diversity, window, vprf, bm25, bm25+names, names, snippets; madial: prf, "
+        "query, vprf",
     )
     ap.add_argument(
         "--cache",
