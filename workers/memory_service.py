@@ -498,9 +498,8 @@ class MemoryService:
                 near = cache.index.adjacent(i)
                 if len(near) == 2:
                     out[i] = [(near[0], True), (near[1], False)]
-                elif (
-                    near
-                ):  # the first or last turn of its session; in a session of two, say the other came first
+                elif near:
+                    # the first or last turn of its session (of two: say the other came first)
                     theirs = cache.index.adjacent(near[0].id)
                     out[i] = [(near[0], len(theirs) < 2 or theirs[1].id == i)]
                 else:
