@@ -230,54 +230,90 @@ def pct(vals: list[float]) -> float | None:
     return round(100 * sum(vals) / len(vals), 1) if vals else None
 
 
-def turn_mode(samples: list[dict[str, Any]], embedder: Embedder | None) -> dict[str, Any]:
-    """What the model sees: each conversation imported through the real write path (its turns into the raw
-    archive, its observations as facts with `from=` links), then per question the memory block a chat turn
-    would assemble (`MemoryService.assemble`: resident + recall + active recall, under the token budget).
-    A gold turn counts as seen when the block shows it (a snippet of it) or a fact learned from it."""
+def import_turns(sample: dict[str, Any]) -> tuple[Any, Any, list[RawMessage]]:
+    """One conversation through the real write path (`lucid import`): its turns into the raw archive, its
+    observations as facts with `from=` links. Returns (runtime, namespace, the turns)."""
     from memory_core.importer import parse_import
     from memory_core.lineformat import format_time
     from memory_core.namespace import Namespace
-    from workers.embedding import Embeddings
-    from workers.memory_service import MemoryService
     from workers.runtime import build
     from workers.settings import Settings
+
+    data = Path(tempfile.mkdtemp(prefix="lucid-locomo-turn-"))
+    rt = build(Settings(data_dir=data, config_path=data / "none.toml"), git=False)
+    ns = Namespace.of("eval", sample["sample_id"], "default")
+    msgs = turn_messages(sample)
+    rows_in: list[dict[str, Any]] = [
+        {
+            "kind": "message",
+            "id": m.id,
+            "ts": format_time(m.ts),
+            "speaker": m.speaker,
+            "text": m.text,
+            "chat": m.chat,
+            "session": m.session,
+        }
+        for m in msgs
+    ]
+    rows_in += [
+        {"kind": "fact", "text": text, "from": ",".join(ids)}
+        for text, ids in observation_facts(sample)
+        if text.strip()
+    ]
+    plan = parse_import("\n".join(json.dumps(r) for r in rows_in).encode(), ns)
+    for target, ops in plan.ops.items():
+        rt.writer.submit(target, ops)
+    return rt, ns, msgs
+
+
+def snippet_shows(service: Any, ns: Any, snippet: Any) -> set[str]:
+    """The turns a snippet shows: its own line and, in a pair, the adjacent turn whose text it holds."""
+    out = {snippet.message_id}
+    for m, _ in service._adjacent(ns, {snippet.message_id}).get(snippet.message_id, []):
+        if " ".join(m.text.split())[:40] in snippet.text:
+            out.add(m.id)
+    return out
+
+
+def shown_evidence(service: Any, ns: Any, got: Any, gold: list[str]) -> set[str]:
+    """The gold turns a turn's block shows: a snippet's line, the turn shown beside it (a pair), or a fact
+    learned from it (`from=`) — each only if its text is really in the block."""
+    block = got.block
+    seen: set[str] = set()
+    for s in got.snippets:
+        if " ".join(s.text.split())[:40] not in block:
+            continue
+        seen.update(snippet_shows(service, ns, s) & set(gold))
+    for e in [*got.resident, *(r.entry for r in got.recalled)]:
+        if " ".join(e.text.split())[:40] in block:
+            seen.update(d for d in (e.origin or "").split(",") if d in gold)
+    return seen
+
+
+def turn_mode(
+    samples: list[dict[str, Any]], embedder: Embedder | None, snippets: Any = None
+) -> dict[str, Any]:
+    """What the model sees: each conversation imported through the real write path (`import_turns`), then
+    per question the memory block a chat turn would assemble (`MemoryService.assemble`: resident + recall +
+    active recall, under the token budget). A gold turn counts as seen when the block shows it
+    (`shown_evidence`). `snippets`: a `SnippetRule` for active recall (default: the product's)."""
+    from memory_core.recall import estimate_tokens
+    from workers.embedding import Embeddings
+    from workers.memory_service import MemoryService
 
     rows: list[tuple[int, dict[int, float]]] = []
     anyhit: list[tuple[int, float]] = []
     sizes: list[int] = []
+    tokens: list[int] = []
     per_conv: dict[str, float | None] = {}
     started = time.perf_counter()
     for sample in samples:
         first = len(rows)
-        data = Path(tempfile.mkdtemp(prefix="lucid-locomo-turn-"))
-        rt = build(Settings(data_dir=data, config_path=data / "none.toml"), git=False)
-        ns = Namespace.of("eval", sample["sample_id"], "default")
-        msgs = turn_messages(sample)
-        rows_in: list[dict[str, Any]] = [
-            {
-                "kind": "message",
-                "id": m.id,
-                "ts": format_time(m.ts),
-                "speaker": m.speaker,
-                "text": m.text,
-                "chat": m.chat,
-                "session": m.session,
-            }
-            for m in msgs
-        ]
-        rows_in += [
-            {"kind": "fact", "text": text, "from": ",".join(ids)}
-            for text, ids in observation_facts(sample)
-            if text.strip()
-        ]
-        plan = parse_import("\n".join(json.dumps(r) for r in rows_in).encode(), ns)
-        for target, ops in plan.ops.items():
-            rt.writer.submit(target, ops)
+        rt, ns, msgs = import_turns(sample)
         emb = None
         if embedder is not None:
             emb = Embeddings(lambda texts, kind: embedder(texts, kind), budget=600.0)
-        service = MemoryService(rt, embeddings=emb)
+        service = MemoryService(rt, embeddings=emb, snippets=snippets)
         if emb is not None:
             service.embed_soon(ns)
             service.wait_for_embeddings(3600)
@@ -290,19 +326,13 @@ def turn_mode(samples: list[dict[str, Any]], embedder: Embedder | None) -> dict[
             got = service.assemble(
                 ns, qa["question"], chat_type="p2p", chat=sample["sample_id"], session=f"q{n}", now=now
             )
-            block = got.block
-            seen: set[str] = set()
-            for s in got.snippets:
-                if s.message_id in gold and " ".join(s.text.split())[:40] in block:
-                    seen.add(s.message_id)
-            for e in [*got.resident, *(r.entry for r in got.recalled)]:
-                if " ".join(e.text.split())[:40] in block:
-                    seen.update(d for d in (e.origin or "").split(",") if d in gold)
-            share = len(seen) / len(gold)
-            rows.append((int(qa["category"]), {0: share}))
+            seen = shown_evidence(service, ns, got, gold)
+            rows.append((int(qa["category"]), {0: len(seen) / len(gold)}))
             anyhit.append((int(qa["category"]), 1.0 if seen else 0.0))
-            sizes.append(len(block))
+            sizes.append(len(got.block))
+            tokens.append(estimate_tokens(got.block) if got.block else 0)
         per_conv[sample["sample_id"]] = pct([r[0] for cat, r in rows[first:] if cat in HEADLINE])
+        service.close()
 
     return {
         "evidence_in_block": {CATEGORY[c]: pct([r[0] for cat, r in rows if cat == c]) for c in HEADLINE}
@@ -314,6 +344,7 @@ def turn_mode(samples: list[dict[str, Any]], embedder: Embedder | None) -> dict[
         "evidence_in_block_per_conversation": per_conv,
         "n": sum(1 for c, _ in rows if c in HEADLINE),
         "block_chars_p50": sorted(sizes)[len(sizes) // 2] if sizes else 0,
+        "block_tokens_p50": sorted(tokens)[len(tokens) // 2] if tokens else 0,
         "seconds": round(time.perf_counter() - started, 1),
     }
 

