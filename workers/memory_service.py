@@ -439,6 +439,7 @@ class MemoryService:
             breaker.record(False, ended)
             return []
         breaker.record(True, ended)
+        hits = [h for h in hits if h.chat_type == "p2p"]  # a group's lines (others' words) stay in the group
         wanted = _content_terms(asked)
         bare = {h.id for h in hits if wanted and wanted.isdisjoint(_content_terms(h.text))}
         around = self._adjacent(ns, bare)

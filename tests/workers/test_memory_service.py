@@ -66,6 +66,22 @@ def test_active_recall_shows_a_reply_found_through_the_question_it_answers(data_
     assert "o1" not in got
 
 
+def test_active_recall_in_a_private_chat_never_shows_a_groups_lines(data_dir: Path) -> None:
+    """What the person heard or said in a group (others' words among it) stays in that group: a private
+    turn's earlier-conversation lines come from one-to-one chats only, as the model's session_search does."""
+    svc = _service(data_dir)
+    group = RawMessage(
+        id="g1", ts=NOW - timedelta(days=3), speaker="bob", text="鲍勃说他对京都的寺庙很熟，下次带大家去",
+        chat="oc_team", chat_type="group", session="s-g",
+    )  # fmt: skip
+    assert svc.record(NS, group).status == "recorded"
+    _say(svc, "p1", "我下个月想去京都看寺庙", "s-old", days_ago=2)
+    got = [s.message_id for s in svc.active_recall(NS, "京都的寺庙谁熟悉", session="s-now", chat="oc_alice")]
+    assert got == ["p1"]
+    block = svc.assemble(NS, "京都的寺庙谁熟悉", chat_type="p2p", chat="oc_alice", session="s-now", now=NOW)
+    assert "鲍勃" not in block.block
+
+
 def _earlier_lines(block: str) -> list[str]:
     return block.split("## Earlier conversation\n", 1)[1].split("\n</memory-context>")[0].splitlines()
 
