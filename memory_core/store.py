@@ -67,13 +67,7 @@ def _below(base: Path, path: Path) -> tuple[str, ...]:
     """The components of `path` below `base`; UnsafePath if it is not below it. Strings, not `PurePath`
     arithmetic: every file access of a batch passes here (dozens per op)."""
     b, p = os.fspath(base), os.fspath(path)
-    prefix = b if b.endswith("/") else b + "/"
-    if p == b:
-        parts: tuple[str, ...] = ()
-    elif p.startswith(prefix) and b != ".":
-        parts = tuple(p[len(prefix) :].split("/"))
-    else:
-        parts = ()
+    parts = tuple(p[len(b) + 1 :].split("/")) if p.startswith(b + "/") else ()
     if p != b and (not parts or "" in parts or "." in parts):  # not plainly below: as `PurePath` reads it
         try:
             parts = Path(p).relative_to(Path(b)).parts
