@@ -34,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import memory_core.rawindex as rawindex
+import memory_core.timeexpr as timeexpr
 from bench.eval_locomo import (
     CATEGORY,
     HEADLINE,
@@ -232,6 +233,88 @@ def locomo_family(family: str) -> dict[str, RawRank]:
     return out
 
 
+# ------------------------------------------------------------------ LoCoMo raw search: temporal expressions
+
+#: The product's relative expressions (`memory_core.timeexpr.RELATIVE`), or those plus an absolute one
+#: (a month, a weekday, a year, "the 3rd"); general English, not drawn from the dev questions.
+TIME_ABSOLUTE = re.compile(
+    rf"\b(?:{'|'.join(rawindex._MONTHS)}|{'|'.join(timeexpr.WEEKDAYS)}|(?:19|20)\d\d)\b|\b\d{{1,2}}(?:st|nd|rd|th)\b",
+    re.I,
+)
+#: Questions that ask for a time: "when …" (the product's `timeexpr.ASKS_WHEN`), or also "how long …",
+#: "how many weeks …", "what year …".
+ASKS_TIME = re.compile(
+    r"\bwhen\b|\bhow long\b|\bhow many (?:days|weeks|months|years)\b|\b(?:what|which) (?:year|month|day|date|week)\b",
+    re.I,
+)
+TRIGGERS = {"when": timeexpr.ASKS_WHEN, "time": ASKS_TIME}
+PATTERNS = {"relative": (timeexpr.RELATIVE,), "any": (timeexpr.RELATIVE, TIME_ABSOLUTE)}
+
+
+def time_lift(ix: RawIndex, mask: np.ndarray, query: str, k: int, trigger: str, lam: float) -> list[str]:
+    """Raw search, plus lam × the best score for turns whose own words hold a time expression, when the
+    question asks for a time (only turns with evidence, as the speaker lift)."""
+    scores = base(ix, query)
+    if lam and scores.size and TRIGGERS[trigger].search(query):
+        scores[mask[: scores.size] & (scores > 0)] += lam * float(scores.max())
+    return ids(ix, top_slots(scores, k))
+
+
+def run_temporal(path: Path) -> dict[str, Any]:
+    """`--family temporal`: the time-expression lift (trigger × pattern × lam) over an index whose turns carry
+    their session's date only (main before the change: `resolved_dates` emptied) and over the shipped one,
+    whose turns also carry the dates their relative expressions resolve to."""
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {}
+    for sample in json.loads(path.read_text(encoding="utf-8")):
+        convo = sample["conversation"]
+        known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
+        qs = [
+            (int(qa["category"]), qa["question"], gold)
+            for qa in sample["qa"]
+            if (gold := normalise_evidence(qa.get("evidence", []), known))
+        ]
+        for dated in (False, True):
+            try:
+                if not dated:  # main before the change: a turn carries its session's date only
+                    rawindex.resolved_dates = lambda text, said: []
+                ix = RawIndex()
+                ix.add_many(turn_messages(sample))
+            finally:
+                rawindex.resolved_dates = timeexpr.resolved_dates
+            msgs = [ix._msg(s).text for s in range(len(ix._msgs))]
+            masks = {
+                p: np.array([any(rx.search(t) for rx in pats) for t in msgs], dtype=bool)
+                for p, pats in PATTERNS.items()
+            }
+            grid = [("when", "relative", 0.0)] + [
+                (tr, p, lam) for tr in TRIGGERS for p in PATTERNS for lam in (0.05, 0.1, 0.2, 0.3, 0.5)
+            ]
+            for tr, p, lam in grid:
+                name = ("dated, " if dated else "") + (
+                    f"time lift {lam} on {p} expressions, asks {tr}" if lam else "no lift"
+                )
+                if not dated and not lam:
+                    name = "main before (no dates, no lift)"
+                rows.setdefault(name, {})[sample["sample_id"]] = [
+                    (
+                        cat,
+                        {
+                            kk: recall_at_k(gold, time_lift(ix, masks[p], q, 10, tr, lam), kk)
+                            for kk in (5, 10)
+                        },
+                    )
+                    for cat, q, gold in qs
+                ]
+                if dated and (tr, p, lam) == ("when", "relative", rawindex.TIME_BOOST):
+                    # The product's own search is this candidate: check it, question by question.
+                    for _, q, _ in qs:
+                        assert [h.id for h in ix.search(q, k=10)] == time_lift(
+                            ix, masks[p], q, 10, tr, lam
+                        ), q
+    names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
+    return cross_validate(rows, [5, 10], 10, HEADLINE, names)
+
+
 #: Document expansion at write time: the context window (turns each side) and the weights of the turns
 #: before / after, re-chosen per fold. `RawIndex` reads these module constants when it builds a document.
 WINDOWS = [(2, 0.6, 0.3)] + [
@@ -246,6 +329,8 @@ WINDOWS = [(2, 0.6, 0.3)] + [
 def run_locomo(path: Path, family: str, cache: Path | None) -> dict[str, Any]:
     if family == "window":
         return run_windows(path)
+    if family == "temporal":
+        return run_temporal(path)
     if family == "snippets":
         return run_snippets(path, cache)
     if family in ("bm25", "bm25+names"):
@@ -740,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--family",
         required=True,
-        help="locomo: prf, multiquery, diversity, window, vprf, bm25, bm25+names, names, snippets; madial: prf, "
+        help="locomo: prf, multiquery, diversity, window, temporal, vprf, bm25, bm25+names, names, snippets; madial: prf, "
         "query, vprf",
     )
     ap.add_argument(
