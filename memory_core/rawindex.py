@@ -113,7 +113,8 @@ class RawIndex:
     before it and 0.3 × the two after it in the same session. Replies ("A sunrise!") share few words with a later
     question; the message they answer ("What did you paint?") shares many, so the context is what finds them
     (+10 to +15 R@10 on LoCoMo dev). A query that names a speaker lifts that speaker's messages, because the
-    context spreads both speakers' names over every document.
+    context spreads both speakers' names over every document. A "when" question lifts the messages that say
+    when ("last week"), and a message also carries the month its relative dates point at (`timeexpr`).
 
     The index is derived: the Markdown archive is the source of truth, and `dump`/`restore` only turn this
     structure into files (JSON + npz, no pickle; the store writes them) so a restart need not re-tokenise.
@@ -403,7 +404,7 @@ class RawIndex:
             # Only messages with evidence are lifted, so a name alone never conjures results.
             lift = np.isin(self._spk.data[:n], named) & (scores > 0)
             scores[lift] += SPEAKER_BOOST * best
-        if best > 0 and asks_when(query):
+        if asks_when(query):
             # A "when" question is answered by the turn that says when; again only turns with evidence.
             scores[self._timed[:n] & (scores > 0)] += TIME_BOOST * float(scores.max())
         if self.embedder is not None and self._has_vec.any():

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+import memory_core.rawindex as raw
 from memory_core.lineformat import RawMessage
 from memory_core.namespace import Namespace
 from memory_core.rawindex import RawIndex, StaleIndex, session_key
@@ -137,7 +138,7 @@ WHEN_CHAT = [
     msg("a1", "Hiking with the hiking club is my favourite thing", session="a"),
     msg("b1", "I went hiking last weekend", session="b", minute=5),
     msg("c1", "I adopted a puppy two months ago", session="c", minute=9),
-    msg("d1", "The train was late again", "Bob", session="d", minute=12),
+    msg("d1", "The train was late again yesterday", "Bob", session="d", minute=12),
     msg("d2", "My sister plays the violin", "Bob", session="d", minute=13),
     msg("d3", "We cooked pasta for dinner", "Bob", session="d", minute=14),
 ]
@@ -148,6 +149,8 @@ def test_a_when_question_lifts_the_turn_that_says_when() -> None:
     # The club turn holds "hiking" twice, but the question asks when, and only b1 says when.
     assert ids(index, "When did Ann go hiking?")[:2] == ["b1", "a1"]
     assert ids(index, "Where did Ann go hiking?")[:2] == ["a1", "b1"]
+    # Only turns with evidence are lifted: Bob's late train says when, but not about Ann or hiking.
+    assert "d1" not in ids(index, "When did Ann go hiking?")
     # A "when" alone conjures nothing: the lift is only for turns with evidence.
     assert ids(index, "When?") == []
 
@@ -265,7 +268,8 @@ def test_an_unusable_cache_says_stale(tmp_path: Path) -> None:
     with pytest.raises(StaleIndex):
         load(store)
     # A cache built before turns carried their resolved dates ("last week" → its month) is stale.
-    (cache / "manifest.json").write_text(json.dumps(dict(manifest, recipe=manifest["recipe"][:-1])))
+    before = [raw.K1, raw.B, raw.PREV_WEIGHT, raw.NEXT_WEIGHT, raw.WINDOW]
+    (cache / "manifest.json").write_text(json.dumps(dict(manifest, recipe=before)))
     with pytest.raises(StaleIndex):
         load(store)
     (cache / "manifest.json").write_text(json.dumps(dict(manifest, count=99)))
