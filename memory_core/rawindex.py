@@ -32,11 +32,16 @@ from .textindex import (
     tokenize,
     top_slots,
 )
+from .timeexpr import asks_when, resolved_dates, says_when
 
 FORMAT_VERSION = 1
 K1, B = 0.9, 0.5  # LoCoMo B5; once the context is in, the whole k1/b grid lies within ±0.7 R@10
 PREV_WEIGHT, NEXT_WEIGHT, WINDOW = 0.6, 0.3, 2
 SPEAKER_BOOST = 0.3  # × the best score; the gain flattens from 0.2 up
+#: × the best score, for turns that say when ("last week") under a question that asks "when"; chosen on
+#: LoCoMo's training folds (docs/BENCHMARKS.md, "Temporal expressions"), 0.5 loses what 0.2 gains.
+TIME_BOOST = 0.2
+DATES_VERSION = 1  # how own_bag resolves relative dates: in the cache recipe, so a change rebuilds
 #: Hybrid mix: w·minmax(cosine) + (1−w)·minmax(bm25). The lexical recipe is the stronger signal on raw turns
 #: (LoCoMo dev R@10 80 against 50 for e5 alone), so the vector only corrects it: w 0.2-0.4 is a plateau on dev
 #: (R@10 81.0-81.5, R@5 75.1-75.6), 0.5 loses R@5 and 0.7 loses 4 points. 0.3 is its middle.
@@ -72,13 +77,16 @@ def session_key(msg: RawMessage) -> str:
 
 
 def own_bag(msg: RawMessage) -> Counter[str]:
-    """A message's own terms: its text, its speaker and its date (year, month name, day), weight 1 each.
+    """A message's own terms: its text, its speaker and its date (year, month name, day), weight 1 each,
+    and the year and month each of its relative expressions points at ("last year" said in 2023: 2022).
 
     Dates answer "camping in June" and "in 2022" questions and even out very short messages."""
     ts = as_utc(msg.ts)
     bag = Counter(tokenize(msg.text))
     bag.update(tokenize(msg.speaker))
     bag.update(tokenize(f"{ts.year} {_MONTHS[ts.month - 1]} {ts.day}"))
+    for when in resolved_dates(msg.text, ts):
+        bag.update(tokenize(f"{when.year} {_MONTHS[when.month - 1]}"))
     return bag
 
 
@@ -105,7 +113,8 @@ class RawIndex:
     before it and 0.3 × the two after it in the same session. Replies ("A sunrise!") share few words with a later
     question; the message they answer ("What did you paint?") shares many, so the context is what finds them
     (+10 to +15 R@10 on LoCoMo dev). A query that names a speaker lifts that speaker's messages, because the
-    context spreads both speakers' names over every document.
+    context spreads both speakers' names over every document. A "when" question lifts the messages that say
+    when ("last week"), and a message also carries the month its relative dates point at (`timeexpr`).
 
     The index is derived: the Markdown archive is the source of truth, and `dump`/`restore` only turn this
     structure into files (JSON + npz, no pickle; the store writes them) so a restart need not re-tokenise.
@@ -135,6 +144,7 @@ class RawIndex:
         self._next = _Grow()
         self._sess = _Grow()
         self._spk = _Grow()
+        self._timed = np.zeros(1024, dtype=bool)  # slot -> its own words say when ("yesterday")
         self._speaker_ids: dict[str, int] = {}
         self._speaker_names: list[tuple[frozenset[str], str]] = []  # (latin words, CJK part)
         self._own: OrderedDict[int, Counter[str]] = OrderedDict()  # LRU: recent messages gain neighbours
@@ -203,6 +213,7 @@ class RawIndex:
             self._prev.set(after, slot)
         self._sess.set(slot, sid)
         self._grow_vec_mask(slot + 1)
+        self._timed[slot] = says_when(msg.text)
         name = msg.speaker.strip().casefold()
         spk = self._speaker_ids.get(name)
         if spk is None:
@@ -216,6 +227,8 @@ class RawIndex:
     def _grow_vec_mask(self, n: int) -> None:
         if n > self._has_vec.size:
             self._has_vec = np.concatenate([self._has_vec, np.zeros(max(n, self._has_vec.size), dtype=bool)])
+        if n > self._timed.size:
+            self._timed = np.concatenate([self._timed, np.zeros(max(n, self._timed.size), dtype=bool)])
 
     def _neighbours(self, slot: int) -> list[int]:
         return [other for other, _ in self._window(slot)[1:]]
@@ -391,6 +404,9 @@ class RawIndex:
             # Only messages with evidence are lifted, so a name alone never conjures results.
             lift = np.isin(self._spk.data[:n], named) & (scores > 0)
             scores[lift] += SPEAKER_BOOST * best
+        if asks_when(query):
+            # A "when" question is answered by the turn that says when; again only turns with evidence.
+            scores[self._timed[:n] & (scores > 0)] += TIME_BOOST * float(scores.max())
         if self.embedder is not None and self._has_vec.any():
             return self._hybrid(query, scores, k, exclude_session)
         return [self._hit(int(s), float(scores[s])) for s in top_slots(scores, k)]
@@ -469,7 +485,7 @@ class RawIndex:
         return {
             "format": FORMAT_VERSION,
             "tokenizer": TOKENIZER_VERSION,
-            "recipe": [K1, B, PREV_WEIGHT, NEXT_WEIGHT, WINDOW],
+            "recipe": [K1, B, PREV_WEIGHT, NEXT_WEIGHT, WINDOW, DATES_VERSION],
             "count": len(self),
             "slots": len(self._msgs),
             "last_id": self.last_id,

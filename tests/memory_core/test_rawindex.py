@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+import memory_core.rawindex as raw
 from memory_core.lineformat import RawMessage
 from memory_core.namespace import Namespace
 from memory_core.rawindex import RawIndex, StaleIndex, session_key
@@ -133,6 +134,34 @@ def test_a_named_speaker_lifts_their_own_messages() -> None:
     assert ids(index, "Melanie") == ["m1"]
 
 
+WHEN_CHAT = [
+    msg("a1", "Hiking with the hiking club is my favourite thing", session="a"),
+    msg("b1", "I went hiking last weekend", session="b", minute=5),
+    msg("c1", "I adopted a puppy two months ago", session="c", minute=9),
+    msg("d1", "The train was late again yesterday", "Bob", session="d", minute=12),
+    msg("d2", "My sister plays the violin", "Bob", session="d", minute=13),
+    msg("d3", "We cooked pasta for dinner", "Bob", session="d", minute=14),
+]
+
+
+def test_a_when_question_lifts_the_turn_that_says_when() -> None:
+    index = built(WHEN_CHAT)
+    # The club turn holds "hiking" twice, but the question asks when, and only b1 says when.
+    assert ids(index, "When did Ann go hiking?")[:2] == ["b1", "a1"]
+    assert ids(index, "Where did Ann go hiking?")[:2] == ["a1", "b1"]
+    # Only turns with evidence are lifted: Bob's late train says when, but not about Ann or hiking.
+    assert "d1" not in ids(index, "When did Ann go hiking?")
+    # A "when" alone conjures nothing: the lift is only for turns with evidence.
+    assert ids(index, "When?") == []
+
+
+def test_a_relative_date_is_found_by_the_month_it_points_at() -> None:
+    # Said on 2023-05-08, "two months ago" is March 2023: a question about March finds it.
+    index = built(WHEN_CHAT)
+    assert ids(index, "What happened in March 2023?")[0] == "c1"
+    assert ids(index, "What happened in March?") == ["c1"]
+
+
 def test_chinese_speaker_names_are_recognised_inside_a_sentence() -> None:
     index = built(
         [msg("x", "周末去爬山", "李雷", session="a"), msg("y", "周末去爬山", "韩梅梅", session="b")]
@@ -220,7 +249,7 @@ def test_save_and_load_give_identical_results(tmp_path: Path) -> None:
     assert len(loaded) == len(index) == 5 and loaded.last_id == "m9"
     manifest = json.loads((cache / "manifest.json").read_text())
     assert manifest == dict(index.manifest(), generation=next(cache.glob("gen-*")).name)
-    for query in ["sunrise", "茶", "paint Ann", "train"]:
+    for query in ["sunrise", "茶", "paint Ann", "train", "When did Bob paint?"]:
         assert loaded.search(query) == index.search(query)
     # The loaded index keeps working incrementally, exactly like the original.
     for target in (index, loaded):
@@ -236,6 +265,11 @@ def test_an_unusable_cache_says_stale(tmp_path: Path) -> None:
     save(store, built())
     manifest = json.loads((cache / "manifest.json").read_text())
     (cache / "manifest.json").write_text(json.dumps(dict(manifest, tokenizer=-1)))
+    with pytest.raises(StaleIndex):
+        load(store)
+    # A cache built before turns carried their resolved dates ("last week" → its month) is stale.
+    before = [raw.K1, raw.B, raw.PREV_WEIGHT, raw.NEXT_WEIGHT, raw.WINDOW]
+    (cache / "manifest.json").write_text(json.dumps(dict(manifest, recipe=before)))
     with pytest.raises(StaleIndex):
         load(store)
     (cache / "manifest.json").write_text(json.dumps(dict(manifest, count=99)))
