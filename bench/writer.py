@@ -7,8 +7,6 @@
 Compared in the same run:
 - `batched`: the product's writer (Redis lease + fencing + shared op queue: whoever holds the lease applies
   every pending op of the namespace as one batch, one git commit);
-- `behind` (many namespaces): the product's writer with `commit_behind` (answered once the batch is on disk,
-  committed to git by a thread);
 - `baseline`: the same writer with a host-local lock and no queue, i.e. one lock / read / write / commit per op.
 Each op is one `remember` of a fresh text; latency is measured per op in the submitting process, the wall
 from a common start once every process is ready to its last answer. The hot rows also give the namespace's
@@ -18,7 +16,6 @@ commits (group commit: fewer than batches).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -42,9 +39,6 @@ def _text(rng: random.Random) -> str:
     return "".join(chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(14))
 
 
-BEHIND = "#behind"
-
-
 def _writer(data: Path, url: str | None) -> Writer:
     store = Store(data)
     if url is None:
@@ -53,11 +47,7 @@ def _writer(data: Path, url: str | None) -> Writer:
 
     from workers.redis_backend import RedisLocker, RedisOpQueue
 
-    behind = url.endswith(BEHIND)
-    client = redis.Redis.from_url(url.removesuffix(BEHIND))
-    if behind:  # answered once on disk, committed by a thread (`Writer(commit_behind=True)`)
-        with contextlib.suppress(TypeError):  # a tree from before it (a comparison's "before"): as batched
-            return Writer(store, RedisLocker(client), RedisOpQueue(client), commit_behind=True)
+    client = redis.Redis.from_url(url)
     return Writer(store, RedisLocker(client), RedisOpQueue(client))
 
 
@@ -200,7 +190,7 @@ def main() -> None:
             }
         many = [str(Namespace.of("bench", f"u{i}", "default")) for i in range(args.namespaces)]
         per = args.namespaces // args.procs
-        spreads = (("batched", server.url), ("behind", server.url + BEHIND), ("baseline", None))
+        spreads = (("batched", server.url), ("baseline", None))
         for mode, url in spreads:
             data = tmp / f"many-{mode}"
             results[f"namespaces_{mode}"] = spread(data, url, args.procs, per, many)

@@ -180,7 +180,6 @@ class Writer:
         clock: Callable[[], datetime] = utcnow,
         lease_wait: float = 30.0,
         vault_key: bytes | None = None,
-        commit_behind: bool = False,
         tenure: float = TENURE,
         commit_every: float = COMMIT_EVERY,
     ) -> None:
@@ -189,9 +188,6 @@ class Writer:
         # meanwhile (module defaults; the tests' small values are what makes them observable).
         self.tenure = tenure
         self.commit_every = commit_every
-        # With a queue: answer a lone submitter once its batch is on disk and commit it in a thread. Off (the
-        # default, as production is wired now), a lone submit returns with its commit made.
-        self.commit_behind = commit_behind
         self.vault_key = vault_key
         self.locker: Locker = locker if locker is not None else LocalLocker(store)
         self.queue = queue
@@ -257,10 +253,8 @@ class Writer:
         """Apply `batch` under `lease`; then, if others queued ops meanwhile, lead on in a thread (so this
         process's op is answered now, not when the tenure ends), else commit and let go. None: lease lost."""
         # Only this process's ops, nothing pending: commit now and let the lease go with the outcomes (one
-        # round trip less) — or, `commit_behind`, commit in the thread — unless others queued ops meanwhile:
-        # then lead on, their batches deferred.
-        solo = all(raw is None for raw, _ in batch) and ns not in self._deferred
-        now = solo and not self.commit_behind
+        # round trip less), unless others queued ops meanwhile: then lead on, their batches deferred.
+        now = all(raw is None for raw, _ in batch) and ns not in self._deferred
         try:
             report = self._batch(ns, lease, batch, defer=not now, let_go=now) if batch else BatchReport()
         except LeaseLost as exc:
@@ -271,7 +265,7 @@ class Writer:
             self._release(ns, lease)
             raise
         assert report is not None
-        if not report.queued and not (solo and self.commit_behind and batch):
+        if not report.queued:
             self._release(ns, lease)
             return report
         leader = threading.Thread(

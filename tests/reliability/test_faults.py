@@ -899,12 +899,10 @@ _MID_COMMIT = textwrap.dedent(
     from memory_core.store import Store
     from memory_core.writer import Writer
     from workers.redis_backend import RedisLocker, RedisOpQueue
-    data, url, n, behind = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "behind"
+    data, url, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     client = redis.Redis.from_url(url)
     # a 3 s lease (renewed each second), not 10: the next writer waits that long for the killed one's
-    writer = Writer(
-        Store(Path(data)), RedisLocker(client, ttl_ms=3000), RedisOpQueue(client), commit_behind=behind
-    )
+    writer = Writer(Store(Path(data)), RedisLocker(client, ttl_ms=3000), RedisOpQueue(client))
     ns = Namespace.of("t", "commit", "p")
     for i in range(n):
         message = {"id": f"v{i}", "ts": "2026-06-01T09:00:00Z", "speaker": "u", "text": "长消息" * 200}
@@ -914,15 +912,15 @@ _MID_COMMIT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("point", ["append", "tenure", "tenure-behind", "objects", "index", "ref", "pack"])
+@pytest.mark.parametrize("point", ["append", "tenure", "objects", "index", "ref", "pack"])
 def test_a_writer_sigkilled_mid_commit_leaves_a_repository_the_next_writer_commits_to(
     point: str, tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:
     """The writer is SIGKILLed inside its write: halfway through appending new lines to a file, and inside
     its in-process git commit: after the objects are written, after the index is replaced, after the
     branch ref moved, and between writing a pack and dropping the loose objects it holds; `tenure`: after
-    the batches are written and answered, before their commit (`-behind`: in the thread that commits once
-    the op is answered). No acknowledged op is lost, the op being committed is applied once, and the next
+    the batches are written, before their commit (a leader's answered batches: the test below). No
+    acknowledged op is lost, the op being committed is applied once, and the next
     writer commits on top: `git fsck` accepts the repository and `git status` is clean."""
     from memory_core.ops import Remember
     from memory_core.store import Store
@@ -933,10 +931,9 @@ def test_a_writer_sigkilled_mid_commit_leaves_a_repository_the_next_writer_commi
     ns = Namespace.of("t", "commit", "p")
     writer = Writer(Store(data), RedisLocker(redis_client), RedisOpQueue(redis_client))
     assert writer.submit(ns, [Remember(text="杀之前就确认过的事")])[0].status == "added"
-    point, _, behind = point.partition("-")
     env = {**dict(__import__("os").environ), "LUCID_KILL_POINT": point}
     victim = subprocess.run(
-        [sys.executable, "-c", _MID_COMMIT, str(data), redis_url, "60", behind or "now"],
+        [sys.executable, "-c", _MID_COMMIT, str(data), redis_url, "60"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -465,23 +465,3 @@ def test_secret_goes_to_the_encrypted_vault_when_a_key_is_set(data_dir: Path) ->
         ["git", "-C", str(root), "status", "--porcelain", "--ignored"], capture_output=True, text=True
     ).stdout
     assert ".vault/" in status  # ignored, never committed
-
-
-def test_commit_behind_answers_once_on_disk_and_commits_in_a_thread(
-    data_dir: Path, redis_client: redis.Redis
-) -> None:
-    """`commit_behind`: a lone submit is answered once its batch is on disk; a thread of the process
-    commits it (exactly those bytes) and lets the lease go, so the next submit finds it free."""
-    from workers.redis_keys import Keys
-
-    store = Store(data_dir)
-    writer = Writer(store, RedisLocker(redis_client), RedisOpQueue(redis_client), commit_behind=True)
-    assert writer.submit(NS, [Remember(text="我住在杭州")])[0].status == "added"
-    assert "我住在杭州" in (NS.path(data_dir) / "MEMORY.md").read_text("utf-8")
-    writer.settle()
-    assert redis_client.exists(Keys.lease(NS.key)) == 0
-    assert writer.submit(NS, [Remember(text="我养了一只橘猫")])[0].status == "added"
-    writer.settle()
-    assert [r["message"] for r in store.history(NS)] == ["memory: 1 added", "memory: 1 added"]
-    assert store.committed_text(NS, "MEMORY.md") == (NS.path(data_dir) / "MEMORY.md").read_text("utf-8")
-    assert redis_client.exists(Keys.lease(NS.key)) == 0 and store.read_journal(NS) is None
