@@ -391,9 +391,10 @@ def _value_ok(kind: str, v: str, how: str, after: str) -> bool:
         return True
     if how == "bare-service":  # a named service's key with no separator: it must look generated
         return _machine_made(v) and not set(v) <= _HEX
-    # Keys and tokens must be explicitly assigned and look machine-made.
+    # Keys and tokens must be explicitly assigned and look machine-made, or — right after their word, with
+    # nothing between ("令牌 sk8Hq2LmP0xZ", "token x7Kp2Lm9Qr"; not hex: ids) — look random as well.
     if how not in ("quoted", "assign", "word"):
-        return False
+        return _random_enough(v, 10)
     return _random_enough(v, 16, allow_hex=True) if kind == "weak_key" else _machine_made(v)
 
 

@@ -477,7 +477,7 @@ for tpl in [
     "the new api key {s}",
     "这是 webhook 的 secret {s}",
 ]:
-    add("generic", "generic_token", token(32, B64URL), tpl)
+    add("generic", "generic_token api_key", token(32, B64URL), tpl)  # a key word right before: its kind
 
 
 # --- issue 15: the whole class of words for a secret ------------------------------------------------------

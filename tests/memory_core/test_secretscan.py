@@ -201,16 +201,24 @@ RULES = [
         "password: hunter22" + " " * 12 + "位",
         "password: [REDACTED:password]" + " " * 12 + "位",
     ),
-    # keys and tokens must be assigned and look generated; a named service's key needs no separator
+    # keys and tokens must be assigned and look generated, or follow their word at once and look random; a
+    # named service's key needs no separator and only looks generated
     ("token-assigned", "token: Ab3dE5fG7hJ9kL1m", "token: [REDACTED:generic_token]"),
     ("token-quoted", 'token: "Ab3dE5fG7hJ9kL1m"', 'token: "[REDACTED:generic_token]"'),
-    ("token-bare", "token Ab3dE5fG7hJ9kL1m", "token Ab3dE5fG7hJ9kL1m"),
+    ("token-bare", "token Ab3dE5fG7hJ9kL1m", "token [REDACTED:generic_token]"),
+    ("token-bare-quoted", "token 'Ab3dE5fG7hJ9kL1m'", "token '[REDACTED:generic_token]'"),
+    ("token-bare-10", "token x7Kp2Lm9Qr", "token [REDACTED:generic_token]"),
+    ("token-bare-9", "token x7Kp2Lm9Q", "token x7Kp2Lm9Q"),
+    ("token-bare-hex", "idempotency token 9f86d081884c7d65", "idempotency token 9f86d081884c7d65"),
+    ("cjk-token-bare", "令牌 sk8Hq2LmP0xZ", "令牌 [REDACTED:generic_token]"),
+    ("cjk-private-key-bare", "我的私钥Ab3dE5fG7hJ9kL1m", "我的私钥[REDACTED:private_key]"),
+    ("token-bare-generated-not-random", "token abcd1234efgh56", "token abcd1234efgh56"),
     ("token-to", "token to Ab3dE5fG7hJ9kL1mZZ", "token to Ab3dE5fG7hJ9kL1mZZ"),
-    ("api-key-bare", "api key abc123XYZ789qq", "api key abc123XYZ789qq"),
+    ("api-key-bare", "api key abc123XYZ789qq", "api key [REDACTED:api_key]"),
     ("api-key-is", "api key is Ab3dE5fG7hJ9kL1mXX", "api key is [REDACTED:api_key]"),
     ("secret-made-of-letters", "secret: abcdefghijklmnop", "secret: abcdefghijklmnop"),
     ("secret-generated", "secret: Ab3dE5fG7h", "secret: [REDACTED:api_key]"),
-    ("service-key-bare", "OpenAI api key abc123XYZ789qq", "OpenAI api key [REDACTED:api_key]"),
+    ("service-key-bare", "OpenAI api key abcd1234efgh56", "OpenAI api key [REDACTED:api_key]"),
     ("service-key-hex", "OpenAI api key abcdef123456", "OpenAI api key abcdef123456"),
     ("service-token", "github token: Ab3dE5fG7hJ9kL1mXX", "github token: [REDACTED:generic_token]"),
     ("service-token-is", "github token is Ab3dE5fG7hJ9kL1mXX", "github token is [REDACTED:generic_token]"),
@@ -224,17 +232,17 @@ RULES = [
     ),
     ("service-token-hex", "github token: 9f86d081884c7d65", "github token: [REDACTED:generic_token]"),
     ("service-password-bare-number", "github password 12345678", "github password 12345678"),
-    ("service-named-after", "api key abc123XYZ789qq for OpenAI", "api key abc123XYZ789qq for OpenAI"),
+    ("service-named-after", "api key abcd1234efgh56 for OpenAI", "api key abcd1234efgh56 for OpenAI"),
     # a service named up to 24 characters before a bare key word
     (
         "service-24-before",
-        "OpenAI" + "的" * 18 + "api key abc123XYZ789qq",
+        "OpenAI" + "的" * 18 + "api key abcd1234efgh56",
         "OpenAI" + "的" * 18 + "api key [REDACTED:api_key]",
     ),
     (
         "service-25-before",
-        "OpenAI" + "的" * 19 + "api key abc123XYZ789qq",
-        "OpenAI" + "的" * 19 + "api key abc123XYZ789qq",
+        "OpenAI" + "的" * 19 + "api key abcd1234efgh56",
+        "OpenAI" + "的" * 19 + "api key abcd1234efgh56",
     ),
     # Feishu named up to 40 characters before a secret makes it a Feishu secret; named after, it does not
     (
