@@ -525,8 +525,10 @@ def _classify_phrase(m: re.Match[str]) -> tuple[str, str] | None:
     text, kind = m.string, next(k for k in _KW_KINDS if m[k] is not None)
     kw_start = m.start(kind)
     word = (m["w"] or "").lower()
-    if _one_time(text, kw_start) or (word == "to" and kind != "password"):  # not "pin to 2024"
+    if _one_time(text, kw_start):
         return None
+    if word == "to" and kind != "password":  # "set the token to x7K…" as with nothing between; a pin never
+        return kind, "bare"
     if kind == "service_key":
         token = m[kind].lower().rstrip("s").endswith("token")
         kind = (
