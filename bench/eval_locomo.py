@@ -34,6 +34,21 @@ CAPTION_PREFIX = re.compile(r"^a (photo|picture|close up|closeup|image) of ")
 Ranker = Callable[[str], list[str]]
 
 
+def import_row(m: Any) -> dict[str, Any]:
+    """A conversation turn as `lucid import` takes it (a raw message)."""
+    from memory_core.lineformat import format_time
+
+    return {
+        "kind": "message",
+        "id": m.id,
+        "ts": format_time(m.ts),
+        "speaker": m.speaker,
+        "text": m.text,
+        "chat": m.chat,
+        "session": m.session,
+    }
+
+
 def normalise_evidence(raw: list[Any], known_ids: set[str]) -> list[str]:
     """'D8:6; D9:17' -> [D8:6, D9:17]; 'D:11:26' -> D11:26; 'D30:05' -> D30:5; unknown ids dropped."""
     ids: list[str] = []
@@ -103,7 +118,6 @@ def product_ranker(sample: dict[str, Any], mode: str, depth: int) -> Ranker:
     """Through the product: `lucid import` (JSON Lines → the single writer → Markdown files), then the
     memory service's raw search (`lucid search`) or recall (`lucid recall`) over those files."""
     from memory_core.importer import parse_import
-    from memory_core.lineformat import format_time
     from memory_core.namespace import Namespace
     from workers.memory_service import MemoryService
     from workers.runtime import build
@@ -113,18 +127,7 @@ def product_ranker(sample: dict[str, Any], mode: str, depth: int) -> Ranker:
     rt = build(Settings(data_dir=data, config_path=data / "none.toml"))
     ns = Namespace.of("eval", sample["sample_id"], "default")
     if mode == "raw":
-        rows = [
-            {
-                "kind": "message",
-                "id": m.id,
-                "ts": format_time(m.ts),
-                "speaker": m.speaker,
-                "text": m.text,
-                "chat": m.chat,
-                "session": m.session,
-            }
-            for m in turn_messages(sample)
-        ]
+        rows = [import_row(m) for m in turn_messages(sample)]
     else:
         rows = [
             {"kind": "fact", "text": text, "from": ",".join(ids)}
@@ -234,7 +237,6 @@ def import_turns(sample: dict[str, Any]) -> tuple[Any, Any, list[RawMessage]]:
     """One conversation through the real write path (`lucid import`): its turns into the raw archive, its
     observations as facts with `from=` links. Returns (runtime, namespace, the turns)."""
     from memory_core.importer import parse_import
-    from memory_core.lineformat import format_time
     from memory_core.namespace import Namespace
     from workers.runtime import build
     from workers.settings import Settings
@@ -243,18 +245,7 @@ def import_turns(sample: dict[str, Any]) -> tuple[Any, Any, list[RawMessage]]:
     rt = build(Settings(data_dir=data, config_path=data / "none.toml"), git=False)
     ns = Namespace.of("eval", sample["sample_id"], "default")
     msgs = turn_messages(sample)
-    rows_in: list[dict[str, Any]] = [
-        {
-            "kind": "message",
-            "id": m.id,
-            "ts": format_time(m.ts),
-            "speaker": m.speaker,
-            "text": m.text,
-            "chat": m.chat,
-            "session": m.session,
-        }
-        for m in msgs
-    ]
+    rows_in: list[dict[str, Any]] = [import_row(m) for m in msgs]
     rows_in += [
         {"kind": "fact", "text": text, "from": ",".join(ids)}
         for text, ids in observation_facts(sample)

@@ -60,6 +60,17 @@ Scores = np.ndarray
 RawRank = Callable[[RawIndex, str, int], list[str]]
 
 
+def gold_questions(sample: dict[str, Any]) -> list[tuple[int, str, list[str]]]:
+    """(category, question, gold turn ids) of a LoCoMo sample's questions whose evidence names its turns."""
+    convo = sample["conversation"]
+    known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
+    return [
+        (int(qa["category"]), qa["question"], gold)
+        for qa in sample["qa"]
+        if (gold := normalise_evidence(qa.get("evidence", []), known))
+    ]
+
+
 def weighted(bm: BM25Index, weights: dict[str, float]) -> Scores:
     """BM25 with real-valued query-term weights (score_array counts integer repeats)."""
     out = np.zeros(bm.slots)
@@ -268,13 +279,7 @@ def run_temporal(path: Path) -> dict[str, Any]:
     whose turns also carry the dates their relative expressions resolve to."""
     rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {}
     for sample in json.loads(path.read_text(encoding="utf-8")):
-        convo = sample["conversation"]
-        known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
-        qs = [
-            (int(qa["category"]), qa["question"], gold)
-            for qa in sample["qa"]
-            if (gold := normalise_evidence(qa.get("evidence", []), known))
-        ]
+        qs = gold_questions(sample)
         for dated in (False, True):
             try:
                 if not dated:  # main before the change: a turn carries its session's date only
@@ -360,13 +365,7 @@ def run_sessions(path: Path) -> dict[str, Any]:
     """`--family sessions`: session BM25 (sessions as documents) mixed into the shipped turn scores."""
     rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {}
     for sample in json.loads(path.read_text(encoding="utf-8")):
-        convo = sample["conversation"]
-        known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
-        qs = [
-            (int(qa["category"]), qa["question"], gold)
-            for qa in sample["qa"]
-            if (gold := normalise_evidence(qa.get("evidence", []), known))
-        ]
+        qs = gold_questions(sample)
         ix = RawIndex()
         ix.add_many(turn_messages(sample))
         sessions, sess_of = session_index(ix)
@@ -460,15 +459,12 @@ def run_windows(path: Path) -> dict[str, Any]:
             raw.WINDOW, raw.PREV_WEIGHT, raw.NEXT_WEIGHT = win, prev, nxt
             rows[name] = {}
             for sample in samples:
-                convo = sample["conversation"]
-                known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
                 ix = RawIndex()
                 ix.add_many(turn_messages(sample))
                 conv = []
-                for qa in sample["qa"]:
-                    if gold := normalise_evidence(qa.get("evidence", []), known):
-                        ranked = [h.id for h in ix.search(qa["question"], k=10)]
-                        conv.append((int(qa["category"]), {k: recall_at_k(gold, ranked, k) for k in (5, 10)}))
+                for category, question, gold in gold_questions(sample):
+                    ranked = [h.id for h in ix.search(question, k=10)]
+                    conv.append((category, {k: recall_at_k(gold, ranked, k) for k in (5, 10)}))
                 rows[name][sample["sample_id"]] = conv
     finally:
         raw.WINDOW, raw.PREV_WEIGHT, raw.NEXT_WEIGHT = shipped
@@ -500,13 +496,7 @@ def run_bm25(path: Path, with_names: bool = False) -> dict[str, Any]:
     samples = json.loads(path.read_text(encoding="utf-8"))
     try:
         for sample in samples:
-            convo = sample["conversation"]
-            known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
-            qs = [
-                (int(qa["category"]), qa["question"], gold)
-                for qa in sample["qa"]
-                if (gold := normalise_evidence(qa.get("evidence", []), known))
-            ]
+            qs = gold_questions(sample)
             built: dict[tuple[float, float], RawIndex] = {}
             for names in (1.0, 0.5) if with_names else (1.0,):
                 for k1, b, lift in BM25_GRID:
