@@ -514,6 +514,8 @@ def _passphrase(words: list[str]) -> bool:
     lowered = [w.lower().strip(".") for w in words]
     if not all(any(c.isalnum() for c in w) for w in lowered):  # "== confirm_password": an operator
         return False
+    if any("=" in w for w in lowered[1:]):  # "password=hunter22 secret=Xy9…": the next assignment, not a word
+        return False
     if any(w in _FUNCTION_WORDS or w in _SELF_NAMES or w in _UNIT_WORDS or _adverb(w) for w in lowered):
         return False
     if any(w.isdigit() for w in lowered) and all(w.isdigit() or w in _DESCRIBING for w in lowered):

@@ -214,6 +214,13 @@ RULES = [
     ("cjk-private-key-bare", "我的私钥Ab3dE5fG7hJ9kL1m", "我的私钥[REDACTED:private_key]"),
     ("token-bare-generated-not-random", "token abcd1234efgh56", "token abcd1234efgh56"),
     ("token-to", "set the token to Ab3dE5fG7hJ9kL1mZZ", "set the token to [REDACTED:generic_token]"),
+    # a passphrase ends where the next assignment starts: each value redacted as what it is, the rest kept
+    ("password-then-assignment", "password=hunter22 user=bob", "password=[REDACTED:password] user=bob"),
+    (
+        "password-then-secret",
+        "password=hunter22 secret=Xy9zW8vU7tQ",
+        "password=[REDACTED:password] secret=[REDACTED:api_key]",
+    ),
     ("token-to-words", "send the token to alice2024 today", "send the token to alice2024 today"),
     ("pin-to", "pin to 2024", "pin to 2024"),
     ("api-key-bare", "api key abc123XYZ789qq", "api key [REDACTED:api_key]"),
