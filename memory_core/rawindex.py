@@ -322,13 +322,15 @@ class RawIndex:
             return []
         return [self._msg(other) for other, _ in self._window(slot)[1:]]
 
-    def adjacent(self, msg_id: str) -> list[RawMessage]:
+    def adjacent(self, msg_id: str) -> list[tuple[RawMessage, bool]]:
         """The turns just before and just after `msg_id` in its session (what a reply answers, or what
-        answered it): where active recall looks for the request's words when the line itself lacks them."""
+        answered it), each with whether it came before: where active recall looks for the request's words
+        when the line itself lacks them."""
         slot = self._bm25.slot_of(msg_id)
         if slot is None:
             return []
-        return [self._msg(o) for o in (int(self._prev.data[slot]), int(self._next.data[slot])) if o >= 0]
+        around = ((int(self._prev.data[slot]), True), (int(self._next.data[slot]), False))
+        return [(self._msg(o), before) for o, before in around if o >= 0]
 
     def remove(self, msg_id: str) -> bool:
         """Drop a message (a purge); its neighbours close ranks over the gap. Returns whether it was there."""

@@ -269,22 +269,20 @@ class Writer:
             self._release(ns, lease)
             return report
         leader = threading.Thread(
-            target=self._lead_on,
-            args=(ns, lease, report.queued, LINGER if report.queued else 0.0),
-            name=f"writer {ns.key}",
+            target=self._lead_on, args=(ns, lease, report.queued), name=f"writer {ns.key}"
         )
         self._leaders[ns] = leader
         leader.start()
         return report
 
-    def _lead_on(self, ns: Namespace, lease: Lease | None, queued: list[str], linger: float = LINGER) -> None:
+    def _lead_on(self, ns: Namespace, lease: Lease | None, queued: list[str]) -> None:
         """The leader thread: drain, commit, let go; and lead again while ops are still queued (its book
         stays warm), until another process takes the lease or the queue is empty."""
         try:
             while lease is not None:
                 served = False
                 try:
-                    served = self._drain(ns, lease, queued, linger)
+                    served = self._drain(ns, lease, queued)
                 except LeaseLost as exc:
                     log.warning("lease lost while leading %s (%s)", ns.key, exc)
                 finally:
@@ -295,7 +293,6 @@ class Writer:
                 lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns)) if queued else None
                 if lease is not None:
                     queued = self._queued(ns, lease)
-                linger = LINGER
         except Exception:  # the ops stay queued: the next holder applies them
             log.exception("the writer thread of %s failed", ns.key)
         finally:
@@ -539,8 +536,6 @@ class Writer:
         the last batch's record (its hashes), kept with the fold in one write after the commit."""
         group = self._deferred.pop(ns, None)
         if group is None:
-            if written:
-                self.store.record_written(ns, **written)
             return None
         kill_point("tenure")  # the batches are written and their outcomes published; the commit is not made
         counts = Counter(group.counts)

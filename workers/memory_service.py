@@ -492,20 +492,7 @@ class MemoryService:
             return {}
         with self._raw_lock:
             cache = self._raw.get(ns)
-            if cache is None:
-                return {i: [] for i in ids}
-            out: dict[str, list[tuple[RawMessage, bool]]] = {}
-            for i in ids:
-                near = cache.index.adjacent(i)
-                if len(near) == 2:
-                    out[i] = [(near[0], True), (near[1], False)]
-                elif near:
-                    # the first or last turn of its session (of two: say the other came first)
-                    theirs = cache.index.adjacent(near[0].id)
-                    out[i] = [(near[0], len(theirs) < 2 or theirs[1].id == i)]
-                else:
-                    out[i] = []
-            return out
+            return {i: cache.index.adjacent(i) if cache is not None else [] for i in ids}
 
     def search_conversations(
         self, ns: Namespace, query: str, k: int = SEARCH_TOOL_HITS, exclude: Sequence[str] = ()

@@ -181,11 +181,11 @@ def test_removing_a_message_drops_it_and_closes_the_gap() -> None:
 def test_adjacent_turns_are_the_ones_just_before_and_after_in_time_within_the_session() -> None:
     index = built([msg("a", "first", minute=0), msg("c", "third", minute=2), msg("x", "other", session="s2")])
     index.add(msg("b", "second, arrived late", minute=1))
-    assert [m.id for m in index.adjacent("b")] == ["a", "c"]
-    assert [m.id for m in index.adjacent("a")] == ["b"]  # a session's first turn has no turn before it
-    assert [m.id for m in index.adjacent("x")] == [] and index.adjacent("nope") == []
+    assert [(m.id, before) for m, before in index.adjacent("b")] == [("a", True), ("c", False)]
+    assert [(m.id, before) for m, before in index.adjacent("a")] == [("b", False)]  # a session's first turn
+    assert index.adjacent("x") == [] and index.adjacent("nope") == []
     assert index.remove("b")
-    assert [m.id for m in index.adjacent("a")] == ["c"]
+    assert [(m.id, before) for m, before in index.adjacent("a")] == [("c", False)]
 
 
 def test_a_known_id_is_ignored() -> None:
