@@ -188,6 +188,11 @@ def _no_link_at(folder: int, name: str, path: Path) -> None:
     _exists_at(folder, name, path)
 
 
+def as_bytes(content: str | bytes) -> bytes:
+    """A file's content as the bytes written (text as UTF-8, undecodable bytes kept as they were read)."""
+    return content if isinstance(content, bytes) else content.encode("utf-8", errors="surrogateescape")
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -492,11 +497,10 @@ class Store:
         writes: list[tuple[str, bytes, bytes | None]] = []  # (path in the namespace, new, current)
         for name, day in (raw or {}).items():
             current = self._maybe(self._at(ns, "raw", name))
-            writes.append((f"raw/{name}", day.encode("utf-8", errors="surrogateescape"), current))
+            writes.append((f"raw/{name}", as_bytes(day), current))
         for name in (ARCHIVE, PROFILE, DREAMS, MEMORY):
             if name in files:
-                content = files[name]
-                data = content if isinstance(content, bytes) else content.encode("utf-8", "surrogateescape")
+                data = as_bytes(files[name])
                 hashes[name] = _sha(data)
                 if data != before.files.get(name):
                     writes.append((name, data, before.files.get(name)))
@@ -591,13 +595,6 @@ class Store:
 
         Not synced: after a power cut a lost or torn record only makes the next batch take the files as a
         hand edit and commit them as one (nothing is lost; the guard errs on the side of a person)."""
-        if "hashes" in values:
-            values["hashes"] = dict(values["hashes"])
-        if values.get("fold") is not None:
-            values["fold"] = dict(values["fold"])
-        self._update_written(ns, **values)
-
-    def _update_written(self, ns: Namespace, **values: Any) -> None:
         with flocked(self.data_dir, self._meta(ns, "state.lock")):
             written = self._written(ns)
             written.update(values)
@@ -644,7 +641,7 @@ class Store:
     def set_aside(self, ns: Namespace, name: str, line: str) -> str:
         """Keep a hand-edited line too long to be memory, as given (the writer has redacted its secrets), out
         of the files and out of git (private state, mode 0600). Returns where, relative to the namespace."""
-        data = line.encode("utf-8", errors="surrogateescape")
+        data = as_bytes(line)
         where = f".lucid/set-aside/{Path(name).stem}-{_sha(data)[:12]}.txt"
         path = self.file(ns, *where.split("/"))
         atomic_write(self.data_dir, path, data, dir_mode=0o700)

@@ -51,7 +51,18 @@ from .ops import (
 )
 from .secretscan import contains_secret, redact, redact_long
 from .sharing import share
-from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, TRACKED, Snapshot, Store, kill_point, version_of
+from .store import (
+    ARCHIVE,
+    DREAMS,
+    MEMORY,
+    PROFILE,
+    TRACKED,
+    Snapshot,
+    Store,
+    as_bytes,
+    kill_point,
+    version_of,
+)
 from .vault import seal
 
 log = logging.getLogger(__name__)
@@ -477,7 +488,7 @@ class Writer:
                 tail = data[-_TAIL:].decode("utf-8", errors="surrogateescape")
                 more = book.memory_appended(tail) if snap.rendered_memory() else None
                 if more is not None:  # only new lines: appended, the rest is not rendered again
-                    files[MEMORY] = data + more.encode("utf-8", errors="surrogateescape")
+                    files[MEMORY] = data + as_bytes(more)
                 else:
                     files[MEMORY] = render_file(book.memory_file())
                     files[ARCHIVE] = render_file(book.archive_file())
@@ -508,10 +519,10 @@ class Writer:
                     ns, RAW_REWRITES, int(self.store.state_value(ns, RAW_REWRITES) or 0) + 1
                 )
             exact: dict[str, bytes | None] = {
-                name: _bytes(files[name]) if name in files else snap.files.get(name) for name in TRACKED
+                name: as_bytes(files[name]) if name in files else snap.files.get(name) for name in TRACKED
             }
             for day, text in raw.items():
-                exact[f"raw/{day}"] = text.encode("utf-8", errors="surrogateescape")
+                exact[f"raw/{day}"] = as_bytes(text)
             if rendered:
                 book.settle()  # the files now hold this book: the next batch may append to them
             mark = hashes.get(MEMORY) if rendered else snap.rendered if snap.rendered_memory() else None
@@ -764,10 +775,6 @@ def _deleted_by_hand(before: Book | None, book: Book) -> list[Forgotten]:
     ids, texts = {e.id for e in now}, {e.text for e in now}
     gone = [e for e in [*before.entries(), *before.archived()] if e.id not in ids and e.text not in texts]
     return [Forgotten.of(e) for e in gone]
-
-
-def _bytes(content: str | bytes) -> bytes:
-    return content if isinstance(content, bytes) else content.encode("utf-8", errors="surrogateescape")
 
 
 def _hashes(snap: Snapshot) -> dict[str, str]:
