@@ -212,7 +212,7 @@ class RawIndex:
         if after >= 0:
             self._prev.set(after, slot)
         self._sess.set(slot, sid)
-        self._grow_vec_mask(slot + 1)
+        self._grow_masks(slot + 1)
         self._timed[slot] = says_when(msg.text)
         name = msg.speaker.strip().casefold()
         spk = self._speaker_ids.get(name)
@@ -224,11 +224,8 @@ class RawIndex:
         self.last_id = msg.id
         return slot
 
-    def _grow_vec_mask(self, n: int) -> None:
-        if n > self._has_vec.size:
-            self._has_vec = np.concatenate([self._has_vec, np.zeros(max(n, self._has_vec.size), dtype=bool)])
-        if n > self._timed.size:
-            self._timed = np.concatenate([self._timed, np.zeros(max(n, self._timed.size), dtype=bool)])
+    def _grow_masks(self, n: int) -> None:
+        self._has_vec, self._timed = _grown(self._has_vec, n), _grown(self._timed, n)
 
     def _neighbours(self, slot: int) -> list[int]:
         return [other for other, _ in self._window(slot)[1:]]
@@ -549,13 +546,18 @@ class RawIndex:
         last = manifest.get("last_id")
         fresh.last_id = last if isinstance(last, str) else None
         if "vectors" in arrays:
-            fresh._grow_vec_mask(len(fresh._msgs))
+            fresh._grow_masks(len(fresh._msgs))
         return fresh
 
     def _place_removed(self) -> None:
-        self._grow_vec_mask(len(self._msgs) + 1)
+        self._grow_masks(len(self._msgs) + 1)
         self._msgs.append(None)
         self._prev.set(len(self._msgs) - 1, -1)
         self._next.set(len(self._msgs) - 1, -1)
         self._sess.set(len(self._msgs) - 1, -1)
         self._spk.set(len(self._msgs) - 1, -1)
+
+
+def _grown(mask: npt.NDArray[np.bool_], n: int) -> npt.NDArray[np.bool_]:
+    """`mask` with room for `n` slots (doubling, so appends stay amortised O(1))."""
+    return mask if n <= mask.size else np.concatenate([mask, np.zeros(max(n, mask.size), dtype=bool)])
