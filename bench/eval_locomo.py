@@ -34,6 +34,26 @@ CAPTION_PREFIX = re.compile(r"^a (photo|picture|close up|closeup|image) of ")
 Ranker = Callable[[str], list[str]]
 
 
+def gold_questions(sample: dict[str, Any]) -> list[tuple[int, str, list[str]]]:
+    """(category, question, gold turn ids) of a LoCoMo sample's questions whose evidence names its turns."""
+    convo = sample["conversation"]
+    known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
+    return [
+        (int(qa["category"]), qa["question"], gold)
+        for qa in sample["qa"]
+        if (gold := normalise_evidence(qa.get("evidence", []), known))
+    ]
+
+
+def import_rows(rt: Any, ns: Any, rows: list[dict[str, Any]]) -> None:
+    """`rows` through `lucid import`'s parser and the writer, as a person's import would go."""
+    from memory_core.importer import parse_import
+
+    plan = parse_import("\n".join(json.dumps(r) for r in rows).encode(), ns)
+    for target, ops in plan.ops.items():
+        rt.writer.submit(target, ops)
+
+
 def import_row(m: Any) -> dict[str, Any]:
     """A conversation turn as `lucid import` takes it (a raw message)."""
     from memory_core.lineformat import format_time
@@ -117,7 +137,6 @@ def observation_facts(sample: dict[str, Any]) -> list[tuple[str, list[str]]]:
 def product_ranker(sample: dict[str, Any], mode: str, depth: int) -> Ranker:
     """Through the product: `lucid import` (JSON Lines → the single writer → Markdown files), then the
     memory service's raw search (`lucid search`) or recall (`lucid recall`) over those files."""
-    from memory_core.importer import parse_import
     from memory_core.namespace import Namespace
     from workers.memory_service import MemoryService
     from workers.runtime import build
@@ -134,9 +153,7 @@ def product_ranker(sample: dict[str, Any], mode: str, depth: int) -> Ranker:
             for text, ids in observation_facts(sample)
             if text.strip()
         ]
-    plan = parse_import("\n".join(json.dumps(r) for r in rows).encode(), ns)
-    for target, ops in plan.ops.items():
-        rt.writer.submit(target, ops)
+    import_rows(rt, ns, rows)
     service = MemoryService(rt)
     if mode == "raw":
         return lambda question: [hit.id for hit in service.search(ns, question, k=depth)]
@@ -196,22 +213,15 @@ def evaluate(
     skipped = 0
     build_s = query_s = 0.0
     for sample in samples:
-        known = {
-            t["dia_id"]
-            for n in session_numbers(sample["conversation"])
-            for t in sample["conversation"][f"session_{n}"]
-        }
+        questions = gold_questions(sample)
+        skipped += len(sample["qa"]) - len(questions)
         t0 = time.perf_counter()
         rank = build_ranker(sample, mode, embedder, max(ks))
         t1 = time.perf_counter()
         conv_rows: list[tuple[int, dict[int, float]]] = []
-        for qa in sample["qa"]:
-            gold = normalise_evidence(qa.get("evidence", []), known)
-            if not gold:
-                skipped += 1
-                continue
-            ranked = rank(qa["question"])
-            conv_rows.append((int(qa["category"]), {k: recall_at_k(gold, ranked, k) for k in ks}))
+        for category, question, gold in questions:
+            ranked = rank(question)
+            conv_rows.append((category, {k: recall_at_k(gold, ranked, k) for k in ks}))
         query_s += time.perf_counter() - t1
         build_s += t1 - t0
         rows.extend(conv_rows)
@@ -236,7 +246,6 @@ def pct(vals: list[float]) -> float | None:
 def import_turns(sample: dict[str, Any]) -> tuple[Any, Any, list[RawMessage]]:
     """One conversation through the real write path (`lucid import`): its turns into the raw archive, its
     observations as facts with `from=` links. Returns (runtime, namespace, the turns)."""
-    from memory_core.importer import parse_import
     from memory_core.namespace import Namespace
     from workers.runtime import build
     from workers.settings import Settings
@@ -251,9 +260,7 @@ def import_turns(sample: dict[str, Any]) -> tuple[Any, Any, list[RawMessage]]:
         for text, ids in observation_facts(sample)
         if text.strip()
     ]
-    plan = parse_import("\n".join(json.dumps(r) for r in rows_in).encode(), ns)
-    for target, ops in plan.ops.items():
-        rt.writer.submit(target, ops)
+    import_rows(rt, ns, rows_in)
     return rt, ns, msgs
 
 
@@ -362,22 +369,13 @@ def fold_rows(
     rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {n: {} for n in cands}
     seconds = {"embed": 0.0, "questions": 0.0}
     for sample in samples:
-        known = {
-            t["dia_id"]
-            for n in session_numbers(sample["conversation"])
-            for t in sample["conversation"][f"session_{n}"]
-        }
         index = RawIndex(embedder)
         index.add_many(turn_messages(sample))
         t0 = time.perf_counter()
         index.embed_pending()
         seconds["embed"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        questions = [
-            (int(qa["category"]), qa["question"], gold)
-            for qa in sample["qa"]
-            if (gold := normalise_evidence(qa.get("evidence", []), known))
-        ]
+        questions = gold_questions(sample)
         for name, attrs in cands.items():
             index.embedder, index.fusion = embedder, "minmax"
             for attr, value in attrs.items():

@@ -40,10 +40,10 @@ import memory_core.timeexpr as timeexpr
 from bench.eval_locomo import (
     CATEGORY,
     HEADLINE,
+    gold_questions,
     import_turns,
     normalise_evidence,
     recall_at_k,
-    session_numbers,
     shown_evidence,
     snippet_shows,
     turn_messages,
@@ -58,17 +58,6 @@ from memory_core.textindex import BM25Index, rrf, tokenize, top_slots
 
 Scores = np.ndarray
 RawRank = Callable[[RawIndex, str, int], list[str]]
-
-
-def gold_questions(sample: dict[str, Any]) -> list[tuple[int, str, list[str]]]:
-    """(category, question, gold turn ids) of a LoCoMo sample's questions whose evidence names its turns."""
-    convo = sample["conversation"]
-    known = {t["dia_id"] for n in session_numbers(convo) for t in convo[f"session_{n}"]}
-    return [
-        (int(qa["category"]), qa["question"], gold)
-        for qa in sample["qa"]
-        if (gold := normalise_evidence(qa.get("evidence", []), known))
-    ]
 
 
 def weighted(bm: BM25Index, weights: dict[str, float]) -> Scores:
@@ -422,19 +411,10 @@ def run_locomo(path: Path, family: str, cache: Path | None) -> dict[str, Any]:
         embedder = CachedEmbedder(None, cache)
     rows: dict[str, dict[str, list[tuple[int, dict[int, float]]]]] = {n: {} for n in cands}
     for sample in json.loads(path.read_text(encoding="utf-8")):
-        known = {
-            t["dia_id"]
-            for n in session_numbers(sample["conversation"])
-            for t in sample["conversation"][f"session_{n}"]
-        }
         ix = RawIndex(embedder)
         ix.add_many(turn_messages(sample))
         ix.embed_pending()
-        qs = [
-            (int(qa["category"]), qa["question"], gold)
-            for qa in sample["qa"]
-            if (gold := normalise_evidence(qa.get("evidence", []), known))
-        ]
+        qs = gold_questions(sample)
         for name, rank in cands.items():
             conv = []
             for cat, q, gold in qs:
