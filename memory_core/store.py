@@ -725,6 +725,16 @@ class Store:
         except FileNotFoundError:
             return None
 
+    def read_raw_from(self, ns: Namespace, day_name: str, start: int) -> tuple[int, bytes]:
+        """A day file's size and its bytes from `start` on (b"" when it is shorter: rewritten by hand),
+        from one open that follows no link: the raw index reads only what was appended since."""
+        with os.fdopen(open_beneath(self.data_dir, self._at(ns, "raw", day_name)), "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size <= start:
+                return size, b""
+            fh.seek(start)
+            return size, fh.read(size - start)
+
     def raw_days(self, ns: Namespace) -> list[str]:
         try:
             with folder_beneath(self.data_dir, self.file(ns, "raw"), makedirs=False) as raw:

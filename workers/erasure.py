@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -22,7 +21,6 @@ from memory_core.errors import InvalidInput, LucidError, StoreError
 from memory_core.forgetting import Forgotten
 from memory_core.namespace import Namespace, safe_component
 from memory_core.ops import Forget, Outcome
-from memory_core.store import TRACKED
 
 from .queues import fetch
 from .redis_keys import Keys
@@ -56,7 +54,9 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
     def rewrite(outcomes: list[Outcome]) -> None:
         if outcomes[0].ok:
             rewrite_history(store.path(ns), [Forgotten.of(entry)])
-            store.record_written(ns, hashes=_hashes(store.path(ns)))  # the files on disk are what HEAD holds
+            store.record_written(
+                ns, hashes=store.snapshot(ns).hashes
+            )  # the files on disk are what HEAD holds
 
     outcome = runtime.writer.submit_then(ns, [Forget(entry_id)], rewrite)[0]
     if not outcome.ok:
@@ -99,10 +99,6 @@ def rewrite_history(root: Path, targets: Sequence[Forgotten]) -> None:
 
 def _git_env() -> dict[str, str]:
     return {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
-
-
-def _hashes(root: Path) -> dict[str, str]:
-    return {n: hashlib.sha256((root / n).read_bytes()).hexdigest() for n in TRACKED if (root / n).exists()}
 
 
 # ------------------------------------------------------------------------------------------ erase

@@ -341,18 +341,14 @@ class MemoryService:
             self._raw[ns] = cache
         grew = 0
         for day in days:
-            path = store.file(ns, "raw", day)
-            size = path.stat().st_size
             done = cache.offsets.get(day, 0)
+            size, chunk = store.read_raw_from(ns, day, done)
             if size < done:  # a day file was rewritten by hand: rebuild from the Markdown
                 cache = _RawCache(RawIndex(), {}, rewrites=rewrites)
                 self._raw[ns] = cache
                 return self._raw_cache(ns)
             if size == done:
                 continue
-            with path.open("rb") as fh:
-                fh.seek(done)
-                chunk = fh.read(size - done)
             end = chunk.rfind(b"\n") + 1  # only whole lines; a line being written is taken next time
             new = []
             for line in chunk[:end].decode("utf-8", errors="surrogateescape").split("\n"):

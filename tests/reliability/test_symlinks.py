@@ -228,3 +228,23 @@ async def test_the_viewer_reports_a_linked_namespace_instead_of_failing(
     assert "symbolic link" in row["error"]
     one = await client.get("/admin/api/ns/t/u/p", headers=auth)
     assert one.status == 409 and "symbolic link" in (await one.json())["error"]
+
+
+def test_the_raw_index_reads_a_day_file_by_an_open_that_refuses_a_link(tmp_path: Path) -> None:
+    """Raw search reads only what was appended to a day file since it last looked: that read, too, is an
+    open that follows no link (no check before it to race)."""
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    outside.mkdir()
+    writer = _seeded(data)
+    writer.submit(NS, [_message(1)])
+    store = Store(data)
+    day = store.raw_days(NS)[0]
+    size, whole = store.read_raw_from(NS, day, 0)
+    assert size == len(whole) and b"\n- " in whole
+    assert store.read_raw_from(NS, day, size) == (size, b"")
+    foreign = outside / day
+    foreign.write_bytes(whole + "- 别人的私事 <!--r:id=x;ts=2026-06-01T00:00:00Z;sp=v-->\n".encode())
+    (NS.path(data) / "raw" / day).unlink()
+    os.symlink(foreign, NS.path(data) / "raw" / day)
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        store.read_raw_from(NS, day, size)
