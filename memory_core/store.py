@@ -377,8 +377,12 @@ class Store:
     def _meta(self, ns: Namespace, name: str) -> Path:
         return self._at(ns, ".lucid", name)
 
-    def lock_path(self, ns: Namespace) -> Path:
-        return self.file(ns, ".lucid", "writer.lock")  # opened with a plain `os.open`: checked
+    def open_lock(self, ns: Namespace) -> int:
+        """The namespace's host-local writer lock file, created if missing, by an open that follows no
+        link; the caller flocks and closes the descriptor."""
+        return open_beneath(
+            self.data_dir, self._meta(ns, "writer.lock"), os.O_RDWR | os.O_CREAT, makedirs=True
+        )
 
     # -------------------------------------------------------------------------------------- reading
 

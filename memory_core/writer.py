@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from pathlib import Path
 from typing import Protocol
 
 from .book import Book
@@ -146,9 +145,7 @@ class LocalLocker:
     def acquire(self, ns: Namespace, wait: float, floor: int, push: Sequence[str] = ()) -> Lease | None:
         if push:
             raise LucidError("a host-local lock has no op queue to push to")
-        path: Path = self.store.lock_path(ns)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = self.store.open_lock(ns)
         deadline = time.monotonic() + wait
         while True:
             try:

@@ -10,6 +10,7 @@ from) the target, and the namespace's own files unchanged.
 from __future__ import annotations
 
 import os
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -248,3 +249,27 @@ def test_the_raw_index_reads_a_day_file_by_an_open_that_refuses_a_link(tmp_path:
     os.symlink(foreign, NS.path(data) / "raw" / day)
     with pytest.raises(UnsafePath, match="symbolic link"):
         store.read_raw_from(NS, day, size)
+
+
+@pytest.mark.parametrize("planted", [".lucid/writer.lock", ".lucid"])
+def test_the_host_local_writer_lock_is_opened_without_following_a_link(tmp_path: Path, planted: str) -> None:
+    """The lock file `lucid` takes without Redis: a link in its place (or its folder's) is refused by the
+    open itself, and a write through the writer fails saying so, with nothing created outside."""
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    outside.mkdir()
+    writer = _seeded(data)
+    link = NS.path(data) / planted
+    if link.is_dir():
+        shutil.rmtree(link)
+    else:
+        link.unlink()
+    target = outside / "writer.lock"
+    if planted == ".lucid":
+        os.symlink(outside, link, target_is_directory=True)
+    else:
+        os.symlink(target, link)
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        os.close(Store(data).open_lock(NS))
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        writer.submit(NS, [Remember("我喜欢喝龙井")])
+    assert list(outside.iterdir()) == []
