@@ -18,7 +18,7 @@ import signal
 import stat
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
@@ -396,6 +396,25 @@ class Store:
         written = self._written(ns)
         rendered = written.get("rendered")
         return Snapshot(files, written.get("hashes") or {}, rendered if isinstance(rendered, str) else None)
+
+    def stamps(self, ns: Namespace, names: Sequence[str]) -> tuple[tuple[int, int], ...]:
+        """(mtime ns, size) of each file, (0, -1) if missing: a cache key that moves with any write, read
+        from one open folder without following a link."""
+        out = []
+        try:
+            with folder_beneath(self.data_dir, self._at(ns), makedirs=False) as folder:
+                for name in names:
+                    try:
+                        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+                    except FileNotFoundError:
+                        out.append((0, -1))
+                        continue
+                    if stat.S_ISLNK(st.st_mode):
+                        raise _link_refused(self._at(ns, name))
+                    out.append((st.st_mtime_ns, st.st_size))
+        except FileNotFoundError:  # no namespace yet
+            return tuple((0, -1) for _ in names)
+        return tuple(out)
 
     def read_text(self, ns: Namespace, name: str) -> str | None:
         try:

@@ -180,19 +180,9 @@ class MemoryService:
 
     # -------------------------------------------------------------------------------------- reading
 
-    def _stat_key(self, ns: Namespace) -> tuple[tuple[int, int], ...]:
-        key = []
-        for name in (MEMORY, ARCHIVE):
-            try:
-                st = self.runtime.store.file(ns, name).stat()
-                key.append((st.st_mtime_ns, st.st_size))
-            except FileNotFoundError:
-                key.append((0, -1))
-        return tuple(key)
-
     def _cache(self, ns: Namespace) -> _BookCache:
         with self._lock:
-            key = self._stat_key(ns)
+            key = self.runtime.store.stamps(ns, (MEMORY, ARCHIVE))
             cached = self._books.get(ns)
             if cached is None or cached.key != key:
                 mem = self.runtime.store.read_text(ns, MEMORY)
