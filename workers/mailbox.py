@@ -23,7 +23,7 @@ from .feishu_send import paced_seconds
 from .inbound import Inbound
 from .metrics import Metrics
 from .queues import queue
-from .redis_backend import ACCEPT, CLAIM, COMPARE_AND_DELETE, HAND_ON, take, text
+from .redis_backend import ACCEPT, CLAIM, COMPARE_AND_DELETE, HAND_ON, Heartbeat, take, text
 from .redis_keys import Keys
 from .runtime import TurnTime, current
 from .turn import busy_notice, chat_pace, feishu_turn
@@ -173,8 +173,10 @@ class Mailbox:
         clock: Callable[[], float] = time.monotonic,
         lead: TurnTime | None = None,
         slept: Callable[[], float] = lambda: 0.0,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.client = client
+        self.heartbeat = heartbeat if heartbeat is not None else Heartbeat()  # renews the turn lease
         self.sleep, self.clock = sleep, clock  # the wait for a paced chat's slot (tests inject both)
         self.lead = lead if lead is not None else TurnTime()  # the runtime's estimate (handle_message)
         self.slept = slept  # seconds this thread has slept in send pacing so far (not a turn's own work)
@@ -204,7 +206,7 @@ class Mailbox:
         ns = inbound.ns
         if job_id is not None and self._superseded(ns.key, job_id):
             return "another job has this inbox"
-        lease = take(self.client, Keys.turn_lock(ns.key), TURN_LEASE_MS)
+        lease = take(self.client, Keys.turn_lock(ns.key), TURN_LEASE_MS, heartbeat=self.heartbeat)
         if lease is None:  # its holder hands on when it is done (the sweep, if the holder died)
             return "another turn holds this inbox"
         try:
@@ -357,9 +359,7 @@ class Sweeper:
     def sweep_if_due(self) -> list[str]:
         """Sweep unless another worker did in the last interval; the namespace keys handed to a job."""
         ttl = max(1, int(self.interval * 900))  # a little under the interval: the next tick finds it free
-        if (
-            take(self.client, self.LOCK, ttl, heartbeat=False) is None
-        ):  # left to expire: one sweep per interval
+        if take(self.client, self.LOCK, ttl) is None:  # left to expire: one sweep per interval
             return []
         for watchdog in self.also:
             watchdog()
@@ -463,6 +463,7 @@ def handle_message(event: dict[str, Any], drain: bool = False) -> str:
         pace=lambda item: chat_pace(runtime, item),
         lead=runtime.turn_time,
         slept=paced_seconds,
+        heartbeat=runtime.heartbeat,
     )
     return mailbox.deliver(
         inbound,

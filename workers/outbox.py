@@ -195,7 +195,7 @@ class Outbox:
 
     @contextlib.contextmanager
     def _locked(self, persona: str, message_id: str) -> Iterator[bool]:
-        lock = take(self.client, Keys.reply_lock(persona, message_id), LOCK_MS, heartbeat=False)
+        lock = take(self.client, Keys.reply_lock(persona, message_id), LOCK_MS)
         try:
             yield lock is not None
         finally:

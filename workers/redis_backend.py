@@ -211,21 +211,23 @@ return redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
 # ------------------------------------------------------------------------------------------------ lock
 
 
-class _Renewer:
-    """The process's one heartbeat thread: renews every held lease at a third of its ttl (a thread per lease
-    cost a thread start, a scheduling round on a loaded machine, per write)."""
+class Heartbeat:
+    """One thread that renews every lease it was given at a third of its ttl (a thread per lease cost a
+    thread start, a scheduling round on a loaded machine, per write). The runtime owns one; `close()`."""
 
     def __init__(self) -> None:
         self._leases: dict[int, RedisLease] = {}
         self._wake = threading.Condition()
         self._pid = 0
         self._until = 0.0  # when the thread wakes next on its own
+        self._closed = False
 
     def add(self, lease: RedisLease) -> None:
         with self._wake:
             self._leases[id(lease)] = lease
-            if self._pid != os.getpid():  # first use in this process
+            if self._pid != os.getpid():  # first use (in this process)
                 self._pid = os.getpid()
+                self._closed = False
                 threading.Thread(target=self._run, name="lease-heartbeat", daemon=True).start()
             if lease.due < self._until:  # else it wakes in time anyway: no thread switch per write
                 self._wake.notify()
@@ -234,9 +236,18 @@ class _Renewer:
         with self._wake:
             self._leases.pop(id(lease), None)
 
+    def close(self) -> None:
+        """Stop the thread (leases still held are no longer renewed; they expire)."""
+        with self._wake:
+            self._closed = True
+            self._pid = 0
+            self._wake.notify()
+
     def _run(self) -> None:
         while True:
             with self._wake:
+                if self._closed:
+                    return
                 now = time.monotonic()
                 due = [lease for lease in self._leases.values() if lease.due <= now]
                 if not due:
@@ -248,13 +259,10 @@ class _Renewer:
                 lease.beat()
 
 
-_RENEWER = _Renewer()
-
-
 class RedisLease:
-    """A held lock. With `heartbeat`, the process's heartbeat thread renews it every ttl/3 and any failure
-    marks it lost at once; without, it simply expires after its ttl unless released first. `pending`: the
-    writer's queued ops read with the lease (None: not read)."""
+    """A held lock. With a `heartbeat`, its thread renews it every ttl/3 and any failure marks it lost at
+    once; without, it simply expires after its ttl unless released first. `pending`: the writer's queued
+    ops read with the lease (None: not read)."""
 
     def __init__(
         self,
@@ -263,7 +271,7 @@ class RedisLease:
         owner: str,
         token: int,
         ttl_ms: int,
-        heartbeat: bool = True,
+        heartbeat: Heartbeat | None = None,
         pending: list[str] | None = None,
     ) -> None:
         self._client = client
@@ -276,8 +284,9 @@ class RedisLease:
         self._lost = False
         self._stop = threading.Event()
         self.due = self._renewed + self._ttl / 3
-        if heartbeat:
-            _RENEWER.add(self)
+        self._heartbeat = heartbeat
+        if heartbeat is not None:
+            heartbeat.add(self)
 
     def beat(self) -> None:
         """Renew the lease (the heartbeat thread); a refusal or an error marks it lost."""
@@ -290,10 +299,10 @@ class RedisLease:
                 self._renewed = time.monotonic()
                 self.due = self._renewed + self._ttl / 3
                 return
-        except Exception:  # any failure: lost (and the process's heartbeat thread lives on)
+        except Exception:  # any failure: lost (and the heartbeat thread lives on)
             pass
         self._lost = True
-        _RENEWER.discard(self)
+        self._stop_renewing()
 
     @property
     def owner(self) -> str:
@@ -302,7 +311,11 @@ class RedisLease:
     def gone(self) -> None:
         """Released elsewhere (by the writer's FINISH, with its batch's outcomes): stop renewing it."""
         self._stop.set()
-        _RENEWER.discard(self)
+        self._stop_renewing()
+
+    def _stop_renewing(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.discard(self)
 
     def held(self) -> bool:
         if self._stop.is_set():
@@ -325,7 +338,7 @@ def take(
     key: str,
     ttl_ms: int,
     *,
-    heartbeat: bool = True,
+    heartbeat: Heartbeat | None = None,
     fence_key: str | None = None,
     floor: int = 0,
     queue_key: str | None = None,
@@ -337,7 +350,7 @@ def take(
     `peek` ops of that queue, and if the lock is taken, `push` is queued instead (the same round trip).
 
     The lock (`take`) is a `SET NX PX` with a random owner, released only by its owner (compare-and-delete),
-    renewed by a heartbeat while held, and — for the writer — fenced: a token from a counter that only grows,
+    renewed by `heartbeat` while held (None: it expires after its ttl), and — for the writer — fenced: a token from a counter that only grows,
     which the store checks on disk (`memory_core.store.Store.fenced`), so a paused holder cannot write.
     """
     owner = secrets.token_hex(12)
@@ -359,9 +372,10 @@ class RedisLocker:
     """The writer's lock per namespace: fenced and renewed, waited for up to `wait` seconds; taken with the
     namespace's first queued ops (`pending`), or, with `push`, those ops queued if it is not free."""
 
-    def __init__(self, client: redis.Redis, ttl_ms: int = 10_000) -> None:
+    def __init__(self, client: redis.Redis, ttl_ms: int = 10_000, heartbeat: Heartbeat | None = None) -> None:
         self.client = client
         self.ttl_ms = ttl_ms
+        self.heartbeat = heartbeat if heartbeat is not None else Heartbeat()
 
     def acquire(self, ns: Namespace, wait: float, floor: int, push: Sequence[str] = ()) -> Lease | None:
         deadline = time.monotonic() + wait
@@ -372,6 +386,7 @@ class RedisLocker:
                 self.client,
                 Keys.lease(ns.key),
                 self.ttl_ms,
+                heartbeat=self.heartbeat,
                 fence_key=Keys.fence(ns.key),
                 floor=floor,
                 queue_key=Keys.ops(ns.key),

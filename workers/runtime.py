@@ -27,7 +27,7 @@ from .llm import LLM
 from .memory_service import MemoryService
 from .memory_switch import ChatSwitch
 from .metrics import Metrics
-from .redis_backend import RedisLocker, RedisOpQueue
+from .redis_backend import Heartbeat, RedisLocker, RedisOpQueue
 from .scratch import LocalScratch, RedisScratch, Scratch
 from .settings import Persona, Settings
 
@@ -62,6 +62,7 @@ class Runtime:
     redis: redis.Redis | None
     clock: Callable[[], datetime]
     llm: LLM | None = None
+    heartbeat: Heartbeat = field(default_factory=Heartbeat, repr=False)  # renews this runtime's leases
     scratch: Scratch = field(init=False, repr=False)
     switch: ChatSwitch = field(init=False, repr=False)
     turn_time: TurnTime = field(init=False, repr=False)
@@ -126,6 +127,7 @@ class Runtime:
             memory.close()
         if self.llm is not None:
             self.llm.close()
+        self.heartbeat.close()
         if self.redis is not None:
             self.redis.close()
 
@@ -171,14 +173,16 @@ def build(
     vault = derive_key(settings.vault_key) if settings.vault_key else None
     url = redis_url or settings.redis_url or embedded_redis.running_url(settings.data_dir)
     client = connect(url) if url else None
+    heartbeat = Heartbeat()
     if client is not None:
-        writer = Writer(store, RedisLocker(client), RedisOpQueue(client), clock=clock, vault_key=vault)
+        locker = RedisLocker(client, heartbeat=heartbeat)
+        writer = Writer(store, locker, RedisOpQueue(client), clock=clock, vault_key=vault)
     else:
         writer = Writer(store, LocalLocker(store), None, clock=clock, vault_key=vault)
     llm = LLM(settings.ollama_host) if _wants_llm(settings) else None
     if llm is not None and client is not None:
         llm.on_call = _llm_metrics(Metrics(client))
-    return Runtime(settings, store, writer, client, clock, llm)
+    return Runtime(settings, store, writer, client, clock, llm, heartbeat)
 
 
 def _llm_metrics(metrics: Metrics) -> Callable[[str, str, bool, int, int], None]:

@@ -7,12 +7,13 @@ asserts what Redis says, not how long anything took.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import redis
 
 from memory_core.namespace import Namespace
-from workers.redis_backend import RedisLocker
+from workers.redis_backend import Heartbeat, RedisLocker
 
 NS = Namespace.of("t1", "u1", "default")
 TTL_MS = 600
@@ -57,12 +58,14 @@ def test_a_lease_taken_over_in_redis_is_reported_lost(redis_client: redis.Redis)
 def test_a_short_lease_taken_while_the_heartbeat_waits_on_a_long_one_is_renewed_in_time(
     redis_client: redis.Redis,
 ) -> None:
-    """The process's one heartbeat thread sleeps until the next lease is due; a lease due sooner than that
+    """The runtime's one heartbeat thread sleeps until the next lease is due; a lease due sooner than that
     must wake it, or it lapses under its working holder (and a second process takes the namespace)."""
-    long = RedisLocker(redis_client, ttl_ms=60_000).acquire(Namespace.of("t1", "long", "default"), 1.0, 0)
+    heartbeat = Heartbeat()
+    locker = RedisLocker(redis_client, ttl_ms=60_000, heartbeat=heartbeat)
+    long = locker.acquire(Namespace.of("t1", "long", "default"), 1.0, 0)
     assert long is not None
     time.sleep(0.05)  # the heartbeat thread is now asleep until the long lease is due (20 s)
-    short = RedisLocker(redis_client, ttl_ms=TTL_MS).acquire(NS, 1.0, 0)
+    short = RedisLocker(redis_client, ttl_ms=TTL_MS, heartbeat=heartbeat).acquire(NS, 1.0, 0)
     assert short is not None
     try:
         for _ in range(8):  # 4 TTLs of the short lease
@@ -72,3 +75,23 @@ def test_a_short_lease_taken_while_the_heartbeat_waits_on_a_long_one_is_renewed_
     finally:
         short.release()
         long.release()
+
+
+def test_a_closed_heartbeat_stops_its_thread_and_renews_nothing(redis_client: redis.Redis) -> None:
+    """The heartbeat belongs to its runtime (no process-wide registry): `Runtime.close()` closes it, its
+    thread ends, and a lease still held then simply expires in Redis instead of being kept alive."""
+    before = set(threading.enumerate())
+    heartbeat = Heartbeat()
+    lease = RedisLocker(redis_client, ttl_ms=TTL_MS, heartbeat=heartbeat).acquire(NS, 1.0, 0)
+    assert lease is not None
+    (thread,) = [t for t in threading.enumerate() if t not in before and t.name == "lease-heartbeat"]
+    time.sleep(TTL_MS / 1000)  # renewed meanwhile: still there after a whole ttl
+    assert redis_client.get(f"lucid:lease:{NS.key}") is not None
+    heartbeat.close()
+    thread.join(5)
+    assert not thread.is_alive()
+    for _ in range(30):
+        if redis_client.get(f"lucid:lease:{NS.key}") is None:
+            break
+        time.sleep(TTL_MS / 3000)
+    assert redis_client.get(f"lucid:lease:{NS.key}") is None  # expired: nobody renews it any more
