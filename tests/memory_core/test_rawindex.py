@@ -162,6 +162,44 @@ def test_a_relative_date_is_found_by_the_month_it_points_at() -> None:
     assert ids(index, "What happened in March?") == ["c1"]
 
 
+def on(mid: str, text: str, day: str, speaker: str = "Ann") -> RawMessage:
+    """A message said at noon UTC on `day` ("2023-05-02"), in that day's own session."""
+    ts = datetime.fromisoformat(f"{day}T12:00:00+00:00")
+    return RawMessage(id=mid, ts=ts, speaker=speaker, text=text, chat="c1", session=day)
+
+
+def test_a_chinese_question_naming_a_day_finds_what_was_said_that_day() -> None:
+    # Equal words; the June message comes first, so without the date it would win the tie.
+    index = built([on("jun", "我去了博物馆", "2023-06-02"), on("may", "我去了博物馆", "2023-05-02")])
+    assert ids(index, "我曾经在5月2日提到过我去了博物馆，是哪家？")[0] == "may"
+    assert ids(index, "五月二号我去了博物馆")[0] == "may"
+    assert ids(index, "我五月份去了哪里")[0] == "may"
+    assert ids(index, "2023年6月我去了博物馆")[0] == "jun"
+
+
+def test_a_chinese_message_carries_the_dates_it_names() -> None:
+    # Said in June, the message names May 2: an English question meets it whatever the language.
+    index = built(
+        [on("plain", "我去了博物馆", "2023-06-02"), on("named", "我五月二日去了博物馆", "2023-06-10")]
+    )
+    assert ids(index, "Did I go to the 博物馆 on May 2?")[0] == "named"
+    # Said in May, 上个月 points at April.
+    index = built([on("other", "我去了杭州", "2023-05-07"), on("rel", "上个月我去了杭州", "2023-05-08")])
+    assert ids(index, "我四月份去了杭州吗")[0] == "rel"
+
+
+def test_a_chinese_when_question_lifts_the_turn_that_says_when() -> None:
+    chat = [
+        on("club", "我很喜欢爬山，爬山俱乐部的人都爱爬山", "2023-05-01"),
+        on("went", "我上周去爬山了", "2023-05-03"),
+        on("late", "火车昨天又晚点了", "2023-05-04", "Bob"),
+    ]
+    index = built(chat)
+    assert ids(index, "我什么时候去爬山的？")[:2] == ["went", "club"]
+    assert ids(index, "我在哪里爬山？")[:2] == ["club", "went"]
+    assert "late" not in ids(index, "我什么时候去爬山的？")  # only turns with evidence are lifted
+
+
 def test_chinese_speaker_names_are_recognised_inside_a_sentence() -> None:
     index = built(
         [msg("x", "周末去爬山", "李雷", session="a"), msg("y", "周末去爬山", "韩梅梅", session="b")]
