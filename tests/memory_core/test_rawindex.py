@@ -177,6 +177,12 @@ def test_a_chinese_question_naming_a_day_finds_what_was_said_that_day() -> None:
     assert ids(index, "2023年6月我去了博物馆")[0] == "jun"
 
 
+def test_a_day_written_in_digits_or_in_numerals_ranks_alike() -> None:
+    # One right month, one right day: the day said in digits (5月2日) is not counted twice.
+    index = built([on("may9", "我去了博物馆", "2023-05-09"), on("jun2", "我去了博物馆", "2023-06-02")])
+    assert ids(index, "5月2日我去了博物馆") == ids(index, "五月二日我去了博物馆")
+
+
 def test_a_chinese_message_carries_the_dates_it_names() -> None:
     # Said in June, the message names May 2: an English question meets it whatever the language.
     index = built(

@@ -50,7 +50,8 @@ def test_chinese_relative_expressions_resolve_from_the_day_they_were_said() -> N
     assert days("这周五见") == [date(2023, 9, 1)] and days("星期二") == [date(2023, 8, 29)]
     assert days("上周一起吃了饭") == [date(2023, 8, 23)]  # 一起 is "together", not Monday
     assert days("今天和最近都很忙") == []  # no other day
-    assert days("我喜欢爬山") == [] and days("我以前年轻的时候") == []
+    assert days("我喜欢爬山") == [] and days("我以前年轻的时候") == [] and days("从前年轻的时候") == []
+    assert days("12月前交报告") == []  # a calendar month (before December), not "12 months ago"
 
 
 def test_a_chinese_expression_outside_the_calendar_is_skipped() -> None:
@@ -79,4 +80,5 @@ def test_dates_written_the_chinese_way_are_spelt_as_the_index_spells_a_day() -> 
         written_dates("date_words") == [] and written_dates("三个月") == [] and written_dates("这个月") == []
     )
     assert written_dates("13月，2月30日") == []  # outside the calendar: skipped
+    assert written_dates("编号12023年") == []  # part of a longer number, not a year
     assert date_words(SAID) == "2023 august 30" and date_words(SAID, day=False) == "2023 august"
