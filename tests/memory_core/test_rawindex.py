@@ -190,20 +190,23 @@ def test_a_chinese_message_carries_the_dates_it_names() -> None:
     )
     assert ids(index, "Did I go to the 博物馆 on May 2?")[0] == "named"
     # Said in May, 上个月 points at April.
-    index = built([on("other", "我去了杭州", "2023-05-07"), on("rel", "上个月我去了杭州", "2023-05-08")])
+    index = built(
+        [on("other", "这个月我去了杭州", "2023-05-07"), on("rel", "上个月我去了杭州", "2023-05-08")]
+    )
     assert ids(index, "我四月份去了杭州吗")[0] == "rel"
 
 
 def test_a_chinese_when_question_lifts_the_turn_that_says_when() -> None:
     chat = [
-        on("club", "我很喜欢爬山，爬山俱乐部的人都爱爬山", "2023-05-01"),
-        on("went", "我上周去爬山了", "2023-05-03"),
+        on("club", "和爬山俱乐部一起爬山是我最爱的事", "2023-05-01"),
+        on("went", "我上周爬山了", "2023-05-03"),
         on("late", "火车昨天又晚点了", "2023-05-04", "Bob"),
     ]
     index = built(chat)
-    assert ids(index, "我什么时候去爬山的？")[:2] == ["went", "club"]
+    # The club turn holds 爬山 twice, but the question asks when, and only "went" says when.
+    assert ids(index, "我什么时候爬山？")[:2] == ["went", "club"]
     assert ids(index, "我在哪里爬山？")[:2] == ["club", "went"]
-    assert "late" not in ids(index, "我什么时候去爬山的？")  # only turns with evidence are lifted
+    assert "late" not in ids(index, "我什么时候爬山？")  # only turns with evidence are lifted
 
 
 def test_chinese_speaker_names_are_recognised_inside_a_sentence() -> None:

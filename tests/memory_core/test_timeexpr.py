@@ -51,6 +51,7 @@ def test_chinese_relative_expressions_resolve_from_the_day_they_were_said() -> N
     assert days("上周一起吃了饭") == [date(2023, 8, 23)]  # 一起 is "together", not Monday
     assert days("今天和最近都很忙") == []  # no other day
     assert days("我喜欢爬山") == [] and days("我以前年轻的时候") == [] and days("从前年轻的时候") == []
+    assert days("之前年会上见过") == []  # 之前 + 年会 (an annual meeting), not 前年
     assert days("12月前交报告") == []  # a calendar month (before December), not "12 months ago"
 
 
@@ -62,7 +63,7 @@ def test_a_chinese_expression_outside_the_calendar_is_skipped() -> None:
 def test_chinese_says_when_and_asks_when() -> None:
     assert says_when("我上周去爬山了") and says_when("两个月前") and says_when("我5月2日去了博物馆")
     assert not says_when("天气很好，我们去爬山") and not says_when("小时候我住在乡下")
-    assert not says_when("这周围很安静") and not says_when("每周一次")
+    assert not says_when("这周围很安静") and not says_when("每周一次") and not says_when("每周六都去游泳")
     for question in ("我什么时候去的杭州", "啥时候买的", "哪天下的雨", "那是哪一年", "几号出发", "几月去的"):
         assert asks_when(question), question
     for question in ("我去了哪里", "小时候我喜欢什么", "有时候我会跑步", "我跑了几天", "天气怎么样"):
