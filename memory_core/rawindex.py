@@ -125,8 +125,9 @@ class RawIndex:
     before it and 0.3 × the two after it in the same session. Replies ("A sunrise!") share few words with a later
     question; the message they answer ("What did you paint?") shares many, so the context is what finds them
     (+10 to +15 R@10 on LoCoMo dev). A query that names a speaker lifts that speaker's messages, because the
-    context spreads both speakers' names over every document. A "when" question lifts the messages that say
-    when ("last week"), and a message also carries the month its relative dates point at (`timeexpr`).
+    context spreads both speakers' names over every document. A "when" question (什么时候) lifts the messages
+    that say when ("last week", 上周), and a message also carries the month its relative dates point at and
+    the dates it writes the Chinese way (5月2日), spelt as its own date is (`timeexpr`).
 
     The index is derived: the Markdown archive is the source of truth, and `dump`/`restore` only turn this
     structure into files (JSON + npz, no pickle; the store writes them) so a restart need not re-tokenise.

@@ -319,6 +319,10 @@ def test_an_unusable_cache_says_stale(tmp_path: Path) -> None:
     (cache / "manifest.json").write_text(json.dumps(dict(manifest, recipe=before)))
     with pytest.raises(StaleIndex):
         load(store)
+    # So is one built before they carried Chinese dates (5月2日 → "may 2", 上个月 → its month).
+    (cache / "manifest.json").write_text(json.dumps(dict(manifest, recipe=[*before, 1])))
+    with pytest.raises(StaleIndex):
+        load(store)
     (cache / "manifest.json").write_text(json.dumps(dict(manifest, count=99)))
     with pytest.raises(StaleIndex):
         load(store)
