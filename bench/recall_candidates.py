@@ -240,7 +240,7 @@ def locomo_family(family: str) -> dict[str, RawRank]:
 #: The product's relative expressions (`memory_core.timeexpr.RELATIVE`), or those plus an absolute one
 #: (a month, a weekday, a year, "the 3rd"); general English, not drawn from the dev questions.
 TIME_ABSOLUTE = re.compile(
-    rf"\b(?:{'|'.join(rawindex._MONTHS)}|{'|'.join(timeexpr.WEEKDAYS)}|(?:19|20)\d\d)\b|\b\d{{1,2}}(?:st|nd|rd|th)\b",
+    rf"\b(?:{'|'.join(timeexpr.MONTHS)}|{'|'.join(timeexpr.WEEKDAYS)}|(?:19|20)\d\d)\b|\b\d{{1,2}}(?:st|nd|rd|th)\b",
     re.I,
 )
 #: Questions that ask for a time: "when …" (the product's `timeexpr.ASKS_WHEN`), or also "how long …",

@@ -32,7 +32,7 @@ from .textindex import (
     tokenize,
     top_slots,
 )
-from .timeexpr import asks_when, resolved_dates, says_when
+from .timeexpr import asks_when, date_words, resolved_dates, says_when, written_dates
 
 FORMAT_VERSION = 1
 K1, B = 0.9, 0.5  # LoCoMo B5; once the context is in, the whole k1/b grid lies within ±0.7 R@10
@@ -41,7 +41,7 @@ SPEAKER_BOOST = 0.3  # × the best score; the gain flattens from 0.2 up
 #: × the best score, for turns that say when ("last week") under a question that asks "when"; chosen on
 #: LoCoMo's training folds (docs/BENCHMARKS.md, "Temporal expressions"), 0.5 loses what 0.2 gains.
 TIME_BOOST = 0.2
-DATES_VERSION = 1  # how own_bag resolves relative dates: in the cache recipe, so a change rebuilds
+DATES_VERSION = 2  # how own_bag resolves dates (2: Chinese too); in the cache recipe: a change rebuilds
 #: Hybrid mix: w·minmax(cosine) + (1−w)·minmax(bm25). The lexical recipe is the stronger signal on raw turns
 #: (LoCoMo dev R@10 80 against 50 for e5 alone), so the vector only corrects it: w 0.2-0.4 is a plateau on dev
 #: (R@10 81.0-81.5, R@5 75.1-75.6), 0.5 loses R@5 and 0.7 loses 4 points. 0.3 is its middle.
@@ -51,10 +51,6 @@ FUSION: Fusion = "minmax"
 DENSE_CONTEXT = 0.3  # a vector is mixed with its ±1 neighbours' vectors: context without re-embedding
 CANDIDATES = 100
 BULK_CHUNK = 16_384
-_MONTHS = (
-    "january", "february", "march", "april", "may", "june",
-    "july", "august", "september", "october", "november", "december",
-)  # fmt: skip
 _WORD = re.compile(r"[a-z0-9]+")
 _NGRAM = re.compile(f"[{KANA}{HAN}]+")
 
@@ -78,16 +74,32 @@ def session_key(msg: RawMessage) -> str:
 
 def own_bag(msg: RawMessage) -> Counter[str]:
     """A message's own terms: its text, its speaker and its date (year, month name, day), weight 1 each,
-    and the year and month each of its relative expressions points at ("last year" said in 2023: 2022).
+    the year and month each of its relative expressions points at ("last year" said in 2023: 2022; 上个月),
+    and the dates its text writes the Chinese way (5月2日: "may 2"), spelt as `timeexpr.date_words`.
 
-    Dates answer "camping in June" and "in 2022" questions and even out very short messages."""
+    Dates answer "camping in June", "in 2022" and 5月2日 questions and even out very short messages."""
     ts = as_utc(msg.ts)
     bag = Counter(tokenize(msg.text))
     bag.update(tokenize(msg.speaker))
-    bag.update(tokenize(f"{ts.year} {_MONTHS[ts.month - 1]} {ts.day}"))
+    bag.update(tokenize(date_words(ts)))
     for when in resolved_dates(msg.text, ts):
-        bag.update(tokenize(f"{when.year} {_MONTHS[when.month - 1]}"))
+        bag.update(tokenize(date_words(when, day=False)))
+    for written in written_dates(msg.text):
+        bag.update(tokenize(written))
     return bag
+
+
+def query_terms(query: str) -> list[str]:
+    """A query's tokens plus the canonical words of the dates it writes the Chinese way (5月2日 → may, 2),
+    each added once and only if the query's own tokens lack it."""
+    terms = tokenize(query)
+    seen = set(terms)
+    for written in written_dates(query):
+        for word in tokenize(written):
+            if word not in seen:
+                seen.add(word)
+                terms.append(word)
+    return terms
 
 
 class _Grow:
@@ -113,8 +125,9 @@ class RawIndex:
     before it and 0.3 × the two after it in the same session. Replies ("A sunrise!") share few words with a later
     question; the message they answer ("What did you paint?") shares many, so the context is what finds them
     (+10 to +15 R@10 on LoCoMo dev). A query that names a speaker lifts that speaker's messages, because the
-    context spreads both speakers' names over every document. A "when" question lifts the messages that say
-    when ("last week"), and a message also carries the month its relative dates point at (`timeexpr`).
+    context spreads both speakers' names over every document. A "when" question (什么时候) lifts the messages
+    that say when ("last week", 上周), and a message also carries the month its relative dates point at and
+    the dates it writes the Chinese way (5月2日), spelt as its own date is (`timeexpr`).
 
     The index is derived: the Markdown archive is the source of truth, and `dump`/`restore` only turn this
     structure into files (JSON + npz, no pickle; the store writes them) so a restart need not re-tokenise.
@@ -391,7 +404,7 @@ class RawIndex:
         [0, 1], relative to those candidates), so a paraphrase with no shared word can be returned: that is
         what the vectors are for, and there is no absolute cosine floor. `exclude_session` is a session key
         as given by `session_key` (the current conversation, which the caller already has)."""
-        scores = self._bm25.score_array(tokenize(query))
+        scores = self._bm25.score_array(query_terms(query))
         n = scores.size
         if exclude_session is not None:
             sid = self._session_ids.get(exclude_session)

@@ -1,9 +1,10 @@
-"""Time expressions in chat turns: whether a turn says when ("yesterday", "last week", "two months ago"),
-the dates those words point at from the day the turn was said, and whether a question asks "when"."""
+"""Time expressions in chat turns, English and Chinese: whether a turn says when ("last week", 上周), the dates
+those words point at from the day it was said, whether a question asks "when", and dates written 5月2日."""
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from datetime import datetime, timedelta
 
 _NUM = (
@@ -23,6 +24,10 @@ RELATIVE = re.compile(
     re.I,
 )
 ASKS_WHEN = re.compile(r"\bwhen\b", re.I)
+MONTHS = (
+    "january", "february", "march", "april", "may", "june",
+    "july", "august", "september", "october", "november", "december",
+)  # fmt: skip
 
 _COUNT = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
           "eight": 8, "nine": 9, "ten": 10, "few": 3, "a few": 3, "couple of": 2, "a couple of": 2,
@@ -34,13 +39,87 @@ _SHIFT = re.compile(
 )
 
 
+# --- Chinese: general grammar (not drawn from any benchmark's questions). Counts are digits or numerals
+# 一..十 and 两; 几 ("a few") is 3 like English "few". Weeks run Monday to Sunday: 上周六 is the Saturday of
+# the week before the one the turn was said in.
+_ZH_NUMERALS = {"〇": 0, "零": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
+                "九": 9, "几": 3}  # fmt: skip
+_ZH_WEEKDAYS = "一二三四五六日"  # 天 is 日 (Sunday)
+_ZH_WEEKDAY = r"(?:一(?![起些直定样般点下次个共切])|[二三四五六日天])"  # 上周一起 is "together last week"
+_ZH_WEEK = r"(?:周|星期|礼拜)"
+_ZH_COUNT = r"(?:\d+|[一二两三四五六七八九十几]+)"
+#: A Chinese relative time expression; the named groups are what `resolved_dates` resolves.
+ZH_RELATIVE = re.compile(
+    r"(?P<day>大前天|前天|昨[天日晚]|明[天日晚]|后天|前几天|前些天)|"
+    r"今[天日晚早]|最近|近来|前段时间|前阵子|这个?月|本月|今年|"
+    rf"(?P<wrel>[上下这本])一?个?{_ZH_WEEK}(?:(?P<wd>{_ZH_WEEKDAY})|(?![围边到期年]))|"
+    rf"(?<![\d一二两三四五六七八九十几每个]){_ZH_WEEK}(?P<bare>{_ZH_WEEKDAY})|"
+    r"(?P<mrel>[上下])一?个?月|"
+    r"(?<![以之最])(?P<yrel>[去前明后])年(?![轻纪龄级])|"
+    rf"(?P<num>{_ZH_COUNT})(?P<unit>个?多?(?:天|周|星期|礼拜|年)|个多?月)多?[以之]?(?P<dir>[前后])"
+)
+ZH_ASKS_WHEN = re.compile(
+    r"什么时候|啥时候|什么时间|何时|哪一?天|哪一?年|哪个月|哪个?星期|几月|几号|星期几|周几|礼拜几|多久以?前"
+)
+_ZH_DAY_SHIFT = {"大前天": -3, "前天": -2, "前几天": -3, "前些天": -3, "后天": 2}
+_ZH_YEAR_SHIFT = {"去": -1, "前": -2, "明": 1, "后": 2}
+_Y = r"(\d{4}|[〇零一二三四五六七八九]{4})\s*年"
+_M = r"(\d{1,2}|[一二三四五六七八九十]{1,3})\s*月份?"
+_D = r"(?:\s*(\d{1,2}|[一二三四五六七八九十]{1,4})\s*[日号])?"
+#: A date written the Chinese way: 2023年5月2日, 5月2号, 五月二日, 五月份, 2023年5月, 2023年.
+ZH_DATE = re.compile(rf"(?<![\d.]){_Y}(?:\s*{_M}{_D})?|(?<![\d.]){_M}{_D}")
+
+
 def says_when(text: str) -> bool:
-    """Whether a turn's own words hold a relative time expression."""
-    return RELATIVE.search(text) is not None
+    """Whether a turn's own words hold a relative time expression, or a date written the Chinese way."""
+    return (
+        RELATIVE.search(text) is not None or ZH_RELATIVE.search(text) is not None or bool(written_dates(text))
+    )
 
 
 def asks_when(question: str) -> bool:
-    return ASKS_WHEN.search(question) is not None
+    return ASKS_WHEN.search(question) is not None or ZH_ASKS_WHEN.search(question) is not None
+
+
+def date_words(when: datetime, *, day: bool = True) -> str:
+    """The canonical words a date is indexed by, whatever the language it was written in: "2023 may 2"."""
+    return f"{when.year} {MONTHS[when.month - 1]}" + (f" {when.day}" if day else "")
+
+
+def written_dates(text: str) -> list[str]:
+    """The dates `text` writes the Chinese way, as `date_words` spells them (2023年5月2日 → "2023 may 2",
+    五月份 → "may", 2023年 → "2023"), so a Chinese question meets the day a message was said. A month or day
+    outside the calendar (13月, 2月30日) is skipped."""
+    if "月" not in text and "年" not in text:
+        return []
+    out: list[str] = []
+    for found in ZH_DATE.finditer(unicodedata.normalize("NFKC", text)):
+        year, month, day, month2, day2 = found.groups()
+        try:
+            y = _zh_int(year) if year else None
+            m, d = (_zh_int(month or month2) if month or month2 else None), day or day2
+            datetime(y or 2000, m or 1, _zh_int(d) if d else 1)  # 2000: a leap year, so 2月29日 stands
+        except ValueError:
+            continue
+        words = [str(y)] if y else []
+        words += [MONTHS[m - 1]] if m else []
+        words += [str(_zh_int(d))] if d else []
+        out.append(" ".join(words))
+    return out
+
+
+def _zh_int(text: str) -> int:
+    """A count or date number in digits or Chinese numerals (二〇二三, 十二, 二十三, 几); ValueError if not."""
+    if text.isdigit():
+        return int(text)
+    if "十" not in text:
+        if not text or any(ch not in _ZH_NUMERALS for ch in text):
+            raise ValueError(text)
+        return int("".join(str(_ZH_NUMERALS[ch]) for ch in text)) if len(text) > 1 else _ZH_NUMERALS[text]
+    tens, _, ones = text.partition("十")
+    if "十" in ones or len(tens) > 1 or len(ones) > 1:
+        raise ValueError(text)
+    return (_zh_int(tens) if tens else 1) * 10 + (_zh_int(ones) if ones else 0)
 
 
 def _months_later(ts: datetime, n: int) -> datetime:
@@ -58,7 +137,42 @@ def resolved_dates(text: str, said: datetime) -> list[datetime]:
             out.append(_resolve(*(x.lower() if x else "" for x in found.groups()), said=said))
         except (ValueError, OverflowError):
             continue
+    for zh in ZH_RELATIVE.finditer(text):
+        try:
+            when = _resolve_zh(zh, said)
+        except (ValueError, OverflowError):
+            continue
+        if when is not None:
+            out.append(when)
     return out
+
+
+def _resolve_zh(found: re.Match[str], said: datetime) -> datetime | None:
+    """The date one Chinese expression points at (None for one that points at no other day: 今天, 最近)."""
+    g = found.groupdict()
+    if g["day"]:
+        return said + timedelta(days=_ZH_DAY_SHIFT.get(g["day"], -1 if g["day"][0] == "昨" else 1))
+    if g["wrel"] or g["bare"]:
+        weeks = {"上": -1, "下": 1}.get(g["wrel"] or "", 0)
+        wd = g["wd"] or g["bare"]
+        if wd is None:
+            return said + timedelta(days=7 * weeks) if weeks else None
+        monday = said - timedelta(days=said.weekday())
+        return monday + timedelta(days=7 * weeks + _ZH_WEEKDAYS.index("日" if wd == "天" else wd))
+    if g["mrel"]:
+        return _months_later(said, -1 if g["mrel"] == "上" else 1)
+    if g["yrel"]:
+        return _months_later(said, 12 * _ZH_YEAR_SHIFT[g["yrel"]])
+    if g["num"]:
+        n, unit, sign = _zh_int(g["num"]), g["unit"].strip("个多"), -1 if g["dir"] == "前" else 1
+        if unit == "年":
+            if n >= 1000:  # 1998年前 is "before 1998", a calendar year, not a count
+                return None
+            return _months_later(said, sign * 12 * n)
+        if unit == "月":
+            return _months_later(said, sign * n)
+        return said + timedelta(days=sign * n * (1 if unit == "天" else 7))
+    return None
 
 
 def _resolve(day: str, rel: str, unit: str, num: str, unit2: str, *, said: datetime) -> datetime:

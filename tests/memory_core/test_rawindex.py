@@ -162,6 +162,53 @@ def test_a_relative_date_is_found_by_the_month_it_points_at() -> None:
     assert ids(index, "What happened in March?") == ["c1"]
 
 
+def on(mid: str, text: str, day: str, speaker: str = "Ann") -> RawMessage:
+    """A message said at noon UTC on `day` ("2023-05-02"), in that day's own session."""
+    ts = datetime.fromisoformat(f"{day}T12:00:00+00:00")
+    return RawMessage(id=mid, ts=ts, speaker=speaker, text=text, chat="c1", session=day)
+
+
+def test_a_chinese_question_naming_a_day_finds_what_was_said_that_day() -> None:
+    # Equal words; the June message comes first, so without the date it would win the tie.
+    index = built([on("jun", "我去了博物馆", "2023-06-02"), on("may", "我去了博物馆", "2023-05-02")])
+    assert ids(index, "我曾经在5月2日提到过我去了博物馆，是哪家？")[0] == "may"
+    assert ids(index, "五月二号我去了博物馆")[0] == "may"
+    assert ids(index, "我五月份去了哪里")[0] == "may"
+    assert ids(index, "2023年6月我去了博物馆")[0] == "jun"
+
+
+def test_a_day_written_in_digits_or_in_numerals_ranks_alike() -> None:
+    # One right month, one right day: the day said in digits (5月2日) is not counted twice.
+    index = built([on("may9", "我去了博物馆", "2023-05-09"), on("jun2", "我去了博物馆", "2023-06-02")])
+    assert ids(index, "5月2日我去了博物馆") == ids(index, "五月二日我去了博物馆")
+
+
+def test_a_chinese_message_carries_the_dates_it_names() -> None:
+    # Said in June, the message names May 2: an English question meets it whatever the language.
+    index = built(
+        [on("plain", "我去了博物馆", "2023-06-02"), on("named", "我五月二日去了博物馆", "2023-06-10")]
+    )
+    assert ids(index, "Did I go to the 博物馆 on May 2?")[0] == "named"
+    # Said in May, 上个月 points at April.
+    index = built(
+        [on("other", "这个月我去了杭州", "2023-05-07"), on("rel", "上个月我去了杭州", "2023-05-08")]
+    )
+    assert ids(index, "我四月份去了杭州吗")[0] == "rel"
+
+
+def test_a_chinese_when_question_lifts_the_turn_that_says_when() -> None:
+    chat = [
+        on("club", "和爬山俱乐部一起爬山是我最爱的事", "2023-05-01"),
+        on("went", "我上周爬山了", "2023-05-03"),
+        on("late", "火车昨天又晚点了", "2023-05-04", "Bob"),
+    ]
+    index = built(chat)
+    # The club turn holds 爬山 twice, but the question asks when, and only "went" says when.
+    assert ids(index, "我什么时候爬山？")[:2] == ["went", "club"]
+    assert ids(index, "我在哪里爬山？")[:2] == ["club", "went"]
+    assert "late" not in ids(index, "我什么时候爬山？")  # only turns with evidence are lifted
+
+
 def test_chinese_speaker_names_are_recognised_inside_a_sentence() -> None:
     index = built(
         [msg("x", "周末去爬山", "李雷", session="a"), msg("y", "周末去爬山", "韩梅梅", session="b")]
@@ -270,6 +317,10 @@ def test_an_unusable_cache_says_stale(tmp_path: Path) -> None:
     # A cache built before turns carried their resolved dates ("last week" → its month) is stale.
     before = [raw.K1, raw.B, raw.PREV_WEIGHT, raw.NEXT_WEIGHT, raw.WINDOW]
     (cache / "manifest.json").write_text(json.dumps(dict(manifest, recipe=before)))
+    with pytest.raises(StaleIndex):
+        load(store)
+    # So is one built before they carried Chinese dates (5月2日 → "may 2", 上个月 → its month).
+    (cache / "manifest.json").write_text(json.dumps(dict(manifest, recipe=[*before, 1])))
     with pytest.raises(StaleIndex):
         load(store)
     (cache / "manifest.json").write_text(json.dumps(dict(manifest, count=99)))

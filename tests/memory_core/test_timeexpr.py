@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime
 
-from memory_core.timeexpr import asks_when, resolved_dates, says_when
+from memory_core.timeexpr import asks_when, date_words, resolved_dates, says_when, written_dates
 
 SAID = datetime(2023, 8, 30, 18, 0, tzinfo=UTC)  # a Wednesday
 
@@ -31,3 +31,55 @@ def test_says_when_and_asks_when() -> None:
     assert says_when("I went hiking last weekend") and says_when("the other day")
     assert not says_when("Hiking with the hiking club is my favourite thing")
     assert asks_when("When did Ann go hiking?") and not asks_when("Where did Ann go hiking?")
+
+
+def test_chinese_relative_expressions_resolve_from_the_day_they_were_said() -> None:
+    assert days("昨天我和男朋友从里约回来了") == [date(2023, 8, 29)]
+    assert days("前天下了雨，后天要出差") == [date(2023, 8, 28), date(2023, 9, 1)]
+    assert days("去年我们去了骄傲节") == [date(2022, 8, 28)]
+    assert days("前年搬的家，明年想换工作") == [date(2021, 8, 28), date(2024, 8, 28)]
+    assert days("我两个月前领养了它") == [date(2023, 6, 28)]
+    assert days("三天前、两周前、一年前、几天前") == [
+        date(2023, 8, 27), date(2023, 8, 16), date(2022, 8, 28), date(2023, 8, 27)
+    ]  # fmt: skip
+    assert days("一个多月前开始学的") == [date(2023, 7, 28)]
+    assert days("上个月去了杭州，下个月去成都") == [date(2023, 7, 28), date(2023, 9, 28)]
+    # Weeks run Monday to Sunday: 上周六 is the Saturday of the week before, 这周五 this week's Friday.
+    assert days("上周六我们去骑车") == [date(2023, 8, 26)]
+    assert days("上星期天") == [date(2023, 8, 27)] and days("下礼拜一") == [date(2023, 9, 4)]
+    assert days("这周五见") == [date(2023, 9, 1)] and days("星期二") == [date(2023, 8, 29)]
+    assert days("上周一起吃了饭") == [date(2023, 8, 23)]  # 一起 is "together", not Monday
+    assert days("今天和最近都很忙") == []  # no other day
+    assert days("我喜欢爬山") == [] and days("我以前年轻的时候") == [] and days("从前年轻的时候") == []
+    assert days("之前年会上见过") == []  # 之前 + 年会 (an annual meeting), not 前年
+    assert days("12月前交报告") == []  # a calendar month (before December), not "12 months ago"
+
+
+def test_a_chinese_expression_outside_the_calendar_is_skipped() -> None:
+    assert days("99999999天前，还有昨天") == [date(2023, 8, 29)]
+    assert days("9999年前") == [] and days("1998年前后") == []  # a calendar year, not a count of years
+
+
+def test_chinese_says_when_and_asks_when() -> None:
+    assert says_when("我上周去爬山了") and says_when("两个月前") and says_when("我5月2日去了博物馆")
+    assert not says_when("天气很好，我们去爬山") and not says_when("小时候我住在乡下")
+    assert not says_when("这周围很安静") and not says_when("每周一次") and not says_when("每周六都去游泳")
+    for question in ("我什么时候去的杭州", "啥时候买的", "哪天下的雨", "那是哪一年", "几号出发", "几月去的"):
+        assert asks_when(question), question
+    for question in ("我去了哪里", "小时候我喜欢什么", "有时候我会跑步", "我跑了几天", "天气怎么样"):
+        assert not asks_when(question), question
+
+
+def test_dates_written_the_chinese_way_are_spelt_as_the_index_spells_a_day() -> None:
+    assert written_dates("我曾经在5月2日提到过") == ["may 2"] == written_dates("五月二号")
+    assert written_dates("在4月27号这天") == ["april 27"]
+    assert written_dates("我五月份去了哪里") == ["may"]
+    assert written_dates("2023年5月") == ["2023 may"] and written_dates("2023年") == ["2023"]
+    assert written_dates("二〇二三年十二月二十五日") == ["2023 december 25"]
+    assert written_dates("１２月３日") == ["december 3"]  # full-width digits
+    assert (
+        written_dates("date_words") == [] and written_dates("三个月") == [] and written_dates("这个月") == []
+    )
+    assert written_dates("13月，2月30日") == []  # outside the calendar: skipped
+    assert written_dates("编号12023年") == []  # part of a longer number, not a year
+    assert date_words(SAID) == "2023 august 30" and date_words(SAID, day=False) == "2023 august"
