@@ -47,7 +47,9 @@ _ZH_NUMERALS = {"〇": 0, "零": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四
 _ZH_WEEKDAYS = "一二三四五六日"  # 天 is 日 (Sunday)
 _ZH_WEEKDAY = r"(?:一(?![起些直定样般点下次个共切])|[二三四五六日天])"  # 上周一起 is "together last week"
 _ZH_WEEK = r"(?:周|星期|礼拜)"
-_ZH_COUNT = r"(?:\d+|[一二两三四五六七八九十几]+)"
+# A count starts where its run of digits or numerals starts, and is at most 4 long: searched at every
+# position of a long digit run, an unbounded count made the scan quadratic (100,000 digits: minutes).
+_ZH_COUNT = r"(?<![\d一二两三四五六七八九十几])(?:\d{1,4}|[一二两三四五六七八九十几]{1,4})"
 #: A Chinese relative time expression; the named groups are what `resolved_dates` resolves.
 ZH_RELATIVE = re.compile(
     r"(?P<day>大前天|前天|昨[天日晚]|明[天日晚]|后天|前几天|前些天)|"

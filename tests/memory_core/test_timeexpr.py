@@ -83,3 +83,13 @@ def test_dates_written_the_chinese_way_are_spelt_as_the_index_spells_a_day() -> 
     assert written_dates("13月，2月30日") == []  # outside the calendar: skipped
     assert written_dates("编号12023年") == []  # part of a longer number, not a year
     assert date_words(SAID) == "2023 august 30" and date_words(SAID, day=False) == "2023 august"
+
+
+def test_a_chinese_count_is_read_from_where_its_run_starts_and_is_at_most_four_long() -> None:
+    """A count is matched only from the start of its run of digits or numerals, and only up to 4 of them:
+    tried at every position of a long run (a hostile 100,000-digit message), an open-ended count made the
+    scan quadratic — minutes of a worker's time. So 12345天前 is no count (not "2345 days ago" either)."""
+    assert days("1000天前") == [date(2020, 12, 3)] and days("三十天前") == [date(2023, 7, 31)]
+    assert days("12345天前") == [] and not says_when("我等了12345天前后")
+    assert days("一二三四五天前") == []
+    assert days("1" * 100_000 + "天前") == [] and not says_when("9" * 100_000)
