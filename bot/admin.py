@@ -23,17 +23,9 @@ Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
-    """Mount the admin routes:
-
-        POST /admin/dream          {"namespace": "tenant/user/persona", "phase": "light", "dry_run": false}
-        GET  /admin/dream/status?namespace=tenant/user/persona
-        GET  /admin/stats[?namespace=tenant/user/persona]
-        POST /admin/erase          {"user": "ou_…", "tenant": "…"}  → what `lucid erase` removes (tenant optional)
-
-    Every request needs `Authorization: Bearer <LUCID_ADMIN_TOKEN>`, compared in constant time. With no token
-    configured the routes are not mounted at all (404): an admin API must never be open by omission. The work
-    is the same code the Feishu /dream and /stats commands run (`workers.turn`), called off the event loop.
-    """
+    """Mount the admin routes (docs/ARCHITECTURE.md, "The admin API"), or none without LUCID_ADMIN_TOKEN:
+    an admin API must never be open by omission. Each needs `Authorization: Bearer <token>`, compared in
+    constant time."""
     token = runtime.settings.admin_token
     if not token:
         log.info("LUCID_ADMIN_TOKEN not set: the HTTP admin API is disabled")

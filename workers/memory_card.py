@@ -39,16 +39,8 @@ _ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")
 
 @dataclass(frozen=True)
 class CardAction:
-    """A button press, as routing made it from `card.action.trigger` (JSON-safe: it rides an RQ job).
-
-        /memory → card(entries) replied to the message; the card's owner and chat are kept in Redis (14 days)
-        button  → `card.action.trigger` (webhook or long connection) → `enqueue_action` → `handle_action` job:
-                  the owner check, the op through the single writer, the card rebuilt and PATCHed in place
-
-    A button's value names only the action and the entry id; who may act and what the card may show come from
-    the registration written when the card was sent (never from the callback): the operator must be the person
-    the card was made for, and in a group the card shows, and acts on, only what that group may see.
-    """
+    """A button press, as routing made it from `card.action.trigger` (JSON-safe: it rides an RQ job; the flow:
+    docs/ARCHITECTURE.md, "The /memory card")."""
 
     persona: str
     tenant: str
