@@ -154,21 +154,7 @@ def build(
         ]
         if e.subject:
             buttons.append(_button(lang, "history", e.id))
-        text = _plain(e.text) + (" 📌" if e.pinned else "")
-        elements.append(
-            {
-                "tag": "column_set",
-                "columns": [
-                    {
-                        "tag": "column",
-                        "width": "weighted",
-                        "weight": 3,
-                        "elements": [{"tag": "markdown", "content": text}],
-                    },
-                    {"tag": "column", "width": "auto", "elements": buttons},
-                ],
-            }
-        )
+        elements.append(_row(_plain(e.text) + (" 📌" if e.pinned else ""), buttons))
         before = [h for h in history if h.id != e.id]
         if before and any(h.id == e.id for h in history):
             was = "  →  ".join(_plain(h.text) for h in before)
@@ -178,29 +164,29 @@ def build(
     if len(entries) > SHOWN:
         elements.append({"tag": "markdown", "content": _t(lang, "more", n=len(entries) - SHOWN)})
     if dream is not None:
-        undo = _button(lang, "undo", dream.rev[:16])
         elements.append({"tag": "hr"})
         elements.append(
-            {
-                "tag": "column_set",
-                "columns": [
-                    {
-                        "tag": "column",
-                        "width": "weighted",
-                        "weight": 3,
-                        "elements": [
-                            {"tag": "markdown", "content": _t(lang, "dream", what=_plain(dream.message))}
-                        ],
-                    },
-                    {"tag": "column", "width": "auto", "elements": [undo]},
-                ],
-            }
+            _row(_t(lang, "dream", what=_plain(dream.message)), [_button(lang, "undo", dream.rev[:16])])
         )
     return {
         "schema": "2.0",
         "config": {"update_multi": True},
         "header": {"title": {"tag": "plain_text", "content": _t(lang, "title", n=len(entries))}},
         "body": {"elements": elements},
+    }
+
+
+def _row(text: str, buttons: list[dict[str, Any]]) -> dict[str, Any]:
+    """A line of the card: its text, and its buttons on the right."""
+    text_column = {
+        "tag": "column",
+        "width": "weighted",
+        "weight": 3,
+        "elements": [{"tag": "markdown", "content": text}],
+    }
+    return {
+        "tag": "column_set",
+        "columns": [text_column, {"tag": "column", "width": "auto", "elements": buttons}],
     }
 
 
