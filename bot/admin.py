@@ -67,11 +67,15 @@ def _namespace(value: Any) -> Namespace:
         raise web.HTTPBadRequest(text='{"error": "namespace must be tenant/user/persona"}') from exc
 
 
-async def _dream(request: web.Request, runtime: Runtime) -> web.Response:
+async def _json(request: web.Request) -> Any:
     try:
-        body = await request.json()
+        return await request.json()
     except ValueError as exc:
         raise web.HTTPBadRequest(text='{"error": "body must be JSON"}') from exc
+
+
+async def _dream(request: web.Request, runtime: Runtime) -> web.Response:
+    body = await _json(request)
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text='{"error": "body must be a JSON object"}')
     ns = _namespace(body.get("namespace"))
@@ -93,10 +97,7 @@ async def _stats(request: web.Request, runtime: Runtime) -> web.Response:
 
 
 async def _erase(request: web.Request, runtime: Runtime) -> web.Response:
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise web.HTTPBadRequest(text='{"error": "body must be JSON"}') from exc
+    body = await _json(request)
     user, tenant = (body.get(k) if isinstance(body, dict) else None for k in ("user", "tenant"))
     if not isinstance(user, str) or not user.strip() or (tenant is not None and not isinstance(tenant, str)):
         raise web.HTTPBadRequest(text='{"error": "user (and optionally tenant) must be strings"}')

@@ -334,23 +334,20 @@ _COUNT_KEY = {
 }
 
 
-class _BookTarget:
+class _BookTarget(_Working):
     """A Book seen through the Target protocol; archive moves are batched (one pass over the file)."""
 
     def __init__(self, book: Book) -> None:
+        super().__init__({e.id: e for e in book.entries()})
         self.book = book
-        self.memory = {e.id: e for e in book.entries()}
         self.to_archive: list[str] = []
 
-    def current_entry(self, entry_id: str) -> Entry | None:
-        return self.memory.get(entry_id)
-
     def replace_entry(self, entry: Entry) -> None:
-        self.memory[entry.id] = entry
+        super().replace_entry(entry)
         self.book.replace_entry(entry)
 
     def archive(self, entry_id: str) -> None:
-        self.memory.pop(entry_id, None)
+        super().archive(entry_id)
         self.to_archive.append(entry_id)
 
     def flush(self) -> None:
