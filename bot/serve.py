@@ -212,7 +212,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
+def _raise_interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
