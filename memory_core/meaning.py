@@ -367,11 +367,6 @@ def core_grams(text: str) -> frozenset[str]:
     return similarity.bigrams(read(text).core)
 
 
-def slot_of(text: str) -> str | None:
-    s = read(text).slot
-    return s[0] if s else None
-
-
 # --- person subjects and names ---------------------------------------------------------------------------
 _PERSON_ATTRS = (
     (

@@ -3,7 +3,7 @@
 # ruff: noqa: B018
 from bot import cli, longconn
 from memory_core import dream_light, forgetting, ops, rawindex, recall, store, textindex, vault
-from workers import feishu_send, scheduler
+from workers import feishu_send, scheduler, turn
 
 # Registered by @command and run through cli.COMMANDS.
 cli.cmd_remember, cli.cmd_forget, cli.cmd_erase, cli.cmd_pin, cli.cmd_show, cli.cmd_history
@@ -14,6 +14,8 @@ longconn._Client._get_conn_url, longconn._Events._do_without_validation
 forgetting.purge_blob
 # Values `Kind(status)` accepts; an Outcome is built from the string.
 ops.Kind.UNCHANGED, ops.Kind.RECORDED, ops.Kind.PURGED
+# Turn jobs queued by its old name before the upgrade that moved the turn job (docs/ARCHITECTURE.md).
+turn.handle_message
 # rq's CronJob swapped for ours at registration (workers/scheduler.py).
 scheduler.JSONCronJob.__class__
 # Read only by tests and bench/, which vulture is not given.
