@@ -137,7 +137,6 @@ _SLOT_STOP = frozenset(
     }
 )
 _SLOT_LEAD = re.compile(r"^(?:新|现在的|目前的|现任|当前的?|new |current )+")
-_ZH_SLOT_DROP = re.compile(r"^的")
 
 
 class Reading(NamedTuple):

@@ -61,7 +61,16 @@ def _uses(tree: ast.Module, package: str, modules: set[str]) -> set[tuple[str, s
     return used
 
 
-def test_every_top_level_function_and_class_is_used_from_where_it_lives() -> None:
+def _defined(statement: ast.stmt) -> list[str]:
+    if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return [statement.name]
+    targets = statement.targets if isinstance(statement, ast.Assign) else []
+    if isinstance(statement, ast.AnnAssign):
+        targets = [statement.target]
+    return [t.id for t in targets if isinstance(t, ast.Name) and not t.id.startswith("__")]
+
+
+def test_every_top_level_definition_is_used_from_where_it_lives() -> None:
     # vulture matches by name, so a function is "used" when anything of that name is; this check follows
     # each use to the module it comes from (meaning.slot_of went unseen beside the indexes' slot_of).
     modules = _modules()
@@ -70,11 +79,18 @@ def test_every_top_level_function_and_class_is_used_from_where_it_lives() -> Non
     unused = []
     for name, tree in modules.items():
         loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        unused += [
-            f"{name}.{d.name}"
+        exported = {
+            e.value
             for d in tree.body
-            if isinstance(d, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-            and d.name not in loaded
-            and (name, d.name) not in used
+            if isinstance(d, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in d.targets)
+            for e in ast.walk(d.value)
+            if isinstance(e, ast.Constant)
+        }
+        unused += [
+            f"{name}.{n}"
+            for d in tree.body
+            for n in _defined(d)
+            if n not in loaded and n not in exported and (name, n) not in used
         ]
     assert unused == [], "unused (delete it, or say in tests/vulture_whitelist.py who uses it)"
