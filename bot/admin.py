@@ -23,17 +23,9 @@ Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
-    """Mount the admin routes:
-
-        POST /admin/dream          {"namespace": "tenant/user/persona", "phase": "light", "dry_run": false}
-        GET  /admin/dream/status?namespace=tenant/user/persona
-        GET  /admin/stats[?namespace=tenant/user/persona]
-        POST /admin/erase          {"user": "ou_…", "tenant": "…"}  → what `lucid erase` removes (tenant optional)
-
-    Every request needs `Authorization: Bearer <LUCID_ADMIN_TOKEN>`, compared in constant time. With no token
-    configured the routes are not mounted at all (404): an admin API must never be open by omission. The work
-    is the same code the Feishu /dream and /stats commands run (`workers.turn`), called off the event loop.
-    """
+    """Mount the admin routes (docs/ARCHITECTURE.md, "The admin API"), or none without LUCID_ADMIN_TOKEN:
+    an admin API must never be open by omission. Each needs `Authorization: Bearer <token>`, compared in
+    constant time."""
     token = runtime.settings.admin_token
     if not token:
         log.info("LUCID_ADMIN_TOKEN not set: the HTTP admin API is disabled")
@@ -75,11 +67,15 @@ def _namespace(value: Any) -> Namespace:
         raise web.HTTPBadRequest(text='{"error": "namespace must be tenant/user/persona"}') from exc
 
 
-async def _dream(request: web.Request, runtime: Runtime) -> web.Response:
+async def _json(request: web.Request) -> Any:
     try:
-        body = await request.json()
+        return await request.json()
     except ValueError as exc:
         raise web.HTTPBadRequest(text='{"error": "body must be JSON"}') from exc
+
+
+async def _dream(request: web.Request, runtime: Runtime) -> web.Response:
+    body = await _json(request)
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text='{"error": "body must be a JSON object"}')
     ns = _namespace(body.get("namespace"))
@@ -101,10 +97,7 @@ async def _stats(request: web.Request, runtime: Runtime) -> web.Response:
 
 
 async def _erase(request: web.Request, runtime: Runtime) -> web.Response:
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise web.HTTPBadRequest(text='{"error": "body must be JSON"}') from exc
+    body = await _json(request)
     user, tenant = (body.get(k) if isinstance(body, dict) else None for k in ("user", "tenant"))
     if not isinstance(user, str) or not user.strip() or (tenant is not None and not isinstance(tenant, str)):
         raise web.HTTPBadRequest(text='{"error": "user (and optionally tenant) must be strings"}')

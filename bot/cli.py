@@ -29,8 +29,6 @@ from workers.settings import Settings, duration_seconds
 from . import chat_cli
 from .terminal import printable, printable_json
 
-log = logging.getLogger("lucid")
-
 COMMANDS: dict[str, Callable[[argparse.Namespace, Runtime], int]] = {}
 
 

@@ -45,19 +45,11 @@ MAX_CREATE_TIME_MS = 10**13
 def route(
     event: dict[str, Any], persona: str, bot_open_id: str, *, now_ms: int, stale_ms: int
 ) -> Inbound | Ignored:
-    """Decide what `event` (decrypted, verified, v2.0) means for `persona`.
+    """Decide what `event` (decrypted, verified, v2.0) means for `persona`. Pure: no I/O, no clock of its own
+    (what gets through and how it is read: docs/ARCHITECTURE.md, "Routing").
 
     `bot_open_id` empty means the bot's identity is not known yet: a group message is then refused for a
-    retry (an unknown bot cannot tell whether it was addressed); one-to-one chats still work.
-
-    Pure: no I/O, no clock of its own. Who is speaking (tenant, union_id else open_id), which persona, which chat;
-    in a group only messages that @mention the bot (matched by the bot's open_id, never by its display name,
-    research/feishu.md §6) get through, one-to-one chats always. `@_user_N` placeholders become `@Name`, the
-    bot's own mention is removed, `@_all` becomes `@所有人`. Text and rich-text (`post`) messages are read; every
-    other type (image, file, audio, media, sticker, shared chat or user, location, merged forward, …) becomes a
-    typed placeholder with its keys, e.g. `[image image_key=img_v3_…]`, so the raw archive keeps a trace and the
-    bot can say plainly what it cannot read. Ids that reach Redis keys and paths are checked here.
-    """
+    retry (an unknown bot cannot tell whether it was addressed); one-to-one chats still work."""
     header = event.get("header")
     if event.get("schema") != "2.0" or not isinstance(header, dict):
         return Ignored("not a v2.0 event")

@@ -212,7 +212,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
+def _raise_interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
@@ -231,22 +231,22 @@ def bot_only(args: argparse.Namespace, settings: Settings) -> int:
 def worker(args: argparse.Namespace, settings: Settings) -> int:
     from workers.worker import run_worker
 
-    url = settings.redis_url or embedded_redis.running_url(settings.data_dir)
-    if url is None:
-        raise LucidError("`lucid worker` needs Redis: set REDIS_URL, or start `lucid serve`")
-    with build(settings, redis_url=url) as runtime:
-        run_worker(runtime, burst=args.burst)
-    return 0
+    return _on_redis(settings, "worker", lambda runtime: run_worker(runtime, burst=args.burst))
 
 
 def cron(args: argparse.Namespace, settings: Settings) -> int:
     from workers.scheduler import run_cron
 
+    return _on_redis(settings, "cron", run_cron)
+
+
+def _on_redis(settings: Settings, command: str, run: Callable[[Runtime], object]) -> int:
+    """Run `lucid <command>` on REDIS_URL, else on the embedded server `lucid serve` started."""
     url = settings.redis_url or embedded_redis.running_url(settings.data_dir)
     if url is None:
-        raise LucidError("`lucid cron` needs Redis: set REDIS_URL, or start `lucid serve`")
+        raise LucidError(f"`lucid {command}` needs Redis: set REDIS_URL, or start `lucid serve`")
     with build(settings, redis_url=url) as runtime:
-        run_cron(runtime)
+        run(runtime)
     return 0
 
 

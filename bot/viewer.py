@@ -1,24 +1,5 @@
-"""The memory viewer: a read-only page for operators, behind the admin token.
-
-    GET /admin/viewer                      the page (log in with ?token=… once; a session cookie follows)
-    GET /admin/api/namespaces              every namespace with its entry counts
-    GET /admin/api/ns/{tenant}/{user}/{persona}[?q=…]
-                                           resident and recall tiers (scored against q when given), archive,
-                                           profile, timeline per subject, dream journal with each run's diff
-
-It never writes. Everything shown goes into the page through `textContent`, never as HTML, so a memory that
-contains markup is shown as text. Without LUCID_ADMIN_TOKEN the viewer does not exist (404).
-
-The login trades the token for a random session id (the cookie never holds the token): HttpOnly,
-SameSite=Strict, 8 hours, Secure when the request came over HTTPS (directly or as `X-Forwarded-Proto:
-https` from the proxy). Sessions live in Redis when there is one, so every replica knows them. A failed login
-is logged with the client address, never the token, and a client with 5 failures in 5 minutes is refused
-(429) until they age out. The failures are counted in Redis when there is one (one count however many
-replicas serve the viewer), per client address: the peer's, or behind a reverse proxy listed in
-LUCID_TRUSTED_PROXIES the one its X-Forwarded-For names (a header from anyone else is ignored, so a client
-cannot dodge the limit by writing one). Reading a namespace runs in a thread: a large one never stalls the event loop,
-which also answers Feishu's webhook and /healthz.
-"""
+"""The memory viewer: a read-only page for operators, behind the admin token (docs/ARCHITECTURE.md,
+"The viewer")."""
 
 from __future__ import annotations
 

@@ -234,18 +234,8 @@ class _DedupIndex:
 class Book:
     """MEMORY.md + ARCHIVE.md of one namespace, as a mutable working copy for one batch.
 
-    A `Book` holds MEMORY.md and ARCHIVE.md as parsed values, applies operations to them (pure: no disk, no
-    clock of its own — `now` is passed in) and renders them back. Lines it cannot read are carried through
-    verbatim. The rules (DESIGN §4), with the reference system's holes closed:
-
-    - duplicates are decided over all current entries, not the first match in file order;
-    - a statement that changes the meaning of a current one (`meaning.compare`: negation, number, place or name,
-      possessive slot; or the same subject with another value, person subjects per attribute) supersedes: the
-      old entry gets `vt`, the new one `sup`, the outcome says why; nothing is deleted, and what else the old
-      line said stays current; only a same-meaning rewording updates in place;
-    - what `policy.protected` names is never changed by an automatic source;
-    - every text that will be stored passes the secret check here, at the lowest layer.
-    """
+    Pure (no disk; `now` is passed in); unreadable lines are carried through verbatim. The upsert rules:
+    docs/MEMORY.md ("The upsert rules")."""
 
     def __init__(self, memory: MemoryFile | None = None, archive: MemoryFile | None = None) -> None:
         memory = memory if memory is not None and memory.sections else _with_sections(memory)

@@ -87,17 +87,8 @@ def _links(pool: Sequence[Entry]) -> dict[int, set[int]]:
 def plan_clusters(entries: Sequence[Entry], now: datetime) -> list[Cluster]:
     """Up to MAX_CLUSTERS cohesive clusters of eligible entries, the most connected first.
 
-    The model only proposes; this module decides. A run is: `plan_clusters` (pure) → one model call per
-    cluster with `merge_messages` → `review_reply` validates every proposed merge with `validate_merge` →
-    `apply_deep` writes the accepted ones as supersedes in the same batch (sources get vt=now, the merged
-    entry sup = every source id, src=dream). Nothing is ever deleted; a rejected merge changes nothing.
-
-    Eligible: current recall-tier entries (never pinned, rules, identities, instructions or preferences)
-    with no end date, recalled fewer than 3 times, and not younger than ~4.5 days (recency < 0.9).
-    Clusters are complete-link: every member is linked to every other (same subject, or bigram Jaccard
-    ≥ 0.35) and all share one scope, so no chain A~B~C joins unrelated A and C. At most 4 clusters of at
-    most 8 entries per run; the oldest `SCAN_LIMIT` eligible entries are considered.
-    """
+    The model only proposes; this module decides (a run, eligibility and the clusters: docs/MEMORY.md, "Deep
+    dreaming")."""
     pool = sorted((e for e in entries if deep_eligible(e, now)), key=lambda e: (stamp(e), e.id))[:SCAN_LIMIT]
     adj = _links(pool)
     used: set[int] = set()

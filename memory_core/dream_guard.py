@@ -147,37 +147,8 @@ def content_terms(text: str) -> dict[str, str]:
 
 
 def key_terms(text: str) -> frozenset[str]:
-    """The terms of `text` a rewrite must keep (see the module docstring), numbers excluded.
-
-    Deep dreaming and profile distillation let a model write memory. Nothing it writes is trusted: these
-    checks are deterministic, shared by both phases, and err towards rejecting (a rejected merge costs one
-    tidy-up, an accepted bad one costs a fact). Every check compares against the source texts only.
-
-    Key terms (`key_terms`) — what a rewrite must keep. All matching is on NFKC-normalised, lower-cased text
-    with white space and punctuation removed (`similarity.normalise`), so 2026-06-20 and 2026年6月20日 agree:
-
-    - numbers: every run of digits, compared as integers (leading zeros dropped, so 06 = 6);
-    - Chinese numerals with a unit: 三月, 五号, 十点, 二十岁, 三楼 (`[零〇一二两三四五六七八九十百千万]+` + one of
-      年月日号点岁周天次楼层);
-    - Latin words: in a text that has CJK characters, every Latin word of 2+ characters (Python, AWS, k8s);
-      in a Latin-only text, capitalised words and words with digits, except the first word of a sentence and
-      a short stop list (I, The, User, …), because English capitalises sentence starts, not only names;
-    - CJK value terms: the two CJK characters right after a cue verb (叫, 姓, 是, 在, 住在, 来自, 养, 用, 对,
-      喜欢, 爱, 讨厌, 不吃, 不喝), skipping particles, measure words (了, 的, 一个, 一只…) and one light verb
-      (喝, 吃, 玩, 看…): 我住在西湖区 → 西湖, 我叫张三 → 张三, 我对花生过敏 → 花生, 我喜欢喝咖啡 → 咖啡. Compounds that are not cues (但是, 现在, 用户…) are excluded;
-    - salience words: every hint word of recall importance (过敏, 务必, never, allergic…), because dropping
-      one changes how much the fact matters;
-    - negation: a source with a negation (不, 没, 别, 未, never, not, n't, no) needs one in the rewrite;
-    - content (`content_terms`), each named by its kind in a rejection: places and organisations (the two
-      CJK characters before a place or organisation suffix — 西湖区, 东京区域, 浦东机场, 字节公司 — and
-      English place words like district, region, downtown), qualifiers that change what a fact says
-      (每周, 周末, 晚上, 只, 偶尔, 经常, always, only, every, weekends, north…), and quantities (两个,
-      三只, a dozen, twice, the number words one…twenty). 我住在杭州西湖区 → 我住在杭州 loses 西湖区;
-      部署在 AWS 东京区域 → 部署在 AWS loses 东京区域.
-
-    Coverage: besides the terms, each source must keep at least half of its character bigrams (ignoring
-    bigrams with 我/的/了), so that a source whose facts have no cue word cannot silently vanish.
-    """
+    """The terms of `text` a rewrite must keep, numbers excluded (docs/MEMORY.md, "The dream cage's text
+    checks"). The checks err towards rejecting: a rejected merge costs a tidy-up, an accepted bad one a fact."""
     nf = _nfkc(text)
     found = {normalise(t) for t in _latin_terms(nf) | _cjk_terms(nf)}
     return frozenset(t for t in found | set(content_terms(nf)) if t)

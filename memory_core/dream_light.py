@@ -295,30 +295,9 @@ class _Working:
 def plan_light(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
     """The ops of one light run over MEMORY.md's entries (pure; `now` is explicit).
 
-    Each rule is a small function with its threshold. `plan_light` runs them in order over a working copy,
-    each rule seeing what the earlier ones did, so one run reaches a fixed point: a second run right after
-    the first (same `now`) plans nothing. `apply_light` applies the plan to a Book through the same effect
-    functions, re-checking each precondition, so a plan applied to a moved book can only do less.
-
-        merge_duplicates        bigram Jaccard ≥ 0.65, same scope, compatible subjects: the loser gets
-                                vt=now, the survivor sup+=loser and the union of metadata (max hits, pinned if
-                                either, earliest at/vf, latest last, union of sup). Never a hard delete.
-        supersede_contradictions  same subject, several current holders: the older get vt=now, the newest
-                                sup+=them. `person:` subjects name who a fact is about, not an attribute: skipped.
-        demote_stale_preferences  a preference never recalled (hits 0) with recency < 0.02 (~170 days) → context
-                                in the recall tier, marked `demo=<date>`: it stays current there (never
-                                archived as cold — it is still true, just not worth every prompt).
-        promote_recalled        a recall-tier entry recalled ≥ 3 times and used within 90 days → resident,
-                                marked `promo=<date>` — not `pin=1`, which only the user sets.
-        return_unused_promotions  a promoted entry unused (no recall) for 90 days → back to the recall tier.
-        archive_cold            a recall-tier entry with recency < 0.05 (~130 days) and importance < 0.55 → ARCHIVE.
-        archive_history         an entry whose valid-to has passed (superseded, merged, expired) → ARCHIVE.
-
-    Protected (never touched, not even merged, moved or superseded): pinned entries, rules, identities and
-    instructions. A group with a protected member is left for the user. Ages come from the entries' own
-    timestamps (`last`, else `at`, else `vf`); an entry with none counts as new, so nothing is decided on a
-    missing date (the reference system's file-mtime dates made every entry look new or old at random).
-    """
+    The rules run in order over a working copy, so one run reaches a fixed point; `apply_light` re-checks each
+    precondition, so a plan applied to a moved book can only do less (the rules and their thresholds:
+    docs/MEMORY.md, "Light dreaming")."""
     work = _Working({e.id: e for e in entries})
     plan: list[LightOp] = []
     for rule in RULES:
@@ -355,23 +334,20 @@ _COUNT_KEY = {
 }
 
 
-class _BookTarget:
+class _BookTarget(_Working):
     """A Book seen through the Target protocol; archive moves are batched (one pass over the file)."""
 
     def __init__(self, book: Book) -> None:
+        super().__init__({e.id: e for e in book.entries()})
         self.book = book
-        self.memory = {e.id: e for e in book.entries()}
         self.to_archive: list[str] = []
 
-    def current_entry(self, entry_id: str) -> Entry | None:
-        return self.memory.get(entry_id)
-
     def replace_entry(self, entry: Entry) -> None:
-        self.memory[entry.id] = entry
+        super().replace_entry(entry)
         self.book.replace_entry(entry)
 
     def archive(self, entry_id: str) -> None:
-        self.memory.pop(entry_id, None)
+        super().archive(entry_id)
         self.to_archive.append(entry_id)
 
     def flush(self) -> None:

@@ -114,23 +114,8 @@ class _Verifier:
 
 
 def similar_pairs(sets: Sequence[frozenset[str]], threshold: float) -> Iterator[tuple[int, int, float]]:
-    """Every pair (i, j, jaccard), i < j, with Jaccard(sets[i], sets[j]) ≥ threshold.
-
-    Prefix filtering (AllPairs, Bayardo et al. 2007): tokens get one global order and sets are visited
-    smallest first. Two sets x, y (|y| ≤ |x|) with Jaccard ≥ t share at least α = ⌈t/(1+t)·(|x|+|y|)⌉
-    tokens, so x's first |x| − ⌈t·|x|⌉ + 1 tokens (its probe) meet y's first |y| − ⌈2t/(1+t)·|y|⌉ + 1
-    tokens (its index). Any global order keeps that true; rarest-first makes the buckets small.
-
-    Latin text breaks the "rare" part: its bigrams come from a 36 × 36 alphabet, so every one is common and
-    a bucket holds most of the English entries. Those tokens are therefore ordered last and never bucketed.
-    A pair can then only be missed by the buckets if x's probe and y's index both reach Latin tokens; those
-    pairs are checked directly instead, vectorised: the Latin overlap is a popcount over 1,344-bit rows, and
-    `popcount + min(non-Latin tokens)` is an upper bound on the overlap that must reach α before the exact
-    check. Buckets are kept in size order, so the length filter |y| ≥ t·|x| is a bisection. Every candidate
-    is verified exactly, in batches behind a vectorised upper bound (`_Verifier`): the result is the O(n²)
-    pass's, at a cost that follows the data, not n². Worst case: long English texts, whose bigrams are all
-    common (20,000 two-sentence English entries ≈ 2–3 s of the pass).
-    """
+    """Every pair (i, j, jaccard), i < j, with Jaccard(sets[i], sets[j]) ≥ threshold: the O(n²) pass's result
+    at a cost that follows the data (prefix filtering; the method: docs/MEMORY.md, "All similar pairs")."""
     freq = Counter(tok for s in sets for tok in s)
     ordered = sorted(freq, key=lambda tok: (tok in _LATIN, freq[tok]))  # Latin last; ties: first seen
     rank = {tok: r for r, tok in enumerate(ordered)}

@@ -85,16 +85,8 @@ def parse_facts(reply: str, source_text: str = "") -> list[Fact]:
     lines not grounded in the user's own text (chatter) and instruction-like lines that the user's text does
     not contain are dropped; a third party's fact is typed `fact` whatever its wording.
 
-    One prompt and one parser, so the bot's background extraction and the replay dream store the same kind
-    of facts the same way. The model answers one fact per line, `[subject] fact`, `[person:Name] fact` for
-    someone else, or NONE. Every parsed fact becomes a `Remember` op through the normal upsert; nothing a
-    model writes reaches memory without the writer's checks (secrets, protection, duplicates, supersede).
-
-    Replay reads the raw archive since a watermark, keeps the user's own messages (the assistant's words are
-    not facts about the user), and cuts them into chunks of at most `CHUNK_CHARS` characters; chunks with no
-    memorable hint are skipped without a model call. Each fact is attributed to the message of its chunk it
-    shares most bigrams with, which becomes its `from=` provenance.
-    """
+    One prompt and one parser, so background extraction and replay store the same facts the same way
+    (docs/MEMORY.md, "Extraction and replay")."""
     facts: list[Fact] = []
     for raw in strip_reasoning(reply).splitlines():
         m = _LINE.match(raw)

@@ -1,21 +1,4 @@
-"""The small error tree of the memory library.
-
-    LucidError
-     ├── InvalidInput        bad input from a person or a program (clear message, nothing written)
-     │    ├── ImportFormatError   a line of an import file (carries the line number)
-     │    └── LineError      a memory-file line that cannot be read (also a ValueError): kept verbatim
-     ├── NotFound            an id or namespace that does not exist
-     ├── LeaseLost           the writer's lease expired or its fencing token is stale: nothing written
-     ├── ConcurrentEdit      the files changed under the writer (a hand edit) and retries ran out
-     ├── UndoRefused         an undo later changes stand in the way of (or with nothing to undo)
-     ├── StaleIndex          a cached index is missing, torn or of another version: rebuild it
-     ├── StoreError          the disk or git refused (ENOSPC, permissions): nothing torn, nothing lost
-     │    ├── UnsafePath     a symbolic link inside the data directory: refused, nothing read or written
-     │    └── ConcurrentChange   a tracked file changed between a batch's read and its write (retried)
-     └── the adapters' errors (Feishu, the model, the webhook…): workers/errors.py
-
-Adapters translate library errors at their boundary into these; the CLI prints one line and exits non-zero.
-"""
+"""The small error tree of the memory library; docs/ARCHITECTURE.md ("Errors") draws the whole tree."""
 
 from __future__ import annotations
 

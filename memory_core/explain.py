@@ -1,6 +1,5 @@
-"""Why a raw-archive search hit matched: the query's terms found in the line itself, or in the turns
-around it (the index scores a line with its neighbours, so "咖啡" can find the reply to a question about
-coffee). `lucid search` prints this under every hit, so no line comes back without a reason."""
+"""Why a raw-archive search hit matched: the query's terms in the line itself, or in the turns around it
+(the index scores a line with its neighbours); `lucid search` prints it under every hit."""
 
 from __future__ import annotations
 

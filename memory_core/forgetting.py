@@ -23,19 +23,9 @@ _DIGEST = re.compile(r"digest=[0-9a-f]{16,64}")
 
 @dataclass(frozen=True)
 class Forgotten:
-    """What the raw archive and git history must lose: the entry's id, text and provenance.
-
-    A forgotten entry leaves MEMORY.md and ARCHIVE.md (the book does that). In the same batch:
-
-    - PROFILE.md loses every line that drew on it (`redact_profile`); on every read, a profile whose digest
-      no longer matches the facts shows only the lines the current facts still support (`checked_profile`),
-      so neither a forget, a supersede nor a hand edit of MEMORY.md lets a stale line reach a prompt;
-    - the raw archive keeps every line, honestly marked: the message the entry was learned from (`from=`)
-      and the reply to it have their text replaced by `FORGOTTEN`, and any other line holding the entry's
-      text has that span replaced; each touched line gets `fgt=<entry id>` (`redact_raw`).
-
-    Pure functions over text; the writer applies them, `forget --purge` applies the same ones to git history.
-    """
+    """What the raw archive and git history must lose: the entry's id, text and provenance (what each file
+    loses: docs/PRIVACY.md, "Forget"). The writer applies these pure functions; `forget --purge` applies the
+    same ones to git history."""
 
     id: str
     text: str

@@ -63,15 +63,8 @@ class ImportPlan:
 def parse_import(data: bytes, default: Namespace, upsert: bool = False) -> ImportPlan:
     """Validate every line of a JSON Lines import and turn it into ops, grouped by namespace.
 
-    The whole file is validated before anything is applied, so a bad line (invalid UTF-8, malformed JSON, a
-    missing field) is reported with its line number and the rest of the file is not half-applied.
-
-    Facts keep what the file says: their ids and dates (`valid_from`, `valid_to`, `at`, `last`) with or
-    without `--upsert`, and `supersedes` ends the named entries that are still open (at the new fact's
-    `valid_from`), whether they are already in memory or further down the same file — facts are applied
-    superseded-first. With `--upsert` a fact goes through the upsert rules (duplicates, same subject)
-    unless it is already history (`valid_to`) or names what it supersedes: then it is written as given.
-    """
+    The whole file is validated before anything is applied, so a bad line is reported with its line number and
+    nothing is half-applied. How facts keep their ids, dates and supersedes: docs/MEMORY.md ("Import")."""
     ops: dict[Namespace, list[Op]] = {}
     messages = facts = 0
     for line_no, raw in enumerate(data.split(b"\n"), start=1):

@@ -211,15 +211,8 @@ def _is_question(text: str) -> bool:
 
 def parse_intent(message: str) -> Intent:
     """Classify a message: remember / forget (with the payload), question, first-person statement,
-    chit-chat, or none. Deterministic and total.
-
-    Without a model (DESIGN §7) the bot still works as a memory assistant: 记住… / remember… and standing
-    instructions (以后… / from now on…) are stored, 忘掉… / forget… are deleted, questions are answered from recall
-    and greetings get a short reply. The same helpers gate background work: `is_chitchat` keeps fillers out of
-    recall (§5), `is_memorable` decides whether a message is worth an extraction call, and `classify_type` types
-    an extracted line (HexClaw spec §3.6). All of it is keyword and pattern work, so it errs towards "none": a
-    missed request costs the user a rephrase, a wrong forget costs a memory.
-    """
+    chit-chat, or none. Deterministic and total; it errs towards "none": a missed request costs a rephrase, a
+    wrong forget costs a memory (docs/MEMORY.md, "Requests without a model")."""
     text = message.strip()
     if not text:
         return Intent("none", "")

@@ -1,12 +1,5 @@
 """The Markdown contract: one memory per list item, metadata hidden in a trailing HTML comment.
-
-    - 我在西湖区 <!--m:id=e7c1a9f03b2d4e58;t=fact;subj=所在地;vf=2026-06-20T09:12:00Z;conf=0.90;hc=2-->
-
-Text is escaped so that no content can forge metadata, start a new entry or heading, or break the comment;
-`unescape(escape(s)) == s` for every Python string (surrogates included). Metadata values are
-percent-encoded. Keys this version does not know are kept in order. A superseded entry (one with `vt`) is
-shown struck through (`~~old~~`) so that `cat` tells history from the present.
-"""
+Escaping and the comment's rules: docs/ARCHITECTURE.md ("The line format")."""
 
 from __future__ import annotations
 

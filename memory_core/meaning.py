@@ -137,12 +137,11 @@ _SLOT_STOP = frozenset(
     }
 )
 _SLOT_LEAD = re.compile(r"^(?:新|现在的|目前的|现任|当前的?|new |current )+")
-_ZH_SLOT_DROP = re.compile(r"^的")
 
 
 class Reading(NamedTuple):
-    """What one text says, ready to compare (see the module docstring). A tuple: one is built per stored
-    line when a process first indexes a namespace."""
+    """What one text says, ready to compare (docs/MEMORY.md, "Same fact or a change"). A tuple: one is
+    built per stored line when a process first indexes a namespace."""
 
     norm: str
     core: str
@@ -317,25 +316,10 @@ class Verdict:
 
 
 def compare(new: str, old: str) -> Verdict:
-    """How the statement `new` relates to the stored `old` (module docstring).
+    """How the statement `new` relates to the stored `old`; docs/MEMORY.md ("Same fact or a change").
 
-    Bigram Jaccard alone cannot tell 用户喜欢X from 用户不喜欢X (0.8 alike) nor see that 我的老板是王总 and
-    我的老板是李总 (0.5) are one slot with two values. Each text is read once (cached) into:
-
-    - `core`: normalised, with the speaker unified (用户/the user → 我/i), fillers (现在, 很, 都, really, still…)
-      and negation cues removed, English words stemmed — so a rewording compares equal or near;
-    - `negations`: how many negation cues (不, 没, 不再, no longer, don't, never, quit…) it carries;
-    - `frame`: the core with numbers (#) and named entities (@) masked, and the entities and numbers themselves;
-    - `slot`: a possessive slot and its value (我的X是/换成/改成Y, my X is/now Y, I changed my X to Y).
-
-    `compare(new, old)` decides, in this order: same slot → same value is the same fact, another value a
-    change (`slot:<X>`); a negation flip over the same words (`negation`); the same frame with other numbers
-    (`number`, ordinals like 第3个 name things and never conflict) or other places / names (`place`, `name`),
-    unless the entity is the topic (张三是… / 李四是… are about two people) or the verb accumulates (去过, 喜欢,
-    visited, like…: both can be true); then a same-meaning rewording (`same`, `contains`, `contained`,
-    `similar`); else `other`. It errs towards two current lines over ending a true one, except where the
-    statement itself says it replaces (a slot, a negation).
-    """
+    It errs towards two current lines over ending a true one, except where the statement itself says it
+    replaces (a slot, a negation)."""
     a, b = read(new), read(old)
     if a.slot and b.slot and a.slot[0] == b.slot[0]:
         if a.slot[1] == b.slot[1] or a.slot[1] in b.slot[1] or b.slot[1] in a.slot[1]:
@@ -380,11 +364,6 @@ def _rewording(a: Reading, b: Reading) -> Verdict:
 def core_grams(text: str) -> frozenset[str]:
     """The bigrams the upsert indexes a text under: those of its core, so rewordings meet."""
     return similarity.bigrams(read(text).core)
-
-
-def slot_of(text: str) -> str | None:
-    s = read(text).slot
-    return s[0] if s else None
 
 
 # --- person subjects and names ---------------------------------------------------------------------------

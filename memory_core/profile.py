@@ -257,23 +257,8 @@ def guard_profile(
     """Accept a model's profile only if every line is safe, about the user and supported by the inputs.
 
     `third_parties`: names of people the user talked about; `others`: the texts of the statements about
-    them (`third_party_texts`), whose content may not reappear as the user's.
-
-    PROFILE.md is a short description of the current user, distilled by a model from their identity,
-    preference and fact entries, and shown above the resident tier. The model is caged like deep dreaming:
-
-    - inputs never include third parties or what was learned inside a group chat. A third party is known
-      by its tag (`subj=person:*`) or by its content (`about_someone_else`): a sentence whose subject is a
-      named person (李雷是我们的技术总监, Bob lives in Paris), a pronoun (他/她, he/she/they), a relative or
-      colleague (我的老板…, my wife…) or a role of the team (我们的技术总监…, our CTO…);
-    - a digest over the inputs is stored in PROFILE.md, so an unchanged set of facts is never re-sent;
-    - the guard rejects the whole text (the old profile stays) on a refusal, a secret, an instruction-like
-      phrase no input has, a third party's name, a line about someone else, a line that carries what only
-      a third party's statement says (用户是技术总监 when only 李雷 is the 技术总监: `leaked_from_others`),
-      a text shorter than 4 or longer than 600 characters, or any line that is not supported by the
-      inputs: every key term and number of a line must occur in some input, and the line must share a key
-      term with an input or have half of its bigrams in one.
-    """
+    them (`third_party_texts`), whose content may not reappear as the user's. What the guard rejects:
+    docs/MEMORY.md ("The profile")."""
     lines = split_lines(reply)
     text = " ".join(lines)
     if not lines or (len(lines) == 1 and _NOTHING.match(lines[0])):

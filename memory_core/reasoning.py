@@ -14,13 +14,7 @@ def strip_reasoning(content: str) -> str:
 
     Closed `<think>…</think>` blocks go; so does an unclosed one (the answer was cut off mid-thought: the
     rest is all scratchpad), and everything before a lone `</think>` (templates that open the block in the
-    prompt, as deepseek-r1's does, leave only the closing tag in the output).
-
-    qwen3, deepseek-r1 and their kind write `<think>…</think>` before the answer (Ollama returns it in the
-    content unless `think` asks for a separate `thinking` field). No reply, stored fact, merge or profile line
-    may carry it: the adapter strips every answer once (`workers.llm`), and parsers of model text use the
-    same rule.
-    """
+    prompt, as deepseek-r1's does, leave only the closing tag in the output)."""
     if not (_OPEN.search(content) or _CLOSE.search(content)):
         return content
     text = _BLOCK.sub("", content)

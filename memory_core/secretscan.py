@@ -1,44 +1,5 @@
 """The secret detector: finds credentials and personal identifiers in text before anything is stored.
-
-Every write path (memory entries, raw archive lines, tool calls, dream output, hand edits found by the writer)
-asks :func:`contains_secret`; a hit means the text is refused or stored only as :func:`redact` returns it, and
-the user is told (DESIGN §8). Detection is deterministic -- regexes, checksums and a few counting rules, no
-model -- so the same text always gets the same answer, the content under inspection cannot argue the guard out
-of its job, it costs microseconds on every write, and every decision is pinned by the test corpus.
-
-Precision matters as much as recall: a false positive makes the bot refuse to remember an ordinary fact. So
-digit runs must pass a checksum (Luhn, ISO 7064) and a plausibility rule, a contextual value ("密码是 …",
-``token=…``) must look like a secret and not a word, placeholder, path, count or code, and a free-standing
-high-entropy string counts only next to a secret-ish word. Spans cover the secret value, not the words around
-it: ``redact("我的密码是 hunter2") == "我的密码是 [REDACTED:password]"``.
-
-Deliberately not secrets: one-time verification codes (验证码, "your code is 482913", 动态密码) -- they
-expire in minutes, and blocking them would stop the bot remembering that a code arrived; public keys, Stripe
-publishable keys, Feishu app_id/open_id; masked or placeholder values (``********``, ``${DB_PASSWORD}``,
-``<token>``, ``user:password@``); UUIDs and hashes, unless assigned to a key or token name.
-
-The words for a secret come from scanner rule sets and a survey, not from examples: detect-secrets'
-KeywordDetector denylist, gitleaks' generic-api-key keywords and per-service rules, trufflehog's detector
-keywords, and how people write secrets in Chinese chat (口令, 暗号, 暗码, 密语, 提取码, 授权码, 解锁码, 门禁码,
-支付密码…; pw, passcode, passphrase, master password, door code, mot de passe, Passwort, contraseña). A value
-may be Chinese characters or spaced words after a Chinese separator when it ends the clause and does not
-read as a description ("密码是芝麻开门" is a secret, "密码是我家狗的名字" and "密码是多少" are not); words joined
-by hyphens after a separator are a passphrase; a named service's key needs no separator ("Feishu encrypt key
-EK-…") when the value looks generated.
-
-Why not detect-secrets itself (considered, issue 15): its keyword plugin reads code (quoted values after an
-assignment), knows no Chinese, and flags prose; its entropy plugins flag every hash and UUID, which the corpus
-requires to pass; and a second engine would make a decision depend on two rule sets. Its denylist is folded
-into the word list above instead.
-
-Known gaps: the old 15-digit ID format and foreign ID numbers; wallet seed phrases; all-uppercase random
-tokens standing alone, without a name or a separator; a Chinese password followed by more words in the same
-clause unless it goes on to talk about the value (别告诉…, 千万…, 记得…); a spaced English password that does
-not end its clause ("my password is abc def but …") or that is made of function words.
-
-Every pattern is linear: possessive quantifiers and look-behind anchors keep a pattern from re-scanning a long
-run, so a 10,000-character line costs milliseconds, whatever it contains.
-"""
+Its rules, what it lets through and its known gaps: docs/RELIABILITY.md ("The secret scanner")."""
 
 from __future__ import annotations
 

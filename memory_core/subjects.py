@@ -376,20 +376,8 @@ def recognise(text: str) -> Recognised | None:
     """The first attribute a message sets, or None. Deterministic and total: never raises, and never files a
     third party's fact under the user.
 
-    Contradiction handling supersedes an entry when a new one has the same subject and another value (DESIGN §4).
-    With a model configured the model names the subject; without one this module does it for the common
-    attributes — where the user lives or is, employer, name, time zone, reply language, tech stack, hometown — in
-    Chinese and English, so that 我在余杭区 followed by 我现在在西湖区 supersedes instead of piling up (HexClaw
-    never superseded without a subject: spec §3.2 step 5, §16 item 2).
-
-    It is conservative on purpose: a missed subject costs a duplicate line, a wrong one silently ends a true
-    memory. Every rule is anchored at the start of a clause on 我/I (or on a clearly named third person, which
-    yields ``person:<name>`` and never the user); values must look like what they claim to be (a place, a
-    language, a time zone); questions, negations, past or future tense and hypotheticals match nothing.
-    Decisions worth knowing: 我在家 / 我在公司 / 我在路上 are momentary states, not where someone is based, so they
-    yield nothing, and so does a trip (我在北京出差); English "I'm in London" is taken as a location because English
-    gives no such cue. 我在杭州工作 is a location, 我在阿里巴巴工作 an employer.
-    """
+    Conservative on purpose: a missed subject costs a duplicate line, a wrong one silently ends a true memory
+    (the rules: docs/MEMORY.md, "Subjects")."""
     norm = " ".join(unicodedata.normalize("NFKC", text[:1000]).replace("’", "'").replace("‘", "'").split())
     greeting = _GREETING_NAME.match(norm)
     if greeting and _name_ok(greeting["v"], True) and not greeting["v"].endswith(_OCCUPATION_END):

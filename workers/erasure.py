@@ -123,24 +123,9 @@ class Erasure:
 
 
 def erase_user(runtime: Runtime, user: str, tenant: str | None = None) -> Erasure:
-    """Remove a person completely: every persona of theirs under the data directory (MEMORY, ARCHIVE,
-    PROFILE, raw archive, DREAMS, git, vault, indexes, state) and every Redis key with their ids or text.
-
-    Each namespace is erased under its writer lease, after its queued ops are dropped, so no batch can
-    write it back. Messages that arrive after the erase start a new, empty memory.
-
-    - `purge(runtime, ns, entry_id)`: the ordinary forget (one batch: MEMORY/ARCHIVE, PROFILE, raw lines),
-      then, under the same writer lease, every commit of the namespace's repository is rewritten with the
-      same redaction (`memory_core.forgetting.purge_blob`) by git-filter-repo, whose clean-up expires the
-      reflogs and prunes the old objects (`gc --prune=now`). git-filter-repo rather than hand-written
-      plumbing: it is the tool git's own documentation recommends for history rewriting, streams the whole
-      history once through fast-export/fast-import, and gets refs, reflogs and packing right.
-    - `erase_user(runtime, user, tenant)`: every persona's directory of that person (files, git, vault,
-      indexes, state) and every Redis key holding their ids or text (see `_erase_redis`).
-
-    Copies outside this data directory and its Redis (backups, pushed remotes, logs shipped elsewhere) are
-    out of reach and are documented as such.
-    """
+    """Remove a person completely: every persona of theirs under the data directory and every Redis key with
+    their ids or text (docs/PRIVACY.md, "`lucid erase`"). Each namespace is erased under its writer lease, after
+    its queued ops are dropped, so no batch can write it back."""
     if not user.strip():
         raise InvalidInput("erase needs a user id")
     data = runtime.store.data_dir

@@ -1,15 +1,4 @@
-"""The errors of the adapters (Feishu, the model, the embedder, dreaming, the webhook), under LucidError.
-
-LucidError (memory_core.errors)
- ├── FeishuError               Feishu refused a request, or kept failing after retries
- ├── LLMError                  the model server answered but refused
- │    ├── LLMUnavailable       it could not be reached in time, or kept failing
- │    └── LLMBadOutput         it answered with something unreadable (not an outage)
- ├── LocalEmbedderUnavailable  the local embedder is not installed or cannot load
- ├── NamespaceBusy             a dream re-planned until it gave up: nothing written, the job retries
- ├── Rejected                  a webhook delivery refused before any state changed (`status` for Feishu)
- └── BadHeader                 a request header whose bytes are not UTF-8 (also a ValueError): 400
-"""
+"""The errors of the adapters (Feishu, the model, the embedder, dreaming, the webhook), under LucidError."""
 
 from __future__ import annotations
 

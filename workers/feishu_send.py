@@ -73,23 +73,8 @@ HORIZON_MS = 10.0  # a chat slot further off than this is taken alone; the app's
 
 
 class Pacer:
-    """Hands out send slots under Feishu's limits, across every process (Feishu docs, "频控策略"):
-
-    - per chat (a user or a group): `chat_qps` (4, under the documented 5 QPS);
-    - per app: `app_limit` = (count, seconds) — 1000 per minute by default, so a busy bot's sustained rate
-      stays under Feishu's per-minute quota instead of living on 429s (LUCID_FEISHU_SEND_RATE changes it for
-      an app with another quota) — and `app_qps`: 40 (under the documented 50/s) for that default quota,
-      raised in proportion for a bigger one (Feishu's per-second limit rides with the per-minute one).
-
-    Each bucket is a GCRA (generic cell rate algorithm) cell: an interval between sends and a tolerance for
-    a burst. Per chat and per second: a plain spacing. Per minute: a burst of count/30 at once, then an
-    interval of seconds/(count − burst), so no window of `seconds` ever holds more than `count` sends. A
-    send reserves its slot atomically (one Lua call, Redis's clock) and sleeps until it. A send whose chat
-    is paced further ahead than HORIZON_MS takes its chat slot first, sleeps, and only then takes the app's
-    slot: a GCRA cell's next slot only moves forward, so an app slot taken for a chat's future would hold
-    back every other chat's reply until then (a flood in one chat delayed everyone's answers, issue 15).
-    Without Redis (the terminal chat) the same schedule is kept in process.
-    """
+    """Hands out send slots under Feishu's limits, per chat and per app, across every process (GCRA cells in
+    Redis, or in process without it; docs/ARCHITECTURE.md, "Delivery")."""
 
     def __init__(
         self,

@@ -3,16 +3,12 @@ mentions, the turn's limits and its result."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from memory_core.namespace import Namespace
 from memory_core.ops import Outcome
-
-log = logging.getLogger(__name__)
-
 
 # --------------------------------------------------------------------------------------------- values
 

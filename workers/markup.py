@@ -30,23 +30,8 @@ def _at(match: re.Match[str], inner: str = "") -> str:
 
 
 def neutralize(text: str) -> str:
-    """`text` with every Feishu mention, tag and link turned into plain words (see the module docs).
-
-    Feishu renders `<at user_id="…">` as a mention (`user_id="all"` is @everyone) and `[words](url)` as a link,
-    in `text` messages and in a post's `md` node alike. Whatever the bot sends may echo someone's words — a
-    confirmation quoting the message, a memory quoted back, a model's answer (which repeats what it read) — so
-    every outgoing text passes through `neutralize`, once, in `FeishuSender` (replies and posts):
-
-    - `<at user_id="X">Name</at>` becomes the plain text `@Name` (`@所有人` for all; the id when nameless): it is
-      shown, never notifies anyone. Other tags Feishu or a Markdown renderer honours (`<a …>`, `<font>`, `<b>`,
-      `<img>`…) are dropped, their text kept.
-    - `[words](url)` and `![alt](url)` become `words (url)`: the address is shown instead of hidden behind words,
-      and a `javascript:` link is only text. Autolinks `<scheme:…>` and reference definitions `[x]: url` lose
-      their link syntax too. Code spans are not spared: a link is neutralised wherever it stands.
-
-    The bot's own @mention of a person is added after this (`FeishuSender.post(mention=…)`), so it keeps working.
-    Plain text is returned unchanged; running it twice changes nothing more.
-    """
+    """`text` with every Feishu mention, tag and link turned into plain words (docs/ARCHITECTURE.md,
+    "Delivery"). Plain text is returned unchanged; running it twice changes nothing more."""
     if "<" not in text and "](" not in text and "]:" not in text and "] (" not in text:
         return text
     out = _AT_PAIR.sub(lambda m: _at(m, m.group(2)), text)

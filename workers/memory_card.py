@@ -39,16 +39,8 @@ _ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")
 
 @dataclass(frozen=True)
 class CardAction:
-    """A button press, as routing made it from `card.action.trigger` (JSON-safe: it rides an RQ job).
-
-        /memory → card(entries) replied to the message; the card's owner and chat are kept in Redis (14 days)
-        button  → `card.action.trigger` (webhook or long connection) → `enqueue_action` → `handle_action` job:
-                  the owner check, the op through the single writer, the card rebuilt and PATCHed in place
-
-    A button's value names only the action and the entry id; who may act and what the card may show come from
-    the registration written when the card was sent (never from the callback): the operator must be the person
-    the card was made for, and in a group the card shows, and acts on, only what that group may see.
-    """
+    """A button press, as routing made it from `card.action.trigger` (JSON-safe: it rides an RQ job; the flow:
+    docs/ARCHITECTURE.md, "The /memory card")."""
 
     persona: str
     tenant: str
@@ -162,21 +154,7 @@ def build(
         ]
         if e.subject:
             buttons.append(_button(lang, "history", e.id))
-        text = _plain(e.text) + (" 📌" if e.pinned else "")
-        elements.append(
-            {
-                "tag": "column_set",
-                "columns": [
-                    {
-                        "tag": "column",
-                        "width": "weighted",
-                        "weight": 3,
-                        "elements": [{"tag": "markdown", "content": text}],
-                    },
-                    {"tag": "column", "width": "auto", "elements": buttons},
-                ],
-            }
-        )
+        elements.append(_row(_plain(e.text) + (" 📌" if e.pinned else ""), buttons))
         before = [h for h in history if h.id != e.id]
         if before and any(h.id == e.id for h in history):
             was = "  →  ".join(_plain(h.text) for h in before)
@@ -186,29 +164,29 @@ def build(
     if len(entries) > SHOWN:
         elements.append({"tag": "markdown", "content": _t(lang, "more", n=len(entries) - SHOWN)})
     if dream is not None:
-        undo = _button(lang, "undo", dream.rev[:16])
         elements.append({"tag": "hr"})
         elements.append(
-            {
-                "tag": "column_set",
-                "columns": [
-                    {
-                        "tag": "column",
-                        "width": "weighted",
-                        "weight": 3,
-                        "elements": [
-                            {"tag": "markdown", "content": _t(lang, "dream", what=_plain(dream.message))}
-                        ],
-                    },
-                    {"tag": "column", "width": "auto", "elements": [undo]},
-                ],
-            }
+            _row(_t(lang, "dream", what=_plain(dream.message)), [_button(lang, "undo", dream.rev[:16])])
         )
     return {
         "schema": "2.0",
         "config": {"update_multi": True},
         "header": {"title": {"tag": "plain_text", "content": _t(lang, "title", n=len(entries))}},
         "body": {"elements": elements},
+    }
+
+
+def _row(text: str, buttons: list[dict[str, Any]]) -> dict[str, Any]:
+    """A line of the card: its text, and its buttons on the right."""
+    text_column = {
+        "tag": "column",
+        "width": "weighted",
+        "weight": 3,
+        "elements": [{"tag": "markdown", "content": text}],
+    }
+    return {
+        "tag": "column_set",
+        "columns": [text_column, {"tag": "column", "width": "auto", "elements": buttons}],
     }
 
 

@@ -54,19 +54,9 @@ class TurnMemory:
 
 
 class ChatSwitch:
-    """The per-chat switches, in Redis (or, without Redis, in this instance: the wiring holds one).
-
-    - Per message: `/nomem …`, 这句别记, "don't remember this" … — that turn has no memory at all: nothing
-      injected, no active recall, no tools, no extraction, nothing recorded (not even in the raw archive or
-      the model's short history).
-    - Per chat: `/memory off` (admins only in a group) stops learning from that chat until `/memory on`:
-      nothing recorded, extracted, replayed or added by the model; reading and the person's own /forget,
-      /pin keep working. The switch carries a generation that every flip bumps: background work captures it
-      when it starts and re-checks it just before it writes (`learning`), so an extraction or replay already
-      in flight when the switch went off writes nothing.
-
-    State lives in Redis (every worker sees it) and, without Redis (the terminal chat), in this process.
-    """
+    """The per-message and per-chat switches (docs/PRIVACY.md, "Memory off"), in Redis, or without Redis (the
+    terminal chat) in this instance. A flip bumps a generation that background work re-checks just before it
+    writes (`learning`), so work in flight when the switch went off writes nothing."""
 
     def __init__(self, client: redis.Redis | None) -> None:
         self.client = client

@@ -18,11 +18,9 @@ log = logging.getLogger(__name__)
 class JSONOnly:
     """The serializer of every Lucid queue (RQ's serializer protocol: `dumps`, `loads`).
 
-    RQ's default serializer is pickle, so whoever can write to Redis (a local user on a TCP port without a
-    password, a leaked REDIS_URL) could make a worker run any code by replacing a job's `data`, `meta` or result.
-    Here jobs are data: function names are strings RQ imports from our modules, arguments and results are JSON
-    (a non-JSON argument fails at enqueue, loudly), and a payload that is not JSON is refused with an error in the
-    log — the job fails, nothing of it runs. RQ's own `JSONSerializer` would refuse it too; this one says why.
+    RQ's default, pickle, lets whoever can write to Redis make a worker run any code (docs/RELIABILITY.md).
+    Here jobs are data: arguments and results are JSON (a non-JSON argument fails at enqueue, loudly), and a
+    payload that is not JSON is refused with an error in the log saying why — the job fails, nothing runs.
     """
 
     @staticmethod
