@@ -117,9 +117,10 @@ class _Grow:
 class RawIndex:
     """Search index over `RawMessage` values. Not thread-safe: one writer, no query during a write.
 
-    `embedder` (optional) turns on hybrid ranking. Messages are indexed lexically at once; their vectors are
-    computed by `embed_pending()` (a background job), and a message without a vector yet is still found
-    lexically.
+    `embedder` (optional) turns on hybrid ranking; messages are indexed lexically at once, their vectors by
+    `embed_pending()`. The product's raw search runs lexically, even with `LUCID_EMBED_MODEL` set: hybrid
+    raw ranking measured no better held out (LoCoMo R@10 80.1 ± 6.8 against 80.4 ± 8.1, docs/BENCHMARKS.md)
+    for an embedding per message; the harnesses (`bench/eval_locomo.py --embed`) keep measuring it.
 
     A message is indexed with its own words, its speaker and its date, plus 0.6 × the words of the two messages
     before it and 0.3 × the two after it in the same session. Replies ("A sunrise!") share few words with a later
