@@ -350,8 +350,9 @@ def take(
     `peek` ops of that queue, and if the lock is taken, `push` is queued instead (the same round trip).
 
     The lock (`take`) is a `SET NX PX` with a random owner, released only by its owner (compare-and-delete),
-    renewed by `heartbeat` while held (None: it expires after its ttl), and — for the writer — fenced: a token from a counter that only grows,
-    which the store checks on disk (`memory_core.store.Store.fenced`), so a paused holder cannot write.
+    renewed by `heartbeat` while held (None: it expires after its ttl), and — for the writer — fenced: a
+    token from a counter that only grows, which the store checks on disk (`memory_core.store.Store.fenced`),
+    so a paused holder cannot write.
     """
     owner = secrets.token_hex(12)
     keys = [key] if fence_key is None else [key, fence_key]
