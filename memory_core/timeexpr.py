@@ -49,22 +49,23 @@ _ZH_WEEKDAY = r"(?:一(?![起些直定样般点下次个共切])|[二三四五�
 _ZH_WEEK = r"(?:周|星期|礼拜)"
 # A count starts where its run of digits or numerals starts, and is at most 4 long: searched at every
 # position of a long digit run, an unbounded count made the scan quadratic (100,000 digits: minutes).
-_ZH_COUNT = r"(?<![\d一二两三四五六七八九十几])(?:\d{1,4}|[一二两三四五六七八九十几]{1,4})"
+_ZH_COUNT = r"(?<![\d一二两三四五六七八九十几])(?:\d{1,4}|[一二两三四五六七八九十几]{1,4}|半)"  # 半: half
 #: A Chinese relative time expression; the named groups are what `resolved_dates` resolves.
 ZH_RELATIVE = re.compile(
-    r"(?P<day>大前天|前天|昨[天日晚]|明[天日晚]|后天|前几天|前些天)|"
+    r"(?P<day>大前天|前天|昨[天日晚]|明[天日晚]|大后天|后天|前几天|前些天)|"
     r"今[天日晚早]|最近|近来|前段时间|前阵子|这个?月|本月|今年|"
-    rf"(?P<wrel>[上下这本])一?个?{_ZH_WEEK}(?:(?P<wd>{_ZH_WEEKDAY})|(?![围边到期年]))|"
+    rf"(?P<wrel>上上|下下|[上下这本])一?个?{_ZH_WEEK}(?:(?P<wd>{_ZH_WEEKDAY})|(?![围边到期年]))|"
     rf"(?<![\d一二两三四五六七八九十几每个]){_ZH_WEEK}(?P<bare>{_ZH_WEEKDAY})|"
-    r"(?P<mrel>[上下])一?个?月|"
+    r"(?P<mrel>上上|下下|[上下])一?个?月|"
     r"(?<![以之最])(?P<yrel>[去前明后])年(?![轻纪龄级])|"
     rf"(?P<num>{_ZH_COUNT})(?P<unit>个?多?(?:天|周|星期|礼拜|年)|个多?月)多?[以之]?(?P<dir>[前后])"
 )
 ZH_ASKS_WHEN = re.compile(
     r"什么时候|啥时候|什么时间|何时|哪一?天|哪一?年|哪个月|哪个?星期|几月|几号|星期几|周几|礼拜几|多久以?前"
 )
-_ZH_DAY_SHIFT = {"大前天": -3, "前天": -2, "前几天": -3, "前些天": -3, "后天": 2}
+_ZH_DAY_SHIFT = {"大前天": -3, "前天": -2, "前几天": -3, "前些天": -3, "后天": 2, "大后天": 3}
 _ZH_YEAR_SHIFT = {"去": -1, "前": -2, "明": 1, "后": 2}
+_ZH_STEP = {"上": -1, "下": 1, "上上": -2, "下下": 2}  # 上上周: the week before last
 _Y = r"(\d{4}|[〇零一二三四五六七八九]{4})\s*年"
 _M = r"(\d{1,2}|[一二三四五六七八九十]{1,3})\s*月份?"
 _D = r"(?:\s*(\d{1,2}|[一二三四五六七八九十]{1,4})\s*[日号])?"
@@ -155,18 +156,29 @@ def _resolve_zh(found: re.Match[str], said: datetime) -> datetime | None:
     if g["day"]:
         return said + timedelta(days=_ZH_DAY_SHIFT.get(g["day"], -1 if g["day"][0] == "昨" else 1))
     if g["wrel"] or g["bare"]:
-        weeks = {"上": -1, "下": 1}.get(g["wrel"] or "", 0)
+        weeks = _ZH_STEP.get(g["wrel"] or "", 0)
         wd = g["wd"] or g["bare"]
         if wd is None:
             return said + timedelta(days=7 * weeks) if weeks else None
         monday = said - timedelta(days=said.weekday())
         return monday + timedelta(days=7 * weeks + _ZH_WEEKDAYS.index("日" if wd == "天" else wd))
     if g["mrel"]:
-        return _months_later(said, -1 if g["mrel"] == "上" else 1)
+        return _months_later(said, _ZH_STEP[g["mrel"]])
     if g["yrel"]:
         return _months_later(said, 12 * _ZH_YEAR_SHIFT[g["yrel"]])
     if g["num"]:
-        n, unit, sign = _zh_int(g["num"]), g["unit"].strip("个多"), -1 if g["dir"] == "前" else 1
+        unit, sign = g["unit"].strip("个多"), -1 if g["dir"] == "前" else 1
+        if (
+            g["num"] == "半"
+        ):  # 半年 six months, 半个月 fifteen days; half a day or week points at no other date
+            return (
+                _months_later(said, 6 * sign)
+                if unit == "年"
+                else said + timedelta(days=15 * sign)
+                if unit == "月"
+                else None
+            )
+        n = _zh_int(g["num"])
         if unit == "年":
             if n >= 1000:  # 1998年前 is "before 1998", a calendar year, not a count
                 return None

@@ -93,3 +93,13 @@ def test_a_chinese_count_is_read_from_where_its_run_starts_and_is_at_most_four_l
     assert days("12345天前") == [] and not says_when("我等了12345天前后")
     assert days("一二三四五天前") == []
     assert days("1" * 100_000 + "天前") == [] and not says_when("9" * 100_000)
+
+
+def test_the_week_or_month_before_last_half_a_year_and_the_day_after_tomorrow() -> None:
+    """上上周 / 下下周 step two weeks (上上个月 two months), 半年前 is six months and 半个月前 fifteen days
+    back, 大后天 three days ahead; half a day points at no other date, and 一年半前 is not read as one year."""
+    assert days("上上周我去了杭州") == [date(2023, 8, 16)] and days("下下周五") == [date(2023, 9, 15)]
+    assert days("我们上上周一起吃饭") == [date(2023, 8, 16)]  # 一起 is "together", not Monday
+    assert days("上上个月") == [date(2023, 6, 28)] and days("大后天见") == [date(2023, 9, 2)]
+    assert days("半年前搬的家") == [date(2023, 2, 28)] and days("半个月后") == [date(2023, 9, 14)]
+    assert days("半天前") == [] and says_when("半天前") and days("一年半前") == []
