@@ -41,7 +41,8 @@ SPEAKER_BOOST = 0.3  # × the best score; the gain flattens from 0.2 up
 #: × the best score, for turns that say when ("last week") under a question that asks "when"; chosen on
 #: LoCoMo's training folds (docs/BENCHMARKS.md, "Temporal expressions"), 0.5 loses what 0.2 gains.
 TIME_BOOST = 0.2
-DATES_VERSION = 3  # how own_bag resolves dates (2: Chinese too; 3: 上上周, 半年, 大后天); in the cache recipe: a change rebuilds
+#: How `own_bag` reads dates (2: Chinese; 3: 上上周, 半年), in the cache recipe: a change rebuilds.
+DATES_VERSION = 3
 #: Hybrid mix: w·minmax(cosine) + (1−w)·minmax(bm25). The lexical recipe is the stronger signal on raw turns
 #: (LoCoMo dev R@10 80 against 50 for e5 alone), so the vector only corrects it: w 0.2-0.4 is a plateau on dev
 #: (R@10 81.0-81.5, R@5 75.1-75.6), 0.5 loses R@5 and 0.7 loses 4 points. 0.3 is its middle.

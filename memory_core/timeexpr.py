@@ -168,16 +168,10 @@ def _resolve_zh(found: re.Match[str], said: datetime) -> datetime | None:
         return _months_later(said, 12 * _ZH_YEAR_SHIFT[g["yrel"]])
     if g["num"]:
         unit, sign = g["unit"].strip("个多"), -1 if g["dir"] == "前" else 1
-        if (
-            g["num"] == "半"
-        ):  # 半年 six months, 半个月 fifteen days; half a day or week points at no other date
-            return (
-                _months_later(said, 6 * sign)
-                if unit == "年"
-                else said + timedelta(days=15 * sign)
-                if unit == "月"
-                else None
-            )
+        if g["num"] == "半":  # 半年: six months, 半个月: fifteen days; half a day or week: no other date
+            if unit == "年":
+                return _months_later(said, 6 * sign)
+            return said + timedelta(days=15 * sign) if unit == "月" else None
         n = _zh_int(g["num"])
         if unit == "年":
             if n >= 1000:  # 1998年前 is "before 1998", a calendar year, not a count

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -678,7 +677,7 @@ class Writer:
             return
         self.store.undo_cut_appends(ns, journal)
         snap = self.store.snapshot(ns)
-        current = _hashes(snap)
+        current = snap.hashes
         target = journal.get("target") or {}
         landed = bool(target) and all(current.get(name) == digest for name, digest in target.items())
         self.store.record_written(ns, hashes=current)
@@ -718,7 +717,7 @@ class Writer:
             with self.store.fenced(ns, lease.token, lease.held):
                 self.store.replace_files(ns, snap, files)
             snap = self.store.snapshot(ns)
-        self.store.record_written(ns, hashes=_hashes(snap))
+        self.store.record_written(ns, hashes=snap.hashes)
         note = f" ({redacted} secret(s) redacted)" if redacted else ""
         note += f" ({aside} oversized line(s) set aside)" if aside else ""
         self.store.commit(ns, f"manual edit{note}")
@@ -772,10 +771,6 @@ def _deleted_by_hand(before: Book | None, book: Book) -> list[Forgotten]:
     ids, texts = {e.id for e in now}, {e.text for e in now}
     gone = [e for e in [*before.entries(), *before.archived()] if e.id not in ids and e.text not in texts]
     return [Forgotten.of(e) for e in gone]
-
-
-def _hashes(snap: Snapshot) -> dict[str, str]:
-    return {n: hashlib.sha256(d).hexdigest() for n, d in snap.files.items() if d is not None}
 
 
 def _decode(raw_ops: Sequence[str]) -> list[tuple[str | None, Op]]:

@@ -54,9 +54,8 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
     def rewrite(outcomes: list[Outcome]) -> None:
         if outcomes[0].ok:
             rewrite_history(store.path(ns), [Forgotten.of(entry)])
-            store.record_written(
-                ns, hashes=store.snapshot(ns).hashes
-            )  # the files on disk are what HEAD holds
+            # the files on disk are what HEAD holds now
+            store.record_written(ns, hashes=store.snapshot(ns).hashes)
 
     outcome = runtime.writer.submit_then(ns, [Forget(entry_id)], rewrite)[0]
     if not outcome.ok:
