@@ -46,6 +46,7 @@ def test_the_git_cli_reads_the_repository_the_writer_made(data_dir: Path) -> Non
     fsck = git(root, "fsck", "--strict", "--no-dangling")
     assert fsck.returncode == 0, fsck.stderr
     assert git(root, "status", "--porcelain").stdout == ""
+    assert git(root, "symbolic-ref", "HEAD").stdout == "refs/heads/main\n"
     assert git(root, "count-objects", "-v").stdout.count("packs: 0") == 0  # packed as it grew
     subjects = git(root, "log", "--format=%s").stdout.splitlines()
     assert subjects[:2] == ["memory: 1 forgotten", "manual edit"]
