@@ -125,6 +125,32 @@ def test_the_open_itself_refuses_a_link_planted_after_any_check(tmp_path: Path, 
     assert not list(target.parent.glob(".*.tmp"))  # no temp file left behind either
 
 
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative"])
+@pytest.mark.parametrize("name", ["MEMORY.md", "raw", ""], ids=["MEMORY.md", "raw dir", "persona dir"])
+def test_a_link_to_another_persons_files_inside_the_data_directory_is_refused(
+    tmp_path: Path, name: str, relative: bool
+) -> None:
+    """A link that stays inside the data directory is no safer: alice's MEMORY.md (or folder) pointing at
+    bob's would hand bob's memory to alice's prompt and alice's writes to bob's file."""
+    data = tmp_path / "data"
+    writer = _seeded(data)
+    bob = Namespace.of("t", "bob", "p")
+    writer.submit(bob, [Remember("我对花生过敏"), _message(7, "bob 的私事")])
+    root, theirs = NS.path(data), bob.path(data)
+    link = root / name if name else root
+    shutil.rmtree(link) if link.is_dir() else link.unlink()
+    dest = theirs / name if name else theirs
+    os.symlink(os.path.relpath(dest, link.parent) if relative else dest, link)
+    before = {p: p.read_bytes() for p in sorted(theirs.rglob("*")) if p.is_file() and ".git" not in p.parts}
+    opened = root / (name or "MEMORY.md") / ("2026-06-01.md" if name == "raw" else "")
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        read_beneath(data, Path(os.path.normpath(opened)))
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        writer.submit(NS, [Remember("我喜欢喝龙井"), _message(8)])
+    after = {p: p.read_bytes() for p in sorted(theirs.rglob("*")) if p.is_file() and ".git" not in p.parts}
+    assert after == before
+
+
 # Where the append path, the writer's record, the journal and the raw-index cache open files: (link, is a
 # folder, the file opened there).
 LATER = {
