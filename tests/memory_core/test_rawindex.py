@@ -209,6 +209,44 @@ def test_a_chinese_when_question_lifts_the_turn_that_says_when() -> None:
     assert "late" not in ids(index, "我什么时候爬山？")  # only turns with evidence are lifted
 
 
+def test_an_english_question_naming_a_day_finds_what_was_said_that_day() -> None:
+    # Both in May; the 9th comes first, so without the day "2nd" would leave them tied and the 9th win.
+    index = built(
+        [on("may9", "I went to the museum", "2023-05-09"), on("may2", "I went to the museum", "2023-05-02")]
+    )
+    assert ids(index, "I mentioned on May 2nd that I went to the museum")[0] == "may2"
+    assert ids(index, "On the 2nd of May, did I go to the museum?")[0] == "may2"
+
+
+def test_an_english_message_carries_the_dates_it_writes() -> None:
+    # Said in June, the message names May 2nd: a Chinese question naming 5月2日 meets it.
+    index = built(
+        [
+            on("plain", "I went to the 博物馆", "2023-06-02"),
+            on("named", "I went to the 博物馆 on May 2nd", "2023-06-10"),
+        ]
+    )
+    assert ids(index, "我5月2日去了博物馆")[0] == "named"
+    # A "when" question lifts the turn that writes a date, as it does one that says "last week".
+    index = built(
+        [
+            on("club", "The museum club: museum talks and museum trips", "2023-05-01"),
+            on("went", "Museum on May 2nd!", "2023-05-03"),
+        ]
+    )
+    assert ids(index, "When did Ann go to the museum?")[:2] == ["went", "club"]
+    assert ids(index, "Where did Ann go to the museum?")[:2] == ["club", "went"]
+
+
+def test_a_chinese_day_alone_is_timed_and_dated_in_its_own_month() -> None:
+    chat = [
+        on("club", "和爬山俱乐部一起爬山是我最爱的事", "2023-05-01"),
+        on("went", "我6号爬山了", "2023-05-20"),
+    ]
+    assert ids(built(chat), "我什么时候爬山？")[:2] == ["went", "club"]
+    assert raw.own_bag(chat[1])["6"] == 2 and raw.own_bag(chat[1])["may"] == 2  # said May 20: May 6
+
+
 def test_chinese_speaker_names_are_recognised_inside_a_sentence() -> None:
     index = built(
         [msg("x", "周末去爬山", "李雷", session="a"), msg("y", "周末去爬山", "韩梅梅", session="b")]
@@ -321,6 +359,10 @@ def test_an_unusable_cache_says_stale(tmp_path: Path) -> None:
         load(store)
     # So is one built before they carried Chinese dates (5月2日 → "may 2", 上个月 → its month).
     (cache / "manifest.json").write_text(json.dumps(dict(manifest, recipe=[*before, 1])))
+    with pytest.raises(StaleIndex):
+        load(store)
+    # And one built before they carried English dates and Chinese days alone (May 2nd, 6号): version 3.
+    (cache / "manifest.json").write_text(json.dumps(dict(manifest, recipe=[*before, 3])))
     with pytest.raises(StaleIndex):
         load(store)
     (cache / "manifest.json").write_text(json.dumps(dict(manifest, count=99)))

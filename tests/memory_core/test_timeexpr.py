@@ -103,3 +103,42 @@ def test_the_week_or_month_before_last_half_a_year_and_the_day_after_tomorrow() 
     assert days("上上个月") == [date(2023, 6, 28)] and days("大后天见") == [date(2023, 9, 2)]
     assert days("半年前搬的家") == [date(2023, 2, 28)] and days("半个月后") == [date(2023, 9, 14)]
     assert days("半天前") == [] and says_when("半天前") and days("一年半前") == []
+
+
+def test_dates_written_the_english_way_are_spelt_as_the_index_spells_a_day() -> None:
+    assert written_dates("We met on May 2") == ["may 2"] == written_dates("May 2nd was fun")
+    assert written_dates("2 May") == ["may 2"] == written_dates("the 2nd of May")
+    assert written_dates("in March 2023") == ["2023 march"] == written_dates("March 2023 was cold")
+    assert written_dates("May 2nd, 2023") == ["2023 may 2"] and written_dates("Sept. 3") == ["september 3"]
+    assert written_dates("since June") == ["june"] and written_dates("mid-March") == ["march"]
+    assert says_when("I went to the museum on May 2nd") and says_when("back in March")
+    assert written_dates("June 31, and Feb 30") == []  # outside the calendar: skipped
+
+
+def test_may_and_march_as_words_are_not_dates() -> None:
+    """May is also a modal and March a verb: as months they are capitalised and follow no pronoun."""
+    for text in ("may I come in?", "March on, soldiers", "I may 2 go", "I May 2 go", "you may 3", "march 5"):
+        assert written_dates(text) == [] and not says_when(text), text
+    assert written_dates("Mayor 2 votes") == [] and written_dates("at 10:30 May") == []
+    assert written_dates("March 5") == ["march 5"] and written_dates("in May") == ["may"]
+    assert written_dates("June 2") == ["june 2"] == written_dates("june 2")  # other months: any case
+
+
+def test_a_day_alone_is_a_day_of_the_month_the_turn_was_said_in() -> None:
+    assert written_dates("我6号去了博物馆", SAID) == ["2023 august 6"] and says_when("我6号去了博物馆")
+    assert written_dates("我6号去了博物馆") == []  # no day said: no month to put it in
+    assert written_dates("31号见", datetime(2023, 6, 5, tzinfo=UTC)) == []  # June has no 31st
+    assert written_dates("5月6号", SAID) == ["may 6"]  # a month written: the day is that month's
+    for text in ("住在3号楼", "坐1号线", "第6号选手", "10日元", "三日游"):  # 号 numbers things too
+        assert written_dates(text, SAID) == [] and not says_when(text), text
+
+
+def test_the_english_date_scan_stays_linear_on_hostile_input() -> None:
+    """Every repeat in the English date grammar is bounded, so 100,000 hostile characters scan once
+    (an open repeat tried at each position would make them quadratic: minutes of a worker's time)."""
+    assert written_dates("May " * 25_000) == [] and not says_when("1 of " * 20_000)
+    assert written_dates("May" + " " * 100_000 + "2") == [] and not says_when("in " * 33_000)
+    assert len(written_dates("May 2nd, 2023 " * 7_000)) == 7_000
+    assert written_dates("1号" * 50_000, SAID) == [
+        "2023 august 1"
+    ]  # only the last: 号 then a digit is no day
