@@ -120,6 +120,8 @@ def test_may_and_march_as_words_are_not_dates() -> None:
     for text in ("may I come in?", "March on, soldiers", "I may 2 go", "I May 2 go", "you may 3", "march 5"):
         assert written_dates(text) == [] and not says_when(text), text
     assert written_dates("Mayor 2 votes") == [] and written_dates("at 10:30 May") == []
+    for text in ("v1.2 May build", "ratio 3/4 March", "5-2 June"):  # a number's tail is no day
+        assert written_dates(text) == [], text
     assert written_dates("March 5") == ["march 5"] and written_dates("in May") == ["may"]
     assert written_dates("June 2") == ["june 2"] == written_dates("june 2")  # other months: any case
 
