@@ -235,9 +235,7 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-_Ids = (
-    str | set[str]
-)  # one id (most keys of a namespace belong to one text: no set made for them), or several
+_Ids = str | set[str]  # one id (most keys belong to one text: no set is made for them), or several
 
 
 def _put(table: dict[str, _Ids], key: str, ident: str) -> None:
@@ -271,7 +269,7 @@ class _DedupIndex:
     def __init__(self, entries: dict[str, Entry], known: dict[str, _Keys] | None = None) -> None:
         self._entries = entries
         self._indexed: dict[str, tuple[str, _Keys]] = {}  # id → the text indexed for it, and its keys
-        self.unsaved = 0  # texts read since the keys were last saved (`known`)
+        self.missed = 0  # texts the saved keys (`known`) lacked: read from the text to build this index
         # Built in bulk: a leader that never read this namespace builds it while the other writers wait.
         self._norm: dict[str, _Ids] = {}
         self._postings: dict[str, _Ids] = {}
@@ -282,7 +280,7 @@ class _DedupIndex:
                 k = known.get(e.text)
                 if k is None:
                     k = _keys_of(e.text)
-                    self.unsaved += 1
+                    self.missed += 1
                 self._index(ident, e.text, k)
 
     def _index(self, ident: str, text: str, k: _Keys) -> None:
@@ -298,7 +296,6 @@ class _DedupIndex:
     def add(self, e: Entry) -> None:
         if e.id in self._indexed:
             self._drop(e.id)
-        self.unsaved += 1
         self._index(e.id, e.text, _keys_of(e.text))
 
     def remove(self, e: Entry) -> None:
@@ -393,13 +390,13 @@ class Book:
         return self._dedup.dump()
 
     @property
-    def index_unsaved(self) -> int:
-        """Texts the dedup index read since its keys were last saved or loaded."""
-        return self._dedup_index.unsaved if self._dedup_index is not None else 0
+    def index_missed(self) -> int:
+        """Texts the saved keys lacked when the dedup index was built (all of them, with none saved)."""
+        return self._dedup_index.missed if self._dedup_index is not None else 0
 
     def index_saved(self) -> None:
         if self._dedup_index is not None:
-            self._dedup_index.unsaved = 0
+            self._dedup_index.missed = 0
 
     @property
     def _dedup(self) -> _DedupIndex:

@@ -113,11 +113,16 @@ def encode_meta(pairs: Iterable[tuple[str, str]]) -> str:
     return ";".join(f"{k}={_qv(v)}" for k, v in pairs)
 
 
+_PLAIN_META = re.compile(r"[a-z][a-z0-9_]*=[^;%\s]*(?:;[a-z][a-z0-9_]*=[^;%\s]*)*\Z")
+
+
 def decode_meta(body: str) -> list[tuple[str, str]]:
     """`k=v;k=v` → pairs. Raises ValueError on a malformed pair."""
     pairs: list[tuple[str, str]] = []
     if not body.strip():
         return pairs
+    if _PLAIN_META.match(body):  # what the writer writes: nothing to strip, skip or unquote
+        return [(k, v) for k, _, v in (part.partition("=") for part in body.split(";"))]
     for part in body.split(";"):
         part = part.strip()
         if not part:

@@ -73,7 +73,9 @@ COMMIT_EVERY = 1.0  # seconds: a leader commits the batches it applied at least 
 TENURE = 10.0  # seconds a leader keeps the lease at most while others' ops keep arriving (then it lets go)
 LINGER = 0.01  # seconds a leader waits for more ops once the queue is empty (they are usually on their way)
 _RETRIES = 8
-INDEX_SAVE_EVERY = 256  # texts read into the dedup index before its keys are saved again (or 1/16 of them)
+INDEX_SAVE_EVERY = (
+    256  # texts a cold leader read that the saved dedup keys lacked: saved again (or 1/16 of them)
+)
 _INDEX_CACHE, _INDEX_FILE = "dedup", "keys.json"
 _TAIL = 1 << 16  # bytes of MEMORY.md an append is checked against (its last line must be in them)
 
@@ -553,9 +555,9 @@ class Writer:
                 book.index_from(held[1](_INDEX_FILE))
 
     def _save_index(self, ns: Namespace, book: Book, every: int) -> None:
-        """Save the dedup index's keys once it has read `every` texts since they were last saved (0: now), so
-        the next process to lead this namespace does not read thousands of lines while the others wait."""
-        if every and book.index_unsaved < every:
+        """Save the dedup index's keys if building it read `every` texts the saved ones lacked (0: now): the
+        next process to lead this namespace then does not read thousands of lines while the others wait."""
+        if every and book.index_missed < every:
             return
         try:
             self.store.save_cache(ns, _INDEX_CACHE, {_INDEX_FILE: book.index_bytes()}, {})
