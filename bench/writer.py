@@ -3,6 +3,8 @@
 
     python bench/writer.py [--entries 5000] [--procs 8] [--ops 100] [--namespaces 1000] --json
     python bench/writer.py --one [--batches 30]   # one process: wall and CPU ms per 8-op batch, no contention
+                                                 # and `cold_batch_cpu_ms`: a fresh process's first batch
+                                                 # (with the keys the last leader saved, and without)
 
 Compared in the same run:
 - `batched`: the product's writer (Redis lease + fencing + shared op queue: whoever holds the lease applies
@@ -20,6 +22,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -128,7 +131,30 @@ def seed(data: Path, ns: Namespace, n: int) -> None:
     Writer(Store(data)).submit(ns, ops)
 
 
-def one(entries: int, batches: int) -> dict[str, float]:
+def cold(data: Path) -> None:
+    """In a fresh process (nothing parsed or cached yet): CPU ms of one batch of 8 on the hot namespace, the
+    cost a leader that has never read the namespace pays while the other writers wait."""
+    rng = random.Random(os.getpid())
+    writer = Writer(Store(data))
+    hot = Namespace.of("bench", "hot", "default")
+    cpu = time.process_time()
+    writer.submit(hot, [Remember(text=_text(rng)) for _ in range(8)])
+    print(round((time.process_time() - cpu) * 1000, 1), flush=True)
+
+
+def _cold_runs(data: Path, runs: int, saved: bool) -> list[float]:
+    """`saved`: with the dedup index's keys as the last leader saved them; else with none on disk."""
+    cmd = [sys.executable, __file__, "--cold", str(data)]
+    cache = Store(data).path(Namespace.of("bench", "hot", "default")) / ".index" / "dedup"
+    out = []
+    for _ in range(runs):
+        if not saved:
+            shutil.rmtree(cache, ignore_errors=True)
+        out.append(float(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
+    return sorted(out)
+
+
+def one(entries: int, batches: int) -> dict[str, object]:
     """One process, local lock: what a batch of 8 new memories costs on the hot namespace (wall and CPU),
     and the first op of a fresh namespace. CPU time is what a loaded machine's neighbours do not inflate."""
     data = Path(tempfile.mkdtemp(prefix="lucid-bench-one-"))
@@ -138,7 +164,7 @@ def one(entries: int, batches: int) -> dict[str, float]:
     writer = Writer(Store(data))
     for _ in range(2):
         writer.submit(hot, [Remember(text=_text(rng)) for _ in range(8)])
-    out: dict[str, float] = {}
+    out: dict[str, object] = {}
     for name in ("hot_batch", "fresh_op"):
         wall, cpu = time.perf_counter(), time.process_time()
         for i in range(batches):
@@ -148,6 +174,10 @@ def one(entries: int, batches: int) -> dict[str, float]:
                 writer.submit(Namespace.of("b", f"u{i}", "d"), [Remember(text=_text(rng))])
         out[f"{name}_ms"] = round((time.perf_counter() - wall) / batches * 1000, 1)
         out[f"{name}_cpu_ms"] = round((time.process_time() - cpu) / batches * 1000, 1)
+    for key, saved in (("cold_batch_cpu_ms", True), ("cold_batch_nocache_cpu_ms", False)):
+        runs = _cold_runs(data, 7, saved)
+        out[key] = runs[len(runs) // 2]  # the median of 7 fresh processes
+        out[key + "_range"] = [runs[0], runs[-1]]
     out["load"] = round(os.getloadavg()[0], 1)
     return out
 
@@ -156,6 +186,9 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _, _, data, url, seed_s, ops, nss = sys.argv
         child(Path(data), None if url == "-" else url, int(seed_s), int(ops), nss.split(","))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--cold":
+        cold(Path(sys.argv[2]))
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--entries", type=int, default=5000)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import gc
+import hashlib
+import json
 import operator
+import random
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import cache
+from typing import NamedTuple
 
 from . import meaning, policy, similarity
 from .entry import MAX_TEXT_CHARS, PROMOTED, TYPES, Entry, new_id
@@ -157,77 +164,190 @@ class _Side:
         return MemoryFile(self.preamble, tuple(sections))
 
 
+#: The version of what `_keys_of` returns, saved with the dedup index's cache: bump it when `meaning.read`
+#: or `similarity.normalise` change their answers (a probe of fixed texts catches a forgotten bump).
+INDEX_VERSION = 1
+_PROBES = (
+    "我的猫叫小白",
+    "我不再喝咖啡了",
+    "我住在杭州西湖区，在字节跳动工作",
+    "用户有2个孩子",
+    "I no longer live in Paris",
+    "My favourite colour is blue",
+)
+
+
+class _Keys(NamedTuple):
+    """What one text is indexed under: its normalised text and core, the core's bigrams, its frame and slot
+    keys."""
+
+    norm: str
+    core: str
+    grams: frozenset[str]
+    keys: tuple[str, ...]
+
+
+def _keys_of(text: str) -> _Keys:
+    r = meaning.read(text)
+    core = similarity.normalise(r.core)
+    keys = ("f:" + r.frame, "s:" + r.slot[0]) if r.slot else ("f:" + r.frame,)
+    return _Keys(similarity.normalise(text), core, similarity.grams(core), keys)
+
+
+@cache
+def _fingerprint() -> str:
+    probed = [[k.norm, k.core, *k.keys] for k in map(_keys_of, _PROBES)]
+    return hashlib.sha256(json.dumps([INDEX_VERSION, probed]).encode()).hexdigest()[:16]
+
+
+def _known_keys(data: bytes, entries: dict[str, Entry]) -> dict[str, _Keys] | None:
+    """The keys a saved index cache holds by text, or None if it is not one this code wrote: another
+    version or probe, a malformed row, or a sample of its rows that `_keys_of` no longer agrees with."""
+    try:
+        doc = json.loads(data.decode("utf-8", "surrogatepass"))
+    except ValueError:
+        return None
+    rows = doc.get("rows") if isinstance(doc, dict) and doc.get("probe") == _fingerprint() else None
+    if not isinstance(rows, list) or len(rows) % 5 or not all(type(x) is str for x in rows):
+        return None
+    known: dict[str, _Keys] = {}
+    for i in range(0, len(rows), 5):  # text, norm, core, frame key, slot key or ""
+        text, norm, core, frame, slot = rows[i : i + 5]
+        if not frame.startswith("f:") or (slot and not slot.startswith("s:")):
+            return None
+        known[text] = _Keys(norm, core, similarity.grams(core), (frame, slot) if slot else (frame,))
+    held = [e.text for e in entries.values() if e.text in known]
+    if any(known[t] != _keys_of(t) for t in random.sample(held, min(8, len(held)))):
+        return None
+    return known
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the cycle collector while a namespace is read in bulk: the thousands of objects made are
+    acyclic (refcounting frees them) and its passes over them cost a cold batch a third of its time."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+_Ids = str | set[str]  # one id (most keys belong to one text: no set is made for them), or several
+
+
+def _put(table: dict[str, _Ids], key: str, ident: str) -> None:
+    held = table.get(key)
+    if held is None:
+        table[key] = ident
+    elif isinstance(held, set):
+        held.add(ident)
+    elif held != ident:
+        table[key] = {held, ident}
+
+
+def _take(table: dict[str, _Ids], key: str, ident: str) -> None:
+    held = table.get(key)
+    if held == ident:
+        del table[key]
+    elif isinstance(held, set):
+        held.discard(ident)
+
+
+def _ids(held: _Ids | None) -> Iterable[str]:
+    return () if held is None else (held,) if isinstance(held, str) else held
+
+
 class _DedupIndex:
     """Normalised text → ids, core bigram → ids, frame → ids and slot → ids, over MEMORY.md's entries.
 
     Finds the same-text, reworded and contradicting candidates of a new text without scanning every entry
     (`meaning.read` gives the core, frame and slot; Jaccard is computed from shared-bigram counts, exactly)."""
 
-    def __init__(self, entries: dict[str, Entry]) -> None:
+    def __init__(self, entries: dict[str, Entry], known: dict[str, _Keys] | None = None) -> None:
         self._entries = entries
-        self._texts: dict[str, str] = {}  # id → the text indexed for it
-        self._norm: dict[str, set[str]] = {}
-        self._postings: dict[str, set[str]] = {}
-        self._keys: dict[str, set[str]] = {}  # "f:<frame>" / "s:<slot>" → ids
-        for e in entries.values():
-            self.add(e)
+        self._indexed: dict[str, tuple[str, _Keys]] = {}  # id → the text indexed for it, and its keys
+        self.missed = 0  # texts the saved keys (`known`) lacked: read from the text to build this index
+        # Built in bulk: a leader that never read this namespace builds it while the other writers wait.
+        self._norm: dict[str, _Ids] = {}
+        self._postings: dict[str, _Ids] = {}
+        self._keys: dict[str, _Ids] = {}  # "f:<frame>" / "s:<slot>" → ids
+        known = known or {}
+        with collector_paused():
+            for ident, e in entries.items():
+                k = known.get(e.text)
+                if k is None:
+                    k = _keys_of(e.text)
+                    self.missed += 1
+                self._index(ident, e.text, k)
 
-    @staticmethod
-    def _key_of(text: str) -> list[str]:
-        r = meaning.read(text)
-        return ["f:" + r.frame] + (["s:" + r.slot[0]] if r.slot else [])
+    def _index(self, ident: str, text: str, k: _Keys) -> None:
+        self._indexed[ident] = (text, k)
+        _put(self._norm, k.norm, ident)
+        postings = self._postings
+        for g in k.grams:
+            if postings.setdefault(g, ident) is not ident:  # the gram is another text's too
+                _put(postings, g, ident)
+        for key in k.keys:
+            _put(self._keys, key, ident)
 
     def add(self, e: Entry) -> None:
-        if e.id in self._texts:
+        if e.id in self._indexed:
             self._drop(e.id)
-        self._texts[e.id] = e.text
-        self._norm.setdefault(similarity.normalise(e.text), set()).add(e.id)
-        for g in meaning.core_grams(e.text):
-            self._postings.setdefault(g, set()).add(e.id)
-        for k in self._key_of(e.text):
-            self._keys.setdefault(k, set()).add(e.id)
+        self._index(e.id, e.text, _keys_of(e.text))
 
     def remove(self, e: Entry) -> None:
         self._drop(e.id)
 
     def _drop(self, ident: str) -> None:
-        text = self._texts.pop(ident, None)
-        if text is None:
+        held = self._indexed.pop(ident, None)
+        if held is None:
             return
-        self._norm.get(similarity.normalise(text), set()).discard(ident)
-        for g in meaning.core_grams(text):
-            self._postings.get(g, set()).discard(ident)
-        for k in self._key_of(text):
-            self._keys.get(k, set()).discard(ident)
+        k = held[1]
+        _take(self._norm, k.norm, ident)
+        for g in k.grams:
+            _take(self._postings, g, ident)
+        for key in k.keys:
+            _take(self._keys, key, ident)
 
     def rebase(self, entries: dict[str, Entry]) -> None:
         """Serve `entries` (the same namespace read again) by re-indexing only the entries whose text
         changed, appeared or went: far cheaper than a new index over thousands of entries."""
-        for ident in [i for i, t in self._texts.items() if (e := entries.get(i)) is None or e.text != t]:
+        indexed = self._indexed
+        for ident in [i for i, (t, _) in indexed.items() if (e := entries.get(i)) is None or e.text != t]:
             self._drop(ident)
         for e in entries.values():
-            if self._texts.get(e.id) != e.text:
+            if (held := indexed.get(e.id)) is None or held[0] != e.text:
                 self.add(e)
         self._entries = entries
 
+    def dump(self) -> bytes:
+        """The keys of every indexed text, for the store's cache (`_known_keys` reads them back)."""
+        rows = {t: (t, k.norm, k.core, *k.keys, "")[:5] for t, k in self._indexed.values()}
+        doc = {"probe": _fingerprint(), "rows": [x for row in rows.values() for x in row]}
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+
     def same(self, text: str, now: datetime) -> list[Entry]:
-        ids = self._norm.get(similarity.normalise(text), set())
+        ids = _ids(self._norm.get(similarity.normalise(text)))
         return [e for i in sorted(ids) if (e := self._entries.get(i)) is not None and e.current(now)]
 
     def candidates(self, text: str, now: datetime) -> list[Entry]:
         """Current entries worth judging against `text`: core Jaccard ≥ `meaning.CANDIDATE`, one core
         containing the other, the same frame or the same possessive slot."""
-        mine = meaning.core_grams(text)
+        mine = _keys_of(text)
         shared: Counter[str] = Counter()
-        for g in mine:
-            shared.update(self._postings.get(g, ()))
+        for g in mine.grams:
+            shared.update(_ids(self._postings.get(g)))
         wanted = set()
+        size = len(mine.grams)
         for ident, n in shared.items():
-            other = len(meaning.core_grams(self._texts[ident]))
-            if n / (len(mine) + other - n) >= meaning.CANDIDATE or n == min(len(mine), other):
+            other = len(self._indexed[ident][1].grams)
+            if n / (size + other - n) >= meaning.CANDIDATE or n == min(size, other):
                 wanted.add(ident)
-        for k in self._key_of(text):
-            wanted.update(self._keys.get(k, ()))
+        for k in mine.keys:
+            wanted.update(_ids(self._keys.get(k)))
         return [e for i in sorted(wanted) if (e := self._entries.get(i)) is not None and e.current(now)]
 
 
@@ -249,6 +369,7 @@ class Book:
                 self.memory.section_order.insert(0 if name == "resident" else 1, name)
         self._normalise_hand_moves()
         self._dedup_index: _DedupIndex | None = None  # built on the first write that needs it
+        self._known: dict[str, _Keys] | None = None  # keys by text from a saved cache (`index_from`)
         self.changed = False
 
     def reuse_index(self, older: Book) -> None:
@@ -259,10 +380,28 @@ class Book:
             older._dedup_index.rebase(self.memory.entries)
             self._dedup_index, older._dedup_index = older._dedup_index, None
 
+    def index_from(self, data: bytes) -> None:
+        """Build the dedup index, when needed, from a saved cache (`index_bytes`): only the texts it lacks
+        are read. A cache this code did not write, or that disagrees with it, is ignored."""
+        if self._dedup_index is None:
+            self._known = _known_keys(data, self.memory.entries)
+
+    def index_bytes(self) -> bytes:
+        return self._dedup.dump()
+
+    @property
+    def index_missed(self) -> int:
+        """Texts the saved keys lacked when the dedup index was built (all of them, with none saved)."""
+        return self._dedup_index.missed if self._dedup_index is not None else 0
+
+    def index_saved(self) -> None:
+        if self._dedup_index is not None:
+            self._dedup_index.missed = 0
+
     @property
     def _dedup(self) -> _DedupIndex:
         if self._dedup_index is None:
-            self._dedup_index = _DedupIndex(self.memory.entries)
+            self._dedup_index, self._known = _DedupIndex(self.memory.entries, self._known), None
         return self._dedup_index
 
     # ------------------------------------------------------------------------------------------ reading

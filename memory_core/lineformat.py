@@ -59,6 +59,8 @@ def escape(text: str) -> str:
 
 def unescape(text: str) -> str:
     """Inverse of `escape`. An unknown escape keeps its character (lenient for hand edits)."""
+    if "\\" not in text:
+        return text
 
     def sub(m: re.Match[str]) -> str:
         if m.group(1) is not None:
@@ -73,10 +75,16 @@ def format_time(when: datetime) -> str:
     return as_utc(when).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_STAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")  # what `format_time` writes
+
+
 def parse_time(value: str) -> datetime:
     """Full ISO 8601 timestamps, or a bare date (midnight UTC). Raises ValueError."""
     v = value.strip()
-    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", v):
+    if _STAMP.fullmatch(v):  # the common case, already whole seconds in UTC
+        return datetime.fromisoformat(v)
+    if _DATE.fullmatch(v):
         return datetime.strptime(v, "%Y-%m-%d").replace(tzinfo=UTC)
     if v.endswith(("Z", "z")):
         v = v[:-1] + "+00:00"
@@ -105,11 +113,16 @@ def encode_meta(pairs: Iterable[tuple[str, str]]) -> str:
     return ";".join(f"{k}={_qv(v)}" for k, v in pairs)
 
 
+_PLAIN_META = re.compile(r"[a-z][a-z0-9_]*=[^;%\s]*(?:;[a-z][a-z0-9_]*=[^;%\s]*)*\Z")
+
+
 def decode_meta(body: str) -> list[tuple[str, str]]:
     """`k=v;k=v` → pairs. Raises ValueError on a malformed pair."""
     pairs: list[tuple[str, str]] = []
     if not body.strip():
         return pairs
+    if _PLAIN_META.match(body):  # what the writer writes: nothing to strip, skip or unquote
+        return [(k, v) for k, _, v in (part.partition("=") for part in body.split(";"))]
     for part in body.split(";"):
         part = part.strip()
         if not part:
@@ -228,9 +241,12 @@ def parse_entry(line: str) -> Entry:
     )
 
 
+_ID = re.compile(r"[0-9A-Za-z_.:-]{1,64}")
+
+
 def _apply_field(fields: dict[str, object], key: str, value: str) -> None:
     if key == "id":
-        if not re.fullmatch(r"[0-9A-Za-z_.:-]{1,64}", value):
+        if not _ID.fullmatch(value):
             raise ValueError("ids are letters, digits and _.:- (1 to 64)")
         fields["id"] = value
     elif key == "t":

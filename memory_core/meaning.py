@@ -228,10 +228,13 @@ def _entities(raw: str) -> tuple[str, list[tuple[str, str]]]:
 def _slot(norm_text: str) -> tuple[str, str] | None:
     """(slot, value) of a possessive statement, or None. Works on the text with speaker unified."""
     zh = _ZH_SPEAKER.sub("我", norm_text)
-    for pattern in _ZH_SLOT:
-        m = pattern.match(zh)
-        if m:
-            return _slot_value(m["s"], m["v"])
+    if zh.startswith("我"):  # every Chinese slot pattern starts so; every English one with Latin letters
+        for pattern in _ZH_SLOT:
+            m = pattern.match(zh)
+            if m:
+                return _slot_value(m["s"], m["v"])
+    if _HAS_LATIN.search(norm_text) is None:
+        return None
     en = _english(norm_text)
     for pattern in _EN_SLOT:
         m = pattern.match(en)
@@ -359,11 +362,6 @@ def _rewording(a: Reading, b: Reading) -> Verdict:
     if score >= similarity.DUPLICATE:
         return Verdict("similar", score=score)
     return Verdict("other", score=score)
-
-
-def core_grams(text: str) -> frozenset[str]:
-    """The bigrams the upsert indexes a text under: those of its core, so rewordings meet."""
-    return similarity.bigrams(read(text).core)
 
 
 # --- person subjects and names ---------------------------------------------------------------------------

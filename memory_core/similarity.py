@@ -11,17 +11,21 @@ DUPLICATE = 0.65  # at or above: the same memory said again
 RELATED = 0.35  # at or above: the same topic (deep-dream clusters)
 
 
-def _drop_table() -> dict[int, None]:
-    """White space and punctuation of the Basic Multilingual Plane, for one `str.translate` pass."""
-    return {
-        cp: None
-        for cp in range(0x10000)
-        if chr(cp).isspace() or unicodedata.category(chr(cp)).startswith("P")
-    }
+def _drop_class() -> re.Pattern[str]:
+    """White space and punctuation of the Basic Multilingual Plane, as one character class of ranges (a
+    regex scan is twice as fast as `str.translate` with a 65,536-key table, and the index reads every line)."""
+    drop = [cp for cp in range(0x10000) if chr(cp).isspace() or unicodedata.category(chr(cp)).startswith("P")]
+    ranges: list[list[int]] = []
+    for cp in drop:
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1][1] = cp
+        else:
+            ranges.append([cp, cp])
+    return re.compile("[" + "".join(f"\\u{a:04x}-\\u{b:04x}" for a, b in ranges) + "]+")
 
 
-_TABLE = _drop_table()
-_ASTRAL = re.compile("[\U00010000-\U0010ffff]")  # outside the table: checked one by one
+_DROP = _drop_class()
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")  # outside the class: checked one by one
 
 
 @lru_cache(maxsize=200_000)
@@ -29,7 +33,7 @@ def normalise(text: str) -> str:
     """Works for Chinese and English without a tokenizer. Texts are NFKC-normalised, lower-cased and stripped of
     white space and punctuation first, so full-width and half-width forms compare equal.
     """
-    t = unicodedata.normalize("NFKC", text).lower().translate(_TABLE)
+    t = _DROP.sub("", unicodedata.normalize("NFKC", text).lower())
     if t.isascii() or _ASTRAL.search(t) is None:
         return t
     return "".join(ch for ch in t if not (ch.isspace() or unicodedata.category(ch).startswith("P")))
@@ -37,10 +41,14 @@ def normalise(text: str) -> str:
 
 @lru_cache(maxsize=65536)
 def bigrams(text: str) -> frozenset[str]:
-    t = normalise(text)
+    return grams(normalise(text))
+
+
+def grams(t: str) -> frozenset[str]:
+    """The character bigrams of a text already normalised."""
     if len(t) < 2:
         return frozenset([t]) if t else frozenset()
-    return frozenset(t[i : i + 2] for i in range(len(t) - 1))
+    return frozenset(map(str.__add__, t, t[1:]))  # t[i] + t[i + 1]: the bigram at i, made in C
 
 
 def jaccard(a: str, b: str) -> float:

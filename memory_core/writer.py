@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
-from .book import Book
+from .book import Book, collector_paused
 from .entry import utcnow
 from .errors import ConcurrentChange, ConcurrentEdit, LeaseLost, LucidError
 from .forgetting import Forgotten, redact_profile, redact_raw
@@ -73,6 +73,10 @@ COMMIT_EVERY = 1.0  # seconds: a leader commits the batches it applied at least 
 TENURE = 10.0  # seconds a leader keeps the lease at most while others' ops keep arriving (then it lets go)
 LINGER = 0.01  # seconds a leader waits for more ops once the queue is empty (they are usually on their way)
 _RETRIES = 8
+INDEX_SAVE_EVERY = (
+    256  # texts a cold leader read that the saved dedup keys lacked: saved again (or 1/16 of them)
+)
+_INDEX_CACHE, _INDEX_FILE = "dedup", "keys.json"
 _TAIL = 1 << 16  # bytes of MEMORY.md an append is checked against (its last line must be in them)
 
 
@@ -465,9 +469,12 @@ class Writer:
             if cached is not None and cached[0] == snap.version:
                 book = cached[1]
             else:
-                book = _book(snap)
-                if cached is not None:  # another process wrote since: keep what still holds
-                    book.reuse_index(cached[1])
+                with collector_paused():
+                    book = _book(snap)
+                    if cached is not None:  # another process wrote since: keep what still holds
+                        book.reuse_index(cached[1])
+                    else:  # this process never read the namespace: the keys saved by whoever did
+                        self._load_index(ns, book)
             book.changed = False
             self.problems = book.problems()
             now = self.clock()
@@ -533,9 +540,30 @@ class Writer:
                 group.message = msg
             if not defer:
                 report.revision = self._commit_deferred(ns, written)
+            if forgotten:  # the cache holds no text that was forgotten
+                self._save_index(ns, book, 0)
             report.queued = self._publish(ns, ops, report.outcomes, lease if let_go else None)
+            if lease.held():  # after the answers: the writers waiting on them do not pay for it
+                self._save_index(ns, book, max(INDEX_SAVE_EVERY, len(book.memory.entries) // 16))
             return report
         raise ConcurrentEdit(f"{ns} kept changing during the write; nothing was applied")
+
+    def _load_index(self, ns: Namespace, book: Book) -> None:
+        held = self.store.load_cache(ns, _INDEX_CACHE)
+        if held is not None:
+            with contextlib.suppress(OSError):  # no readable cache: the index is built from the text
+                book.index_from(held[1](_INDEX_FILE))
+
+    def _save_index(self, ns: Namespace, book: Book, every: int) -> None:
+        """Save the dedup index's keys if building it read `every` texts the saved ones lacked (0: now): the
+        next process to lead this namespace then does not read thousands of lines while the others wait."""
+        if every and book.index_missed < every:
+            return
+        try:
+            self.store.save_cache(ns, _INDEX_CACHE, {_INDEX_FILE: book.index_bytes()}, {})
+            book.index_saved()
+        except OSError as exc:
+            log.warning("could not save the dedup index cache of %s: %s", ns.key, exc)
 
     def _commit_deferred(self, ns: Namespace, written: dict[str, object] | None = None) -> str | None:
         """One git commit of the batches written since the last one (exactly the bytes they wrote): messages
