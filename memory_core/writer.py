@@ -73,9 +73,8 @@ COMMIT_EVERY = 1.0  # seconds: a leader commits the batches it applied at least 
 TENURE = 10.0  # seconds a leader keeps the lease at most while others' ops keep arriving (then it lets go)
 LINGER = 0.01  # seconds a leader waits for more ops once the queue is empty (they are usually on their way)
 _RETRIES = 8
-INDEX_SAVE_EVERY = (
-    256  # texts a cold leader read that the saved dedup keys lacked: saved again (or 1/16 of them)
-)
+#: Texts a cold leader read that the saved dedup keys lacked before it saves them again (or 1/16 of them).
+INDEX_SAVE_EVERY = 256
 _INDEX_CACHE, _INDEX_FILE = "dedup", "keys.json"
 _TAIL = 1 << 16  # bytes of MEMORY.md an append is checked against (its last line must be in them)
 
