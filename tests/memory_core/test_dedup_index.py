@@ -4,6 +4,7 @@ random adds, edits and removes; and a writer in a fresh process decides as one t
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 from datetime import UTC, datetime, timedelta
@@ -181,3 +182,18 @@ def test_the_keys_of_a_text_are_what_the_scan_reads() -> None:
         and "s:猫" in k.keys
         and k.norm == similarity.normalise("我的猫叫小白")
     )
+
+
+def test_reading_a_namespace_leaves_the_cycle_collector_as_it_found_it(data_dir: Path) -> None:
+    """The collector is paused while a book is read in bulk, never left off: a long-running worker with it
+    off would keep every reference cycle it ever made."""
+    Writer(Store(data_dir)).submit(NS, [Remember(f"我养了第{i}只猫") for i in range(20)])
+    assert gc.isenabled()
+    Writer(Store(data_dir)).submit(NS, [Remember("我喜欢喝龙井")])  # a fresh process's first read
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        Writer(Store(data_dir)).submit(NS, [Remember("我喜欢爬山")])
+        assert not gc.isenabled()  # the caller's choice stands
+    finally:
+        gc.enable()
