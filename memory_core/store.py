@@ -761,12 +761,21 @@ class Store:
                 if old.startswith("gen-") and old != gen:
                     shutil.rmtree(old, ignore_errors=True, dir_fd=top)  # refuses a link (ignored)
 
+    def drop_cache(self, ns: Namespace, name: str) -> None:
+        """Delete the cache `.index/<name>/` (no link followed): for when it may hold what must not stay and
+        cannot be saved anew. Deleting needs no free space."""
+        with (
+            contextlib.suppress(FileNotFoundError),
+            folder_beneath(self.data_dir, self.file(ns, ".index"), makedirs=False) as top,
+        ):
+            shutil.rmtree(name, dir_fd=top)
+
     def load_cache(self, ns: Namespace, name: str) -> tuple[dict[str, Any], Callable[[str], bytes]] | None:
         """The cache `save_cache` wrote last: its manifest and a reader of its files; None if there is no
         readable one. Raises UnsafePath when a link is planted on the way."""
         try:
             manifest = json.loads(self._read(self.file(ns, ".index", name, "manifest.json")))
-        except (FileNotFoundError, NotADirectoryError, ValueError):
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError):
             return None
         gen = manifest.get("generation") if isinstance(manifest, dict) else None
         if not isinstance(gen, str) or not re.fullmatch(r"gen-[0-9a-f]{12}", gen):

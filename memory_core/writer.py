@@ -563,6 +563,11 @@ class Writer:
             book.index_saved()
         except OSError as exc:
             log.warning("could not save the dedup index cache of %s: %s", ns.key, exc)
+            if not every:  # after a forget: the keys on disk may hold the forgotten text, so none are kept
+                try:
+                    self.store.drop_cache(ns, _INDEX_CACHE)
+                except OSError as gone:
+                    log.error("the dedup keys of %s may keep a forgotten text: %s", ns.key, gone)
 
     def _commit_deferred(self, ns: Namespace, written: dict[str, object] | None = None) -> str | None:
         """One git commit of the batches written since the last one (exactly the bytes they wrote): messages

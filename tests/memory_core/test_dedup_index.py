@@ -197,3 +197,26 @@ def test_reading_a_namespace_leaves_the_cycle_collector_as_it_found_it(data_dir:
         assert not gc.isenabled()  # the caller's choice stands
     finally:
         gc.enable()
+
+
+def test_keys_that_cannot_be_saved_after_a_forget_are_deleted(data_dir: Path) -> None:
+    """A forget saves the dedup keys again, without the forgotten text. If that save fails (here the
+    manifest's place is taken by a folder; a full disk does the same), the keys saved before — which hold
+    the text — are deleted rather than kept, and the next writer builds its index from the files."""
+    store = Store(data_dir)
+    texts = [f"我的第{i}个爱好是收集{i}号邮票" for i in range(300)] + ["我的猫叫小白"]
+    Writer(store, clock=lambda: T0).submit(NS, [Remember(text=t) for t in texts])
+    writer = Writer(store, clock=lambda: T0)
+    writer.submit(NS, [Remember(text="我喜欢喝乌龙茶")])  # a cold read of 301 texts: it saves their keys
+    saved = store.load_cache(NS, "dedup")
+    assert saved is not None and "小白" in saved[1]("keys.json").decode()
+    index = store.path(NS) / ".index"
+    (index / "dedup" / "manifest.json").unlink()
+    (index / "dedup" / "manifest.json").mkdir()
+    assert store.load_cache(NS, "dedup") is None  # unreadable: no cache, not a crash
+    cat = next(e for e in writer._books[NS][1].entries() if e.text == "我的猫叫小白")
+    assert [o.status for o in writer.submit(NS, [Forget(id=cat.id)])] == ["forgotten"]
+    left = [p for p in index.rglob("*") if p.is_file() and "小白" in p.read_text(errors="replace")]
+    assert left == [] and store.load_cache(NS, "dedup") is None
+    again = Writer(store, clock=lambda: T0).submit(NS, [Remember(text="我喜欢喝乌龙茶")])
+    assert [o.status for o in again] == ["unchanged"]  # no keys on disk: the index comes from the files
