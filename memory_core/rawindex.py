@@ -41,8 +41,9 @@ SPEAKER_BOOST = 0.3  # × the best score; the gain flattens from 0.2 up
 #: × the best score, for turns that say when ("last week") under a question that asks "when"; chosen on
 #: LoCoMo's training folds (docs/BENCHMARKS.md, "Temporal expressions"), 0.5 loses what 0.2 gains.
 TIME_BOOST = 0.2
-#: How `own_bag` reads dates (2: Chinese; 3: 上上周, 半年; 4: May 2, 6号), in the cache recipe: a change rebuilds.
-DATES_VERSION = 4
+#: How `own_bag` reads dates (2: Chinese; 3: 上上周, 半年; 4: May 2, 6号; 5: 2023-05-02), in the cache recipe:
+#: a change rebuilds.
+DATES_VERSION = 5
 #: Hybrid mix: w·minmax(cosine) + (1−w)·minmax(bm25). The lexical recipe is the stronger signal on raw turns
 #: (LoCoMo dev R@10 80 against 50 for e5 alone), so the vector only corrects it: w 0.2-0.4 is a plateau on dev
 #: (R@10 81.0-81.5, R@5 75.1-75.6), 0.5 loses R@5 and 0.7 loses 4 points. 0.3 is its middle.

@@ -86,13 +86,18 @@ EN_DATE = re.compile(
     rf"\b(?:in|since|during|until|till|by|early|late|mid)(?:-|{_SPACE}){_MON}\b{_EN_YEAR}",
     re.I,
 )
+#: A date in digits, year first (2023-05-02, 2023/5/2, 2023.5.2): the one order nobody reads two ways. A
+#: short 5/2 is not read (May 2 or 5 February, and also a fraction or a score), nor a version or a part of a
+#: longer run of numbers (v2023.5.2, 12023-05-02, 2023-05-02-7, 2023.5.2.1).
+NUM_DATE = re.compile(r"(?<![\dA-Za-z./-])((?:19|20)\d{2})([-/.])(\d{1,2})\2(\d{1,2})(?!\d|[./-]\d)")
 # May and March are also a modal and a verb: as months they are capitalised and follow no pronoun (I May 2...).
 _VERB_MONTHS = {"may", "mar", "march"}
 _PRONOUN = re.compile(r"\b(?:i|you|we|they|he|she|it|who)\s*$", re.I)
 
 
 def says_when(text: str) -> bool:
-    """Whether a turn's own words hold a relative time expression or a written date (5月2日, 6号, May 2)."""
+    """Whether a turn's own words hold a relative time expression or a written date (5月2日, 6号, May 2,
+    2023-05-02)."""
     return RELATIVE.search(text) is not None or ZH_RELATIVE.search(text) is not None or any(_written(text))
 
 
@@ -109,7 +114,7 @@ def written_dates(text: str, said: datetime | None = None) -> list[str]:
     """The dates `text` writes, as `date_words` spells them (2023年5月2日 and May 2nd, 2023 → "2023 may 2",
     五月份 and in May → "may", 2023年 → "2023"), so a question meets the day a message was said. A day
     alone (6号) is a day of the month `said` is in, and skipped without it. A date outside the calendar
-    (13月, 2月30日, June 31) is skipped."""
+    (13月, 2月30日, June 31, 2023-02-30) is skipped. 2023-05-02 is "2023 may 2"."""
     out: list[str] = []
     for year, month, day in _written(text):
         if month is None and day:  # a day alone
@@ -140,6 +145,13 @@ def _written(text: str) -> Iterator[tuple[int | None, int | None, int | None]]:
                 continue
             if y or m or dd:
                 yield y, m, dd
+    for found in NUM_DATE.finditer(text):
+        y, m, dd = int(found[1]), int(found[3]), int(found[4])
+        try:
+            datetime(y, m, dd)
+        except ValueError:
+            continue
+        yield y, m, dd
     for found in EN_DATE.finditer(text):
         mon1, day1, year1, day2, mon2, year2, mon3, year3, mon4, year4 = found.groups()
         mon = mon1 or mon2 or mon3 or mon4

@@ -183,6 +183,19 @@ def test_a_day_written_in_digits_or_in_numerals_ranks_alike() -> None:
     assert ids(index, "5月2日我去了博物馆") == ids(index, "五月二日我去了博物馆")
 
 
+def test_a_date_in_digits_meets_the_day_in_words_either_way() -> None:
+    index = built([on("jun", "我去了博物馆", "2023-06-02"), on("may", "我去了博物馆", "2023-05-02")])
+    assert ids(index, "2023-05-02我去了博物馆吗")[0] == "may"
+    assert ids(index, "Did I go to the 博物馆 on 2023/6/2?")[0] == "jun"
+    index = built(
+        [
+            on("plain", "we went to the museum", "2023-06-02"),
+            on("named", "museum day: 2023-05-02", "2023-06-10"),
+        ]
+    )
+    assert ids(index, "Did we go to the museum on May 2?")[0] == "named"
+
+
 def test_a_chinese_message_carries_the_dates_it_names() -> None:
     # Said in June, the message names May 2: an English question meets it whatever the language.
     index = built(

@@ -144,3 +144,14 @@ def test_the_english_date_scan_stays_linear_on_hostile_input() -> None:
     assert written_dates("1号" * 50_000, SAID) == [
         "2023 august 1"
     ]  # only the last: 号 then a digit is no day
+    assert written_dates("2023-1-" * 14_000) == [] and len(written_dates("2023-5-2 " * 11_000)) == 11_000
+
+
+def test_dates_written_in_digits_year_first_are_spelt_as_the_index_spells_a_day() -> None:
+    assert written_dates("我们2023-05-02见过") == ["2023 may 2"] and says_when("我们2023-05-02见过")
+    assert written_dates("on 2023/5/2") == ["2023 may 2"] == written_dates("2023.5.2 was a Tuesday")
+    assert written_dates("deployed at 2023-12-25T10:00:00Z") == ["2023 december 25"]
+    assert written_dates("2023-02-30 and 2023-13-01") == []  # outside the calendar: skipped
+    # Not dates: a version, a longer run of numbers, mixed separators, a short form read two ways.
+    for text in ("v2023.5.2", "12023-05-02", "2023-05-02-7", "2023.5.2.1", "2023-05/02", "5/2", "3/4 of it"):
+        assert written_dates(text) == [], text
