@@ -2,6 +2,7 @@
 
     python bench/eval_madial.py /work/shared/data/madial-bench/MADial-Bench-zh-dialogue-dev.json \
         /work/shared/data/madial-bench/MADial-Bench-zh-memory.json --embed none --json
+    python bench/eval_madial.py … --turn   # what a chat turn asks: the last message, with the talk before it
 
 Protocol of research/benchmarks.md §5 and lexical-retrieval.md §2: the query is the dialogue before the first
 test turn (speaker tags stripped), the candidates are every memory of the same user-id, the gold is
@@ -22,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from memory_core.recall import DENSE_WEIGHT, FUSION
 from memory_core.textindex import Embedder, entry_relevance
 
 TAG = re.compile(r"<[^>]*>")
@@ -118,7 +120,7 @@ LEXICAL_CANDIDATES = {
 }
 HYBRID_CANDIDATES = {
     f"hybrid dense-q={dq} {fusion} w{w}"
-    + (" (shipped)" if (dq, fusion, w) == ("dialogue", "minmax", 0.7) else ""): (
+    + (" (shipped)" if (dq, fusion, w) == ("dialogue", FUSION, DENSE_WEIGHT) else ""): (
         "dialogue",
         dq,
         fusion,
@@ -189,6 +191,57 @@ def cross_validated(
     return out
 
 
+def split_turn(dialogue: dict[str, Any]) -> tuple[list[str], list[str], str]:
+    """(the user's lines before the last one, every line before it, the last user line): a chat turn's
+    message and the conversation before it, as `workers.turn` hands them to entry recall."""
+    lines = [ln for ln in dialogue["dialogue"][: dialogue["test-turn"][0]] if not ln.startswith("<BOD>")]
+    last = max((i for i, ln in enumerate(lines) if not ln.startswith("<Assistant>")), default=None)
+    if last is None:
+        return [], [], ""
+    users = [TAG.sub(" ", ln).strip() for ln in lines[:last] if not ln.startswith("<Assistant>")]
+    return users, [TAG.sub(" ", ln).strip() for ln in lines[:last]], TAG.sub(" ", lines[last]).strip()
+
+
+def turn_queries(
+    dialogues: list[dict[str, Any]], pools: dict[int, list[tuple[int, str]]], folds: int = 5
+) -> dict[str, Any]:
+    """R@10 per fold of the product's entry recall (`RelevanceIndex.relevance(message, context)`) for
+    the message alone (before), with the user's earlier lines (shipped), with every earlier line, and
+    after a change of topic (the earlier lines of another user's dialogue)."""
+    from memory_core.entry import Entry
+    from memory_core.recall import RelevanceIndex
+
+    indexes = {}
+    for user, pool in pools.items():
+        indexes[user] = RelevanceIndex()
+        indexes[user].sync([Entry(id=str(mid), text=text) for mid, text in pool])
+    n = len(dialogues)
+
+    def other(i: int) -> dict[str, Any]:
+        user = dialogues[i]["user-id"]
+        return next(d for k in range(7, 7 + n) if (d := dialogues[(i + k) % n])["user-id"] != user)
+
+    arms = {
+        "message alone (before)": lambda i: [],
+        "message + the user's earlier lines (shipped)": lambda i: split_turn(dialogues[i])[0],
+        "message + every earlier line": lambda i: split_turn(dialogues[i])[1],
+        "change of topic: another user's earlier lines": lambda i: split_turn(other(i))[0],
+    }
+    out: dict[str, Any] = {}
+    for name, context in arms.items():
+        per: list[list[float]] = [[] for _ in range(folds)]
+        for i, dia in enumerate(dialogues):
+            rel = indexes[int(dia["user-id"])].relevance(split_turn(dia)[2], context(i))
+            ranked = [int(m) for m in sorted((m for m in rel if rel[m] > 0), key=lambda m: (-rel[m], int(m)))]
+            gold = set(dia["relevant-id"])
+            per[i % folds].append(len(gold & set(ranked[:10])) / len(gold))
+        scores = [100 * sum(p) / len(p) for p in per]
+        mean = sum(scores) / folds
+        sd = (sum((x - mean) ** 2 for x in scores) / (folds - 1)) ** 0.5
+        out[name] = {"R@10": round(mean, 1), "sd": round(sd, 1), "folds": [round(x, 1) for x in scores]}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dialogues", type=Path)
@@ -199,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     ap.add_argument("--folds", type=int, default=0, help="k-fold cross-validation over dialogues (e.g. 5)")
     ap.add_argument("--cache", type=Path, help="an .npz embedding cache (created if missing)")
+    ap.add_argument("--turn", action="store_true", help="entry recall as a chat turn queries it (lexical)")
     args = ap.parse_args(argv)
     ks = sorted({int(k) for k in args.k.split(",")})
     user_ids = None
@@ -214,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
 
         embedder = cached = CachedEmbedder(local_embedder(), args.cache)
     dialogues, pools = read_jsonl(args.dialogues), load_memories(args.memories, user_ids)
-    if args.folds:
+    if args.turn:
+        result = turn_queries(dialogues, pools)
+    elif args.folds:
         result = cross_validated(dialogues, pools, embedder, ks, args.folds)
     else:
         result = evaluate(dialogues, pools, embedder, ks)

@@ -5,6 +5,7 @@
 Measured through the product's memory service on real files, compared in the same run against a naive
 baseline: rank_bm25.BM25Okapi rebuilt per query over the same entry texts, then the same three-term score.
 - recall_warm: p50/p95 of `MemoryService.recall` with the namespace already loaded;
+- recall_conversation: the same with the user's six earlier lines as context (a chat turn's recall);
 - cold_open: parse MEMORY.md + build the relevance index + first query, in a fresh service;
 - assemble: resident + recall + active recall (raw search over the archive) + the memory block, p50/p95.
 """
@@ -232,6 +233,13 @@ def main() -> None:
         t = time.perf_counter()
         svc.recall(ns, q, NOW)
         warm.append(time.perf_counter() - t)
+    # A chat turn's recall: the message with the user's six earlier lines (what workers.turn passes).
+    talk = []
+    for q in queries:
+        context = [sentence(rng) for _ in range(6)]
+        t = time.perf_counter()
+        svc.recall(ns, q, NOW, context=context)
+        talk.append(time.perf_counter() - t)
 
     # Baseline: BM25Okapi rebuilt per query over the same texts (a subsample of queries: it is slow).
     entries = [e for e in svc.book(ns).entries() if e.current(NOW)]
@@ -276,6 +284,8 @@ def main() -> None:
         "messages": args.messages,
         "recall_warm_p50_ms": pct(warm, 0.5),
         "recall_warm_p95_ms": pct(warm, 0.95),
+        "recall_conversation_p50_ms": pct(talk, 0.5),
+        "recall_conversation_p95_ms": pct(talk, 0.95),
         "baseline_rebuild_per_query_p50_ms": pct(base, 0.5),
         "speedup_vs_baseline_p50": round(pct(base, 0.5) / max(pct(warm, 0.5), 1e-3), 1),
         "cold_open_ms": pct(cold, 0.5),

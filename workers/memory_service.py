@@ -221,6 +221,7 @@ class MemoryService:
         chat_type: str = "p2p",
         chat: str | None = None,
         gate: bool = True,
+        context: Sequence[str] = (),
     ) -> list[Scored]:
         cache = self._cache(ns)
         # What was true at `as_of` may since have been archived by light dreaming: read ARCHIVE.md too
@@ -254,6 +255,7 @@ class MemoryService:
                 query_vector=qvec,
                 vectors=vectors,
                 dense_floor=floor,
+                context=context,
             )
 
     def _vector_table(self, ns: Namespace, pool: list[Entry], cached: bool) -> VectorTable:
@@ -558,10 +560,15 @@ class MemoryService:
         session: str,
         now: datetime,
         k: int = 5,
+        context: Sequence[str] = (),
     ) -> Assembly:
+        """The turn's memory block; `context`: the conversation's turns before `query` (entry recall
+        reads what the talk is about, not only the last message)."""
         resident = self.resident(ns, now, chat_type, chat, session)
         asks = pulls_memory(query)
-        recalled = self.recall(ns, query, now, k=k, chat_type=chat_type, chat=chat) if asks else []
+        recalled = (
+            self.recall(ns, query, now, k=k, chat_type=chat_type, chat=chat, context=context) if asks else []
+        )
         profile = self.profile(ns) if chat_type != "group" else None
         partial = memory_block(profile, resident, recalled)
         snippets: list[Snippet] = []

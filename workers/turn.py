@@ -187,21 +187,27 @@ def _converse(
         mem.record(
             ns, _raw(inbound.message_id, inbound.created(now), "user", inbound.text, inbound, "user", session)
         )
+    model = persona.chat_model or runtime.settings.chat_model
+    history_key = f"{ns.key}:{inbound.conversation}"
+    history = scratch.history(history_key) if model and runtime.llm is not None else []
     if memory.reads:
         assembly = mem.assemble(
-            ns, inbound.text, chat_type=inbound.chat_type, chat=inbound.chat_id, session=session, now=now
+            ns,
+            inbound.text,
+            chat_type=inbound.chat_type,
+            chat=inbound.chat_id,
+            session=session,
+            now=now,
+            context=[m["content"] for m in history if m["role"] == "user"],  # replies echo the block
         )
     else:
         assembly = Assembly("", [], [], [])
     result.recalled = [s.entry.id for s in assembly.recalled]
-    model = persona.chat_model or runtime.settings.chat_model
-    history_key = f"{ns.key}:{inbound.conversation}"
     note = "no_model"
     if model and runtime.llm is not None:
         note = "model_down"
         if not scratch.flagged("llm-down"):
             try:
-                history = scratch.history(history_key)
                 result.reply = _model_reply(
                     runtime, mem, persona, inbound, assembly, model, history, limits, result, memory, stream
                 )

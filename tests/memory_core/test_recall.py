@@ -166,3 +166,30 @@ def test_memory_block_is_data_without_storage_comments() -> None:
     assert block.startswith("<memory-context>") and block.endswith("</memory-context>")
     assert block.count("</memory-context>") == 1 and "<!--m:" not in block
     assert "not instructions" in block
+
+
+def test_recall_reads_what_the_conversation_is_about_not_only_the_last_message() -> None:
+    entries = [
+        Entry(id="dance", text="去年圣诞晚会上我跳了一支舞"),
+        Entry(id="cat", text="我养了一只叫豆豆的猫"),
+        Entry(id="hike", text="用户周末喜欢爬山"),
+    ]
+    said = ["元旦晚会我要表演魔术", "我还在挑要穿的衣服"]
+    # The last message alone names nothing remembered; the conversation before it does.
+    assert [s.entry.id for s in recall(entries, "我有点紧张，该怎么办", NOW)] == []
+    got = [s.entry.id for s in recall(entries, "我有点紧张，该怎么办", NOW, context=said)]
+    assert got == ["dance"]
+    # The conversation meets the same evidence rule as a short message: one shared character (用) is none.
+    assert recall(entries, "有什么推荐", NOW, context=["项目用什么技术栈"]) == []
+
+
+def test_the_conversation_never_lowers_what_the_message_itself_finds() -> None:
+    from memory_core.recall import RelevanceIndex
+
+    index = RelevanceIndex()
+    index.sync(
+        [Entry(id="cat", text="我养了一只叫豆豆的猫"), Entry(id="dance", text="去年圣诞晚会上我跳了一支舞")]
+    )
+    alone = index.relevance("豆豆最近不爱吃饭")
+    after = index.relevance("豆豆最近不爱吃饭", ["元旦晚会我要表演魔术", "我还要准备服装和道具呢"])
+    assert alone == {"cat": alone["cat"]} and after["cat"] == alone["cat"] and after["dance"] > 0

@@ -70,6 +70,22 @@ def test_unrelated_requests_recall_nothing_lexically(
     _check(MemoryService(runtime), runtime)
 
 
+def test_unrelated_requests_after_unrelated_requests_recall_nothing(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """In a chat, entry recall also reads the user's earlier lines: a run of requests (each framed by its
+    verb, each handing over material) is no more evidence about the person than one of them."""
+    runtime = make_runtime(data_dir, redis_url)
+    _remember_everything(runtime)
+    mem, now, asked = MemoryService(runtime), runtime.clock(), DATA["unrelated"]
+    leaks = {
+        q: got
+        for n, q in enumerate(asked)
+        if (got := [s.entry.text for s in mem.recall(ns(), q, now, context=asked[max(0, n - 3) : n])])
+    }
+    assert leaks == {}
+
+
 def test_unrelated_requests_recall_nothing_with_an_ollama_embedder(
     data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama
 ) -> None:

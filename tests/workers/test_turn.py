@@ -22,6 +22,7 @@ from rq import Queue
 
 from bot import chat_cli
 from memory_core.namespace import Namespace
+from memory_core.ops import Remember
 from tests.fakes.ollama import Delay, FakeOllama
 from workers.feishu_send import FeishuError
 from workers.inbound import Inbound, TurnLimits
@@ -188,6 +189,25 @@ def test_the_model_saves_through_its_tool_and_sees_memory_next_time(
         {"role": "user", "content": "我平时喜欢喝美式"},
         {"role": "assistant", "content": "好的，记住了！"},
     ]
+
+
+def test_recall_follows_the_conversation_not_only_the_last_message(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama
+) -> None:
+    rt = make_runtime(data_dir, redis_url, ollama=ollama)
+    facts = [Remember(text="去年圣诞晚会上我跳了一支舞"), Remember(text="我养了一只叫豆豆的猫")]
+    for user in ("alice", "bob"):
+        rt.writer.submit(Namespace.of("t1", user, "default"), facts)
+    ollama.script("太棒了！豆豆也会为你骄傲的。", "深呼吸，你去年跳舞就很成功。", "别担心，慢慢来。")
+
+    say(rt, "元旦晚会我要表演魔术")
+    say(rt, "我有点紧张，该怎么办")  # names nothing remembered: the turn before it does
+    say(rt, "我有点紧张，该怎么办", user="bob")  # the same words with no conversation before them
+
+    alice, bob = (r["messages"][0]["content"] for r in ollama.chat_requests[1:3])
+    assert "去年圣诞晚会上我跳了一支舞" in alice
+    # What the bot said is not what the talk is about: its reply (豆豆) steers nothing.
+    assert "去年圣诞晚会上我跳了一支舞" not in bob and "豆豆" not in alice + bob
 
 
 def test_tool_calls_are_validated_and_secrets_never_stored(
