@@ -142,11 +142,7 @@ def open_event(
 
 
 class Batcher:
-    """Hands accepted messages to Redis in batches: under load, one round trip serves many requests.
-
-    A request waits for the batch it joined; with nothing in flight a batch of one leaves at once, so a
-    quiet bot pays no batching delay. At most `lanes` batches are in flight (Redis is one thread anyway).
-    """
+    """Hands accepted messages to Redis in batches: under load, one round trip serves many requests."""
 
     def __init__(self, intake: Intake, max_batch: int = 64, lanes: int = 2) -> None:
         self.intake = intake
@@ -233,10 +229,7 @@ class Webhook:
         return await self.accept_event(name, event, started)
 
     async def accept_event(self, name: str, event: dict[str, Any], started: float) -> web.Response:
-        """Route, redact and enqueue one verified event, from the webhook or the long connection.
-
-        The status says what Feishu should do: 200 done (queued, duplicate or ignored), 503 push it again.
-        """
+        """Route, redact and enqueue one verified event, from the webhook or the long connection."""
         event_id = str((event.get("header") or {}).get("event_id") or event.get("uuid") or "")[:128]
         if (event.get("header") or {}).get("event_type") == CARD_ACTION:
             return await self.accept_card_action(name, event, started, event_id)

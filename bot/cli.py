@@ -555,8 +555,7 @@ def _data_dir(value: str) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Every subcommand takes `--data DIR`; memory commands take `--user/--persona/--tenant` and `--json`.
-    Errors become one clear line on stderr and a non-zero exit; `--json` output is a stable contract.
-    """
+    Errors become one clear line on stderr and a non-zero exit; `--json` output is a stable contract."""
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbose or args.command in ("serve", "bot", "worker", "cron"), os.environ)

@@ -49,12 +49,7 @@ def _recognised_subject(text: str) -> str | None:
 
 
 def _subject_verdict(text: str, holder: Entry, subject: str) -> meaning.Verdict:
-    """How a statement with `subject` relates to a current holder of the same subject.
-
-    The deterministic rules guard the subject (a model's or the recogniser's): a same-meaning rewording is
-    a rewording, not a change; a form of address (叫我小明) adds to a full name; a named person's facts end
-    each other only when the same attribute changes; a free-form model subject (饮食, hobby) ends a holder
-    only when the texts contradict or are about the same thing."""
+    """How a statement with `subject` relates to a current holder of the same subject."""
     verdict = meaning.compare(text, holder.text)
     if verdict.kind in ("same", "contains", "contained", "similar"):
         return verdict
@@ -261,10 +256,7 @@ def _ids(held: _Ids | None) -> Iterable[str]:
 
 
 class _DedupIndex:
-    """Normalised text → ids, core bigram → ids, frame → ids and slot → ids, over MEMORY.md's entries.
-
-    Finds the same-text, reworded and contradicting candidates of a new text without scanning every entry
-    (`meaning.read` gives the core, frame and slot; Jaccard is computed from shared-bigram counts, exactly)."""
+    """Normalised text → ids, core bigram → ids, frame → ids and slot → ids, over MEMORY.md's entries."""
 
     def __init__(self, entries: dict[str, Entry], known: dict[str, _Keys] | None = None) -> None:
         self._entries = entries
@@ -352,10 +344,7 @@ class _DedupIndex:
 
 
 class Book:
-    """MEMORY.md + ARCHIVE.md of one namespace, as a mutable working copy for one batch.
-
-    Pure (no disk; `now` is passed in); unreadable lines are carried through verbatim. The upsert rules:
-    docs/MEMORY.md ("The upsert rules")."""
+    """MEMORY.md + ARCHIVE.md of one namespace, as a mutable working copy for one batch."""
 
     def __init__(self, memory: MemoryFile | None = None, archive: MemoryFile | None = None) -> None:
         memory = memory if memory is not None and memory.sections else _with_sections(memory)
@@ -767,10 +756,7 @@ class Book:
         return Outcome(op.op_id, "added", id=entry.id)
 
     def _end_superseded(self, entry: Entry, now: datetime) -> None:
-        """An entry written as given that names what it supersedes ends those that are still open.
-
-        Import is the operator's explicit act, so no protection check here (TODO: if import becomes an
-        automatic path, ask the one protection rule in memory_core/policy.py, not a second rule)."""
+        """An entry written as given that names what it supersedes ends those that are still open."""
         for ident in entry.supersedes:
             old = self.memory.entries.get(ident)
             if old is not None and old.valid_to is None and ident != entry.id:

@@ -85,10 +85,7 @@ def _links(pool: Sequence[Entry]) -> dict[int, set[int]]:
 
 
 def plan_clusters(entries: Sequence[Entry], now: datetime) -> list[Cluster]:
-    """Up to MAX_CLUSTERS cohesive clusters of eligible entries, the most connected first.
-
-    The model only proposes; this module decides (a run, eligibility and the clusters: docs/MEMORY.md, "Deep
-    dreaming")."""
+    """Up to MAX_CLUSTERS cohesive clusters of eligible entries, the most connected first."""
     pool = sorted((e for e in entries if deep_eligible(e, now)), key=lambda e: (stamp(e), e.id))[:SCAN_LIMIT]
     adj = _links(pool)
     used: set[int] = set()
@@ -184,11 +181,7 @@ def validate_merge(
     sources: Sequence[Entry], op: object, known_ids: Collection[str] = (), taken: Collection[str] = ()
 ) -> Merge | Rejection:
     """Accept a proposed merge only if it is well formed, names only this cluster's ids, and its text
-    is a faithful one-line rewrite of those sources (see `dream_guard`). Returns the Merge or why not.
-
-    `sources`: the cluster sent to the model; `known_ids`: every id of the namespace (an id outside the
-    cluster but known is ineligible, one never seen is unknown); `taken`: ids already merged this run.
-    """
+    is a faithful one-line rewrite of those sources (see `dream_guard`). Returns the Merge or why not."""
     shape = _shape(op)
     if shape is None:
         return Rejection("malformed", "needs {ids: [2+ ids], text: string}")

@@ -62,10 +62,7 @@ def _subject(raw: str | None) -> str | None:
 
 
 def grounded(fact: str, source_text: str) -> bool:
-    """A fact is grounded when at least `MIN_GROUNDING` of its content bigrams occur in what the user said.
-
-    A chatty model's "好的，我明白了。" or "Sure, here are the facts:" shares nothing with the message and is
-    dropped; a paraphrase ("用户喜欢爬山" from "记住我喜欢爬山") keeps most of its bigrams and passes."""
+    """A fact is grounded when at least `MIN_GROUNDING` of its content bigrams occur in what the user said."""
     return not source_text.strip() or coverage(fact, source_text) >= MIN_GROUNDING
 
 

@@ -38,11 +38,7 @@ def new_id() -> str:
 
 @dataclass(frozen=True)
 class Entry:
-    """A memory line. `extra` keeps metadata keys this version does not know, in file order.
-
-    Entries are frozen values; every change makes a new one (`dataclasses.replace`). Times are aware UTC
-    datetimes truncated to whole seconds, so what is rendered to the file is exactly what is held here.
-    """
+    """A memory line. `extra` keeps metadata keys this version does not know, in file order."""
 
     id: str
     text: str

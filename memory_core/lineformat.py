@@ -201,9 +201,7 @@ def _split_comment(body: str, opener: str) -> tuple[str, str | None]:
 
 @lru_cache(maxsize=200_000)
 def parse_entry(line: str) -> Entry:
-    """Parse one `- …` line. Raises LineError when it is an entry line that cannot be read.
-
-    Cached: a batch re-reads a file whose lines are mostly unchanged, so parsing is a lookup."""
+    """Parse one `- …` line. Raises LineError when it is an entry line that cannot be read."""
     if not line.startswith("- ") and line.rstrip() != "-":
         raise LineError("not a list item")
     body = line[2:]

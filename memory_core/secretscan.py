@@ -362,10 +362,7 @@ def _value_ok(kind: str, v: str, how: str, after: str) -> bool:
 def _contextual(
     text: str, head: re.Pattern[str], classify: Callable[[re.Match[str]], tuple[str, str] | None]
 ) -> Iterator[Span]:
-    """The values after `head` matches (a secret word and its separator) that look like the secret.
-
-    `classify(match)` names the kind and how the value is introduced (assign/word/bare/bare-cjk), or None.
-    """
+    """The values after `head` matches (a secret word and its separator) that look like the secret."""
     pos = 0
     while m := head.search(text, pos):
         pos = m.end()
@@ -633,11 +630,7 @@ def holds_redaction(text: str) -> bool:
 
 
 def redact(text: str) -> str:
-    """`text` with each secret replaced by ``[REDACTED:<kind>]``; text without findings comes back unchanged.
-
-    Repeats until nothing is found, because cutting a secret out can, rarely, join its neighbours into a new
-    one; that makes ``redact(redact(x)) == redact(x)`` hold by construction.
-    """
+    """`text` with each secret replaced by ``[REDACTED:<kind>]``; text without findings is unchanged."""
     for _ in range(8):
         found = find_secrets(text)
         if not found:

@@ -44,11 +44,7 @@ _RAW_ID = re.compile(r"<!--r:id=([^;>]*)")
 
 
 def no_symlink(base: Path, path: Path) -> Path:
-    """`path`, once no component of it below `base` is a symbolic link (missing components are fine).
-
-    The one symlink rule (issue 15): a link planted in a namespace (`raw/`, `MEMORY.md`, `.vault/…`,
-    `.index/`) would make a write land, or a read come from, outside the data directory. `base` itself may
-    be a link: that is the operator's choice of where the data lives. Raises UnsafePath."""
+    """`path`, once no component of it below `base` is a symbolic link (missing components are fine)."""
     current = os.fspath(base)
     for part in _below(base, path):
         current = os.path.join(current, part)
@@ -244,12 +240,7 @@ def _sha(data: bytes) -> str:
 def atomic_write(
     base: Path, path: Path, data: bytes, durable: bool = True, sync: bool = True, dir_mode: int = 0o777
 ) -> None:
-    """Write `data` to `path` so that readers and crashes see the old or the new file, never a mix.
-
-    The folder is opened by `open_beneath` and the temp file created and renamed relative to it: no link
-    below `base` is followed, whatever was planted since a check. `durable=False` skips the directory
-    fsync, `sync=False` every fsync: for bookkeeping whose loss after a power cut only makes the next batch
-    re-check the files, never loses or tears memory."""
+    """Write `data` to `path` so that readers and crashes see the old or the new file, never a mix."""
     with folder_beneath(base, path.parent, dir_mode=dir_mode) as folder:
         _no_link_at(folder, path.name, path)
         tmp = _stage_in(folder, path.name, data, sync)
@@ -347,9 +338,7 @@ def flocked(base: Path, path: Path) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The tracked files of a namespace as bytes, and the hashes the writer last recorded for them.
-
-    `rendered`: the hash of the MEMORY.md the writer last rendered from its book (not a hand edit's)."""
+    """The tracked files of a namespace as bytes, and the hashes the writer last recorded for them."""
 
     files: Mapping[str, bytes | None]
     recorded: Mapping[str, str]
@@ -546,15 +535,7 @@ class Store:
         journal: Mapping[str, Any] | None = None,
     ) -> dict[str, str]:
         """Write the changed tracked files and raw day files (caller holds `fenced`); returns the new
-        hashes of every tracked file.
-
-        A file whose new content only extends what is on disk (new memories, new messages) is appended to;
-        any other is replaced by rename, ARCHIVE before MEMORY so that a crash between the two duplicates
-        an entry rather than losing it. `journal` is written after every temp file is staged and before
-        anything changes, with what each append adds (synced when there is one: a crash cuts an append
-        short, recovery takes it back). Raises ConcurrentChange (a StoreError) if a tracked file changed on
-        disk since `before` was read: a hand edit raced us.
-        """
+        hashes of every tracked file."""
         root = self._at(ns)
         os.close(open_beneath(self.data_dir, root, _DIR, makedirs=True))
         for name in TRACKED:
@@ -658,10 +639,7 @@ class Store:
 
     def record_written(self, ns: Namespace, **values: Any) -> None:
         """Record what the writer wrote: `hashes` of the tracked files, the MEMORY.md it `rendered`, the
-        commit the next one may `fold` into (messages and hit counts only, or None).
-
-        Not synced: after a power cut a lost or torn record only makes the next batch take the files as a
-        hand edit and commit them as one (nothing is lost; the guard errs on the side of a person)."""
+        commit the next one may `fold` into (messages and hit counts only, or None)."""
         with flocked(self.data_dir, self._meta(ns, "state.lock")):
             written = self._written(ns)
             written.update(values)
@@ -886,13 +864,7 @@ class Store:
         exact: Mapping[str, bytes | None] | None = None,
         amend: str | None = None,
     ) -> str | None:
-        """Commit the namespace; returns the new short revision, or None if nothing changed.
-
-        With `exact`, the tracked files are committed with exactly those bytes (what the writer wrote),
-        not whatever is on disk now: a person's edit that lands between our rename and this commit stays
-        uncommitted, so the next batch sees it and commits it as its own `manual edit`. Without it, the
-        working tree is committed as `git add -A` would. `amend`: the id of HEAD to replace (a commit of
-        messages and hit counts folded into this one); ignored if HEAD has moved."""
+        """Commit the namespace; returns the new short revision, or None if nothing changed."""
         if not self.git_enabled:
             return None
         self.ensure_repo(ns)
@@ -969,14 +941,7 @@ class Store:
             raise
 
     def _maybe_pack(self, ns: Namespace, repo: pygit2.Repository) -> None:
-        """Pack the loose objects once there are LOOSE_MAX of them or LOOSE_BYTES (under the writer lease).
-
-        While the namespace is small (REPACK_ALL_OBJECTS, REPACK_ALL_BYTES) everything reachable is repacked
-        into one pack: one whole copy of each file plus deltas, the blobs of folded commits dropped. A larger
-        one packs
-        only its loose objects, and at PACKS_MAX packs merges all but the largest: either way the
-        repository grows with the deltas, not a whole file per commit, and no packing redoes the history
-        (libgit2 does not reuse deltas)."""
+        """Pack the loose objects once there are LOOSE_MAX of them or LOOSE_BYTES (under the writer lease)."""
         key = str(ns)
         self._commits[key] = self._commits.get(key, 0) + 1
         if self._commits[key] % PACK_CHECK_EVERY:

@@ -154,10 +154,7 @@ def _is_tz(value: str, english: bool = False) -> bool:
 
 
 def _name_ok(value: str, strict: bool) -> bool:
-    """A person's name: 2–4 CJK characters that are no pronoun or errand (我叫了外卖), or 1–3 Latin words.
-
-    `strict` (call me / I go by / greetings) demands capitalised Latin words: "call me later" is not a name.
-    """
+    """A person's name: 2–4 CJK characters that are no pronoun or errand (我叫了外卖), or 1–3 Latin words."""
     if _QUESTION_WORDS.search(value):
         return False
     if re.fullmatch(rf"[{HAN}]{{2,4}}|[{HAN}]+·[{HAN}·]+", value):
@@ -374,10 +371,7 @@ def _clauses(text: str) -> list[tuple[str, bool]]:
 
 def recognise(text: str) -> Recognised | None:
     """The first attribute a message sets, or None. Deterministic and total: never raises, and never files a
-    third party's fact under the user.
-
-    Conservative on purpose: a missed subject costs a duplicate line, a wrong one silently ends a true memory
-    (the rules: docs/MEMORY.md, "Subjects")."""
+    third party's fact under the user."""
     norm = " ".join(unicodedata.normalize("NFKC", text[:1000]).replace("’", "'").replace("‘", "'").split())
     greeting = _GREETING_NAME.match(norm)
     if greeting and _name_ok(greeting["v"], True) and not greeting["v"].endswith(_OCCUPATION_END):

@@ -369,12 +369,7 @@ class Writer:
     def transact(
         self, ns: Namespace, change: Change, message: str, expect_version: str | None = None
     ) -> BatchReport | None:
-        """Run `change(book, snapshot)` under the lease and commit what it did as one batch.
-
-        `change` mutates the book and may return other tracked files to write (PROFILE.md, DREAMS.md).
-        With `expect_version`, nothing is done and None is returned if the namespace moved since the
-        caller's snapshot — the caller re-plans. Queued ops wait for the next batch.
-        """
+        """Run `change(book, snapshot)` under the lease and commit what it did as one batch."""
         with self._lease(ns) as lease:
             return self._batch(ns, lease, [], change, message, expect_version)
 
@@ -732,10 +727,7 @@ class Writer:
         return Book(parse_file(mem) if mem else None, parse_file(arc) if arc else None)
 
     def _commit_hand_edit(self, ns: Namespace, lease: Lease, snap: Snapshot) -> tuple[Snapshot, int]:
-        """Commit a person's edit as `manual edit` before anything is applied on top of it.
-
-        Secrets a person typed into a file are redacted first, so they never reach a commit.
-        """
+        """Commit a person's edit as `manual edit` before anything is applied on top of it."""
         files: dict[str, str] = {}
         redacted = aside = 0
         for name in snap.hand_edited():

@@ -572,10 +572,7 @@ def tool_call(
     outcomes: list[Outcome],
     generation: int | None = None,
 ) -> dict[str, Any]:
-    """Validate one `manage_memory` call and run it through the writer; the answer goes back to the model.
-
-    Targets resolve within what this chat may see (group scope), and only to exactly one entry.
-    """
+    """Validate one `manage_memory` call and run it through the writer; the answer goes back to the model."""
     if name == "session_search":
         return session_search(mem, inbound, args)
     if name != "manage_memory":

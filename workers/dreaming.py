@@ -496,11 +496,7 @@ def job_id(ns: Namespace, phase: str, dry_run: bool = False) -> str:
 
 
 def enqueue_phase(rt: Runtime, ns: str | Namespace, phase: str, dry_run: bool = False) -> dict[str, Any]:
-    """Queue one phase for one namespace on the `dream` queue; at most one such job queued or running.
-
-    Returns {"status": "queued" | "already queued", "job_id": …}. The bot's /dream command and the
-    scheduler call this.
-    """
+    """Queue one phase for one namespace on the `dream` queue; at most one such job queued or running."""
     if phase not in JOBS:
         raise InvalidInput(f"unknown dream phase {phase!r}: one of {', '.join(PHASES)}")
     space = _namespace(ns)

@@ -43,13 +43,7 @@ def _unit(v: npt.ArrayLike) -> npt.NDArray[np.float32]:
 
 class Embeddings:
     """Normalised vectors by text in one growing float32 matrix, filled through `fn` under a budget and a
-    breaker. `fill` (run off the turn, see MemoryService) embeds; a turn only reads (`table`, `query`).
-
-    A turn never waits for entry vectors: it embeds only the query (within `BUDGET` seconds); entries are
-    embedded by `fill`, which the memory service runs on a background thread after writes and when a recall
-    finds entries without vectors (those are found lexically meanwhile). Three failures in a row open the breaker for
-    60 s, and recall falls back to lexical relevance meanwhile (it always works without vectors).
-    """
+    breaker. `fill` (run off the turn, see MemoryService) embeds; a turn only reads (`table`, `query`)."""
 
     def __init__(
         self, fn: EmbedFn, budget: float = BUDGET, per_turn: int = PER_TURN, query_cache: int = QUERY_CACHE

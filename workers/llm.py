@@ -52,12 +52,7 @@ class Usage:
 
 class LLM:
     """The chat and embedding calls Lucid makes. Callers see `LLMUnavailable` (server down, timeout, 5xx after retries), `LLMError` (the server refused:
-    unknown model, bad request) and plain results; no `ollama` or `httpx` exception leaks past this module.
-
-    Reasoning models (qwen3, deepseek-r1, …) write a scratchpad: `<think>…</think>` in the content, or a
-    `thinking` field. `ChatResult.content` never holds it (`memory_core.reasoning`), so no reply, stored fact,
-    dream merge or profile built from a model's answer can carry it.
-    """
+    unknown model, bad request) and plain results; no `ollama` or `httpx` exception leaks past this module."""
 
     def __init__(
         self, host: str | None, timeout: float = 60.0, retries: int = 1, backoff: float = 0.5

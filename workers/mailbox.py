@@ -78,15 +78,7 @@ class Intake:
         return ok
 
     def accept_many(self, batch: Sequence[Inbound]) -> list[bool | redis.RedisError]:
-        """Claim, inbox and enqueue a batch in two round trips; False for each duplicate.
-
-        Duplicate = its message_id or event_id was claimed in the last 12 h, or its job (id derived from
-        the message id) exists. The claim is atomic, so of two replicas racing on one message exactly one
-        enqueues. Raises redis.RedisError when Redis fails (the webhook answers 503 so Feishu retries);
-        claims taken by the batch are released first, so the retry is not mistaken for a duplicate. One
-        event that Redis refuses (a bad field) fails alone: its entry is the error, its claim is released,
-        and the rest of the batch is queued as if it had come alone.
-        """
+        """Claim, inbox and enqueue a batch in two round trips; False for each duplicate."""
         claims = []
         pipe = self.client.pipeline(transaction=False)
         for inbound in batch:
@@ -197,12 +189,7 @@ class Mailbox:
         job_id: str | None = None,
         busy: Callable[[Inbound, int], Any] | None = None,
     ) -> str:
-        """One turn job of `inbound`'s person: their oldest `batch` message(s), then hand on or stop.
-
-        `drain` (from the sweep, and jobs queued by earlier versions) no longer changes anything: every job
-        answers a batch and hands on, so a recovered backlog is fair too. `busy(newest, backlog)` tells the
-        person, once per backlog, that they write faster than they are answered.
-        """
+        """One turn job of `inbound`'s person: their oldest `batch` message(s), then hand on or stop."""
         ns = inbound.ns
         if job_id is not None and self._superseded(ns.key, job_id):
             return "another job has this inbox"
@@ -333,12 +320,7 @@ _WAITING = {JobStatus.QUEUED.value, JobStatus.DEFERRED.value, JobStatus.SCHEDULE
 
 
 class Sweeper:
-    """Hands an inbox nobody is draining (its worker died mid-turn) to a new turn job (docs/ARCHITECTURE.md).
-
-    Cost: one lock attempt per worker per SWEEP_SECONDS; the one that wins reads the due marks (inboxes
-    that got a message in the last few seconds, or that are leased, or stuck) in a few pipelined round
-    trips — O(active inboxes), never a scan of Redis.
-    """
+    """Hands an inbox nobody drains (its worker died mid-turn) to a new turn job (docs/ARCHITECTURE.md)."""
 
     LOCK = Keys.SWEEPING
 

@@ -394,11 +394,7 @@ class MemoryService:
         self, ns: Namespace, query: str, session: str, chat: str, already: str = ""
     ) -> list[Snippet]:
         """Snippets of past conversation for `query` (as many as `self.snippets` allows): no LLM, a time
-        budget, a breaker.
-
-        Failure is silent and never delays the reply: a slow or failing search counts toward the breaker
-        (3 in a row → skipped for 60 s).
-        """
+        budget, a breaker."""
         breaker = self._breakers.setdefault(ns, _Breaker())
         started = time.monotonic()
         if breaker.open(started) or len(query.strip()) < 2 or not pulls_memory(query):
@@ -483,11 +479,7 @@ class MemoryService:
     def search_conversations(
         self, ns: Namespace, query: str, k: int = SEARCH_TOOL_HITS, exclude: Sequence[str] = ()
     ) -> list[RawHit]:
-        """Past one-to-one conversation lines of this namespace for the model's `session_search` tool.
-
-        Only p2p lines: a namespace's archive also holds what its person said in groups, and a group's
-        lines (others' words among them) never reach a private reply this way. At most `k` hits, and a
-        search slower than the active-recall budget returns nothing rather than holding the reply."""
+        """Past one-to-one conversation lines of this namespace for the model's `session_search` tool."""
         if not query.strip():
             return []
         started = time.monotonic()
@@ -504,10 +496,7 @@ class MemoryService:
 
     def resident(self, ns: Namespace, now: datetime, chat_type: str, chat: str, session: str) -> list[Entry]:
         """The resident tier, frozen per session: the same entries for the session's life, minus any the
-        person removed or that stopped being current (a forget takes effect at once).
-
-        The frozen ids live in Redis when there is one (every worker serves the same snapshot; the key
-        expires after 30 minutes idle), else in this process (the terminal chat)."""
+        person removed or that stopped being current (a forget takes effect at once)."""
         book = self.book(ns)
         ids = self._frozen_ids(ns, chat_type, chat, session)
         if ids is None:

@@ -347,11 +347,7 @@ class Outbox:
 def send_reply(
     runtime: Runtime, sender: FeishuSender, inbound: Inbound, text: str
 ) -> Literal["delivered", "parked"]:
-    """A turn's reply: the chat's parked replies first (oldest first, once each), then this one.
-
-    "parked": Feishu did not take it now, it is delivered later. Raises FeishuError when it is not delivered
-    at all (a refusal no retry cures, or no Redis to park it in).
-    """
+    """A turn's reply: the chat's parked replies first (oldest first, once each), then this one."""
     started = time.time()
     outbox = Outbox(runtime.redis) if runtime.redis is not None else None
     order = inbound.create_time or int(started * 1000)

@@ -69,11 +69,7 @@ def run_turn(
     stream: Callable[[str], None] | None = None,
     card_fn: Callable[[dict[str, Any]], Any] | None = None,
 ) -> TurnResult:
-    """Answer one message. Never raises for a person's input or a backend failure: the reply says so.
-
-    `stream`: shown the model's text as it grows (a streaming card); `reply_fn` still gets the final text
-    (and returns "parked" when Feishu did not take it now but will be given it later).
-    `card_fn`: sends an interactive card (the /memory card) instead of the text, where the chat has cards."""
+    """Answer one message. Never raises for a person's input or a backend failure: the reply says so."""
     limits = limits or TurnLimits()
     started = time.monotonic()
     result = TurnResult()
@@ -177,10 +173,7 @@ def _converse(
     memory: TurnMemory,
     stream: Callable[[str], None] | None = None,
 ) -> Callable[[], None]:
-    """Record, recall, answer; returns the steps that run once the answer is delivered.
-
-    Every memory step asks `memory` first: a quiet message (per-message switch) reads and writes
-    nothing, a chat whose memory is off reads but learns nothing (see workers.memory_switch)."""
+    """Record, recall, answer; returns the steps that run once the answer is delivered."""
     ns, now = inbound.ns, runtime.clock()
     session = scratch.session(f"{ns.key}:{inbound.conversation}", inbound.message_id)
     if memory.learns:
@@ -572,11 +565,8 @@ def _thinking_key(inbound: Inbound) -> str:
 
 
 def _show_thinking(runtime: Runtime, sender: FeishuSender, inbound: Inbound) -> str | None:
-    """Add the "thinking" reaction, or take over the one a killed attempt of this turn left showing.
-
-    The reaction id is kept in Redis for the turn's life: a worker SIGKILLed mid-turn cannot remove its
-    reaction, so the attempt that redoes the turn removes it when it answers (otherwise the message would
-    show "thinking" forever beside its answer)."""
+    """Add the "thinking" reaction, or take over the one a killed attempt of this turn left showing
+    (its id is kept in Redis, so a SIGKILLed attempt's reaction does not show "thinking" forever)."""
     client, key = runtime.redis, _thinking_key(inbound)
     if client is not None:
         try:
