@@ -1,6 +1,5 @@
 """The webhook (`POST /feishu/{persona}/events`, `/healthz`, `/admin/…`): verify, decrypt, dedupe, enqueue,
-answer 200 well inside Feishu's 3 seconds (the checks and why: docs/ARCHITECTURE.md).
-"""
+answer 200 well inside Feishu's 3 seconds (the checks and why: docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 

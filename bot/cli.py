@@ -76,9 +76,8 @@ def cmd_remember(args: argparse.Namespace, rt: Runtime) -> int:
 
 
 def _entry(args: argparse.Namespace, rt: Runtime) -> tuple[Entry | None, list[Entry]]:
-    """The entry `args.id` names: a full id or a unique prefix (as `lucid show` prints), history and
-    archive included (None when nothing matches: the writer then reports not_found); an ambiguous
-    prefix is one clear error line."""
+    """The entry `args.id` names, by full id or unique prefix, history and archive included (None: no
+    match, the writer reports not_found); an ambiguous prefix is one clear error line."""
     book, _ = rt.writer.snapshot(_ns(args))
     every = book.entries() + book.archived()
     try:

@@ -1,6 +1,5 @@
 """Feishu's long connection (`mode = "ws"`): lark-oapi's WebSocket client, a watchdog and one reconnect
-owner, feeding the webhook's own `accept_event` (docs/ARCHITECTURE.md).
-"""
+owner, feeding the webhook's own `accept_event` (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Routing: a verified Feishu event → the `Inbound` message a turn answers, or the reason it is ignored
-(`route`).
-"""
+(`route`)."""
 
 from __future__ import annotations
 

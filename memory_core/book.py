@@ -363,8 +363,7 @@ class Book:
 
     def reuse_index(self, older: Book) -> None:
         """Take over the dedup index of `older` (this namespace as this process last wrote it), updated
-        for what changed since. When the writer lease moves between processes, each batch starts from a
-        fresh read; rebuilding the index of a 5,000-entry file cost more than the rest of the batch."""
+        for what changed since: rebuilding it for a 5,000-entry file cost more than the rest of the batch."""
         if self._dedup_index is None and older._dedup_index is not None:
             older._dedup_index.rebase(self.memory.entries)
             self._dedup_index, older._dedup_index = older._dedup_index, None
@@ -419,9 +418,8 @@ class Book:
         return self.memory.render(_PLACEMENT)
 
     def memory_appended(self, text: str) -> str | None:
-        """The lines to append to `text` to get `render_file(self.memory_file())`, when `text` is MEMORY.md
-        as rendered from this book at its last `settle` and the only change since is new entries at the
-        end of the last section (the common batch: new memories). None: render the whole file."""
+        """The lines to append to MEMORY.md `text` (as last rendered from this book) when the only change
+        is new entries at the end of the last section; None: render the whole file."""
         new, archived = self.memory.added(), self.archive.added()
         if not new or archived is None or archived:
             return None

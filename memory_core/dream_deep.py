@@ -1,6 +1,5 @@
 """Deep dreaming, the host side: which entries may be folded, the clusters, the prompt, and the cage
-(`plan_clusters` says how a run goes).
-"""
+(`plan_clusters` says how a run goes)."""
 
 from __future__ import annotations
 

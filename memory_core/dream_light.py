@@ -1,6 +1,5 @@
 """Light dreaming: mechanical tidying of one namespace, no model, as a list of named rules (DESIGN §6;
-the rules: `plan_light`).
-"""
+the rules: `plan_light`)."""
 
 from __future__ import annotations
 

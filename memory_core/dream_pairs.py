@@ -1,6 +1,5 @@
 """All pairs of bigram sets with Jaccard ≥ t, exactly, without comparing every pair (light and deep
-dreaming; the method: `similar_pairs`).
-"""
+dreaming; the method: `similar_pairs`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Fact extraction, shared by the live path (after a turn) and replay (raw messages a later pass reads):
-one prompt and one parser (`parse_facts`).
-"""
+one prompt and one parser (`parse_facts`)."""
 
 from __future__ import annotations
 
@@ -78,12 +77,8 @@ def _junk(text: str) -> bool:
 
 
 def parse_facts(reply: str, source_text: str = "") -> list[Fact]:
-    """The facts of a model reply. Reasoning blocks (`<think>…</think>`), refusals, secrets, format debris,
-    lines not grounded in the user's own text (chatter) and instruction-like lines that the user's text does
-    not contain are dropped; a third party's fact is typed `fact` whatever its wording.
-
-    One prompt and one parser, so background extraction and replay store the same facts the same way
-    (docs/MEMORY.md, "Extraction and replay")."""
+    """The facts of a model reply, without scratchpads, refusals, secrets, debris and ungrounded or
+    instruction-like lines; shared by extraction and replay (docs/MEMORY.md, "Extraction and replay")."""
     facts: list[Fact] = []
     for raw in strip_reasoning(reply).splitlines():
         m = _LINE.match(raw)

@@ -23,9 +23,8 @@ _DIGEST = re.compile(r"digest=[0-9a-f]{16,64}")
 
 @dataclass(frozen=True)
 class Forgotten:
-    """What the raw archive and git history must lose: the entry's id, text and provenance (what each file
-    loses: docs/PRIVACY.md, "Forget"). The writer applies these pure functions; `forget --purge` applies the
-    same ones to git history."""
+    """What the raw archive and git history must lose: the entry's id, text and provenance
+    (docs/PRIVACY.md, "Forget"); the writer and `forget --purge` apply the same pure functions."""
 
     id: str
     text: str
@@ -165,9 +164,8 @@ _ENTRY_ID = re.compile(r"<!--m:(?:[^>]*?;)?id=([^;>]+)")
 
 
 def purge_blob(data: bytes, targets: Sequence[Forgotten]) -> bytes:
-    """One file of any past commit as `forget --purge` leaves it: the targets' entry lines gone, raw
-    lines marked as `redact_raw` does, their text replaced anywhere else, and profile lines that drew
-    on them dropped. Path-free, so git-filter-repo can run it on every blob of the history."""
+    """One file of any past commit as `forget --purge` leaves it; path-free, so git-filter-repo can run
+    it on every blob of the history."""
     text = data.decode("utf-8", errors="surrogateescape")
     needles = [t.id for t in targets] + [t.origin for t in targets if t.origin]
     if not any(n in text for n in needles) and not any(p.search(text) for p, _ in _spans(targets)):

@@ -210,9 +210,8 @@ def _is_question(text: str) -> bool:
 
 
 def parse_intent(message: str) -> Intent:
-    """Classify a message: remember / forget (with the payload), question, first-person statement,
-    chit-chat, or none. Deterministic and total; it errs towards "none": a missed request costs a rephrase, a
-    wrong forget costs a memory (docs/MEMORY.md, "Requests without a model")."""
+    """Classify a message: remember / forget (with the payload), question, statement, chit-chat or none;
+    errs towards "none" (docs/MEMORY.md, "Requests without a model")."""
     text = message.strip()
     if not text:
         return Intent("none", "")

@@ -1,6 +1,5 @@
 """Whether two statements say the same thing, or one changes the other: the upsert's deterministic judge
-(`compare`).
-"""
+(`compare`)."""
 
 from __future__ import annotations
 

@@ -75,12 +75,8 @@ def session_key(msg: RawMessage) -> str:
 
 
 def own_bag(msg: RawMessage) -> Counter[str]:
-    """A message's own terms: its text, its speaker and its date (year, month name, day), weight 1 each,
-    the year and month each of its relative expressions points at ("last year" said in 2023: 2022; 上个月),
-    and the dates its text writes (5月2日, May 2nd: "may 2"; 6号: that day of its own month), spelt as
-    `timeexpr.date_words`.
-
-    Dates answer "camping in June", "in 2022" and 5月2日 questions and even out very short messages."""
+    """A message's own terms: its text, speaker and date, plus the dates its text writes or its relative
+    expressions point at (`timeexpr.date_words`), so "in June" or 5月2日 questions find it."""
     ts = as_utc(msg.ts)
     bag = Counter(tokenize(msg.text))
     bag.update(tokenize(msg.speaker))
@@ -317,9 +313,8 @@ class RawIndex:
         return [self._msg(other) for other, _ in self._window(slot)[1:]]
 
     def adjacent(self, msg_id: str) -> list[tuple[RawMessage, bool]]:
-        """The turns just before and just after `msg_id` in its session (what a reply answers, or what
-        answered it), each with whether it came before: where active recall looks for the request's words
-        when the line itself lacks them."""
+        """The turns just before and after `msg_id` in its session, each with whether it came before
+        (where active recall looks for the request's words when the line itself lacks them)."""
         slot = self._bm25.slot_of(msg_id)
         if slot is None:
             return []
@@ -352,9 +347,8 @@ class RawIndex:
         return True
 
     def problems(self) -> list[str]:
-        """Broken links in the structure (empty when sound): every session's order agrees with its prev/next
-        links, and every posting is linked back to its place in its document (what keeps the cost of a
-        message linear in its own length, whatever order it arrives in)."""
+        """Broken links in the structure (empty when sound): session order against prev/next links, and
+        every posting linked back to its place in its document."""
         out = self._bm25.problems()
         for sid, seq in enumerate(self._seq):
             for i, slot in enumerate(seq):

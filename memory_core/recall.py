@@ -90,14 +90,8 @@ def importance(entry: Entry) -> float:
 
 @dataclass(frozen=True)
 class Scored:
-    """score = recency + importance + relevance                                  (DESIGN §5)
-        recency    = exp(−ln2 · age_days / 30), on `last` recall, else `at`, else `valid_from`
-        importance = type prior + salience (hint words, confidence) + min(0.5, 0.1 × hits)   ∈ [0.4, 2.0]
-        relevance  ∈ [0, 1]: BM25 over the namespace's candidates (textindex), optionally mixed with cosine
-
-    Zero evidence is never returned whatever recency and importance say, and chit-chat gets no recall tier.
-    Everything here is pure: the caller passes entries, the query, the time and (optionally) vectors.
-    """
+    """score = recency (half-life 30 days) + importance (type, salience, hits) + relevance (BM25, maybe
+    cosine); zero evidence is never returned (DESIGN §5)."""
 
     entry: Entry
     recency: float
@@ -119,9 +113,8 @@ def is_shared(entry: Entry) -> bool:
 
 
 def visible_in(entry: Entry, chat_type: str, chat: str | None) -> bool:
-    """Group privacy (DESIGN §5), the one rule every read path uses: in a group, only entries learned in
-    that same group, the speaker's own rules and instructions about how to answer (never a sensitive
-    one), and what the person explicitly shared. Private identity, preferences, facts stay private."""
+    """Group privacy (DESIGN §5), the one rule of every read path: in a group, only what was learned there,
+    the speaker's non-sensitive rules and instructions, and what the person shared."""
     if chat_type != "group":
         return True
     if entry.scope == f"g:{chat}":

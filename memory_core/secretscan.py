@@ -645,10 +645,8 @@ def redact(text: str) -> str:
 
 
 def redact_long(text: str, window: int = 1 << 16, context: int = 8192) -> tuple[str, int]:
-    """`redact` for a text of any length (a pasted blob set aside by the writer), and how many secrets it
-    cut out. Scanned in windows of `window` characters, each seen with `context` characters on either side,
-    so a secret across a window's edge is found as in one pass, and a long scan never holds the
-    interpreter for seconds at a time (a lease heartbeat keeps running between windows)."""
+    """`redact` for a text of any length, and how many secrets it cut; scanned in overlapping windows, so
+    an edge-crossing secret is found and a long scan never holds the interpreter for seconds."""
     if len(text) <= window:
         clean = redact(text)
         return clean, len(find_secrets(text)) if clean != text else 0

@@ -1,6 +1,5 @@
 """The store: the one module that reads and writes a namespace's files and its git repository, every write
-atomic and fenced (layout: docs/ARCHITECTURE.md, "The writer").
-"""
+atomic and fenced (layout: docs/ARCHITECTURE.md, "The writer")."""
 
 from __future__ import annotations
 
@@ -97,11 +96,8 @@ def open_beneath(
     makedirs: bool = False,
     dir_mode: int = 0o777,
 ) -> int:
-    """`os.open` of `path` that follows no symbolic link below `base`, by construction rather than by a
-    check before it: each folder is opened from the one above it (`dir_fd`) with O_NOFOLLOW | O_DIRECTORY,
-    and the last component with O_NOFOLLOW, so a link planted after any check is refused by the open
-    itself (UnsafePath). `base` may be a link (the operator's choice). `makedirs`: missing folders are
-    created on the way (mode `dir_mode`). Returns the descriptor (the caller closes it)."""
+    """`os.open` of `path` following no link below `base` by construction (each folder opened from the one
+    above with O_NOFOLLOW), so a link planted after any check is refused (UnsafePath)."""
     rel = _below(base, path)
     try:
         folder = os.open(base, _DIR)
@@ -162,9 +158,8 @@ _fast_open = _SYSCALL is not None
 
 
 def _openat2(folder: int, rel: tuple[str, ...], flags: int, mode: int, path: Path, makedirs: bool) -> int:
-    """`rel` opened from `folder` in one `openat2` that refuses any link and any way out of `folder`: the
-    walk's outcome for a third of its cost. -1 where the walk must decide (a link, a folder to make, a
-    kernel or sandbox without openat2), so that every refusal and its message stay the walk's."""
+    """`rel` opened from `folder` in one `openat2` refusing links and escapes (a third of the walk's cost);
+    -1 where the walk must decide, so every refusal and its message stay the walk's."""
     global _fast_open
     if not _fast_open:
         return -1
@@ -222,9 +217,8 @@ def _exists_at(folder: int, name: str, path: Path) -> bool:
 
 
 def _no_link_at(folder: int, name: str, path: Path) -> None:
-    """Refuse to replace a link: a rename would not follow it (nothing lands outside), but it would
-    silently swap a planted link for a file instead of reporting it. A link planted after this check is
-    replaced, never written through."""
+    """Refuse to replace a link: a rename would not follow it, but would silently swap a planted link for
+    a file instead of reporting it."""
     _exists_at(folder, name, path)
 
 
@@ -278,9 +272,8 @@ def _stage_in(folder: int, name: str, data: bytes, sync: bool = True) -> str:
 
 
 def _append(base: Path, path: Path, at: int, data: bytes, rel: str) -> None:
-    """Append `data` to the file at `path`, which must still be `at` bytes long and still be the file at
-    `path` once written (an editor's save by rename in between means the append went nowhere). A failed
-    write (disk full) is taken back: the file ends as it was. Opened by `open_beneath` (no link followed)."""
+    """Append `data` to `path`, which must still be `at` bytes long and the same file once written; a failed
+    write (disk full) is taken back. Opened by `open_beneath` (no link followed)."""
     with folder_beneath(base, path.parent, makedirs=False) as folder:
         fd = _open_at(folder, path.name, os.O_WRONLY | os.O_APPEND, 0, path)
         try:
@@ -620,9 +613,8 @@ class Store:
             return None
 
     def undo_cut_appends(self, ns: Namespace, journal: Mapping[str, Any]) -> None:
-        """Take back an append the journal's batch did not finish (a crash or a power cut mid-write): the
-        file ends as it was before the batch, never with a torn line. A file that is not exactly what the
-        batch left (a person edited it since) is left alone."""
+        """Take back an append the journal's batch did not finish, so no file ends with a torn line; a file
+        a person edited since is left alone."""
         for rel, spec in (journal.get("appends") or {}).items():
             try:
                 path = self.file(ns, *str(rel).split("/"))
@@ -654,10 +646,8 @@ class Store:
     # ---------------------------------------------------------------------------- journal (crash window)
 
     def write_journal(self, ns: Namespace, journal: Mapping[str, Any], sync: bool = False) -> None:
-        """Written in place (the file stays between batches, emptied): a journal cut short is not JSON and
-        counts as none, which is right, since nothing of its batch was written yet. Synced only with
-        `sync`: a journal lost to a power cut leaves files that differ from the recorded hashes, which the
-        next batch commits as a hand edit; only an append needs its journal to survive (to be taken back)."""
+        """Written in place: a journal cut short is not JSON and counts as none (nothing of its batch was
+        written yet). Synced only with `sync`: only an append needs its journal to survive."""
         path = self._meta(ns, "journal.json")
         with folder_beneath(self.data_dir, path.parent) as folder:
             try:
@@ -977,9 +967,8 @@ class Store:
         loose: list[str],
         old: list[Path],
     ) -> None:
-        """Write `oids` (None: every object reachable from HEAD) as one pack, make it durable, then drop
-        the loose objects `loose` and the packs `old`. Another process may hold an old pack open: it keeps
-        reading it (POSIX), and libgit2 rescans the pack folder when it misses an object."""
+        """Write `oids` (None: all reachable from HEAD) as one durable pack, then drop `loose` and `old`; a
+        process holding an old pack keeps reading it (POSIX), and libgit2 rescans when it misses an object."""
         builder = pygit2.PackBuilder(repo)
         builder.set_threads(1)
         if oids is None:

@@ -257,9 +257,8 @@ class BM25Index:
         return list(self._terms)
 
     def problems(self) -> list[str]:
-        """Broken cross-links between postings and documents (empty when sound). Each posting names its
-        document and its place in that document's term list, and the document points back: that pairing is
-        what keeps a removal O(1). Walks the whole index: for tests and `lucid doctor`-style checks."""
+        """Broken cross-links between postings and documents (empty when sound): the pairing that keeps a
+        removal O(1). Walks the whole index, for tests and doctor-style checks."""
         out: list[str] = []
         seen = 0
         for t, (slots, backs) in enumerate(zip(self._p_slot, self._p_back, strict=True)):
@@ -406,9 +405,8 @@ class BM25Index:
         term: npt.NDArray[np.integer],
         weight: npt.NDArray[np.floating],
     ) -> int:
-        """Bulk-index new documents given as rows (doc number into `keys`, term id, weight); returns the first
-        slot. Rows for the same (doc, term) must already be summed. Vectorised: ~10× faster than `add` per
-        document, which is what makes rebuilding a 200,000-message archive take seconds, not minutes."""
+        """Bulk-index new documents given as (doc, term id, weight) rows, summed per (doc, term); returns the
+        first slot. ~10× faster than `add`: a 200,000-message archive rebuilds in seconds."""
         first = len(self._keys)
         for key in keys:
             self._new_slot(key)

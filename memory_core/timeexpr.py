@@ -111,10 +111,8 @@ def date_words(when: datetime, *, day: bool = True) -> str:
 
 
 def written_dates(text: str, said: datetime | None = None) -> list[str]:
-    """The dates `text` writes, as `date_words` spells them (2023年5月2日 and May 2nd, 2023 → "2023 may 2",
-    五月份 and in May → "may", 2023年 → "2023"), so a question meets the day a message was said. A day
-    alone (6号) is a day of the month `said` is in, and skipped without it. A date outside the calendar
-    (13月, 2月30日, June 31, 2023-02-30) is skipped. 2023-05-02 is "2023 may 2"."""
+    """The dates `text` writes, spelt as `date_words` (2023年5月2日 → "2023 may 2"), a day alone (6号)
+    in the month `said` is in; dates outside the calendar are skipped."""
     out: list[str] = []
     for year, month, day in _written(text):
         if month is None and day:  # a day alone
@@ -189,9 +187,8 @@ def _months_later(ts: datetime, n: int) -> datetime:
 
 
 def resolved_dates(text: str, said: datetime) -> list[datetime]:
-    """The dates a turn's relative expressions point at from when it was said: "yesterday" on 2023-08-30
-    is 2023-08-29, "last year" 2022, "two months ago" June, "last Saturday" the Saturday before. An
-    expression pointing outside the calendar ("9999 years ago") is skipped."""
+    """The dates a turn's relative expressions point at from when it was said ("yesterday", "last
+    year"); one outside the calendar is skipped."""
     out: list[datetime] = []
     for found in _SHIFT.finditer(text):
         try:

@@ -1,6 +1,5 @@
 """The secret vault: with LUCID_VAULT_KEY set, a secret a person asked to keep is stored encrypted
-(AES-256-GCM, a fresh nonce per record) in the namespace's `.vault/` instead of being dropped.
-"""
+(AES-256-GCM, a fresh nonce per record) in the namespace's `.vault/` instead of being dropped."""
 
 from __future__ import annotations
 

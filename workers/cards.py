@@ -1,6 +1,5 @@
 """A reply that streams into a CardKit card while the model writes it, one card per message however often
-the turn is redone (docs/ARCHITECTURE.md, "Delivery").
-"""
+the turn is redone (docs/ARCHITECTURE.md, "Delivery")."""
 
 from __future__ import annotations
 

@@ -446,9 +446,8 @@ def remember_op(text: str, inbound: Inbound, source: str = "user") -> Remember:
 
 
 def deterministic_intent(text: str) -> tuple[str, str]:
-    """(kind, payload) of `intents.parse_intent`, where a first-person statement counts as "remember"
-    when it sets a known attribute (我住在余杭区) or reads as a lasting identity, preference or
-    instruction. The one rule for memory-only mode and for the safety net under the model."""
+    """`intents.parse_intent`, with a statement setting a known attribute or a lasting identity, preference
+    or instruction counted as "remember": the one rule of memory-only mode and the model's safety net."""
     intent = parse_intent(text)
     if intent.kind == "statement":
         standing = (

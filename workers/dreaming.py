@@ -1,6 +1,5 @@
 """Dreaming as RQ jobs: `light_dream`, `deep_dream`, `replay` and `profile`, each a whole run for one
-namespace written as one batch (docs/ARCHITECTURE.md, "Dreaming").
-"""
+namespace written as one batch (docs/ARCHITECTURE.md, "Dreaming")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Vectors for recall relevance (`Embeddings`): Ollama's embedding endpoint or the bundled local embedder,
-behind a time budget and a breaker.
-"""
+behind a time budget and a breaker."""
 
 from __future__ import annotations
 
@@ -63,9 +62,8 @@ class Embeddings:
         self._queries: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()
 
     def dense_floor(self, embed: bool = True) -> DenseFloor | None:
-        """This embedder's relevance floor (memory_core.floor), from its vectors of the reference set;
-        None while they cannot be had (then recall uses no vectors at all). `embed=False` only reads: the
-        memory service embeds the reference set in the background, not on a turn."""
+        """This embedder's relevance floor (memory_core.floor), None while its reference vectors are missing.
+        `embed=False` only reads: the reference set is embedded in the background, not on a turn."""
         if self._floor is None and embed and self.available():
             done = self._reference
             chunk = list(REFERENCE[len(done) : len(done) + REFERENCE_CHUNK])  # a few per call: in budget

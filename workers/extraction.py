@@ -1,6 +1,5 @@
 """Background extraction: durable facts about the user from one turn, as Remember ops (DESIGN §7;
-`extract_turn`).
-"""
+`extract_turn`)."""
 
 from __future__ import annotations
 
@@ -42,9 +41,8 @@ def _chatter(text: str) -> bool:
 
 
 def answer_facts(reply: str, source_text: str) -> list[Fact] | None:
-    """The grounded facts of an extraction or replay answer: [] for NONE or an empty answer, None when the
-    answer is junk — not a list of grounded facts (a chat model answering 好的。) — so that nothing lands and
-    the caller counts it (`JUNK_METRIC`)."""
+    """The grounded facts of an extraction or replay answer: [] for NONE or empty, None for junk (a chat
+    model answering 好的。), which the caller counts (`JUNK_METRIC`)."""
     body = _THINK.sub("\n", reply)
     if _NOTHING.match(body):
         return []

@@ -1,6 +1,5 @@
 """Outbound Feishu through the real, synchronous lark-oapi client: replies, reactions, pacing and retries;
-only `FeishuError` leaves the module (docs/ARCHITECTURE.md, "Delivery").
-"""
+only `FeishuError` leaves the module (docs/ARCHITECTURE.md, "Delivery")."""
 
 from __future__ import annotations
 

@@ -89,9 +89,8 @@ class LLM:
         return client
 
     def _call(self, what: str, timeout: float | None, fn: Any) -> Any:
-        """`timeout` bounds the whole call, retries included: a turn's model budget is never overrun by a
-        retry of a request that already took the budget (the retry would answer after the user was told
-        the model is unavailable, and the model would not be skipped during the cooldown)."""
+        """`timeout` bounds the whole call, retries included, so a retry never answers after the turn's model
+        budget is spent."""
         import httpx
         import ollama
 
@@ -186,9 +185,8 @@ class LLM:
         tools: Sequence[dict[str, Any]] | None = None,
         timeout: float | None = None,
     ) -> ChatResult:
-        """`chat`, streamed: `on_text` gets the whole text so far after each chunk (a card shows it as it
-        grows). A failure before the first chunk is retried like `chat`; one mid-stream is not (the person
-        already saw part of it), and the stream must end within `timeout`."""
+        """`chat`, streamed: `on_text` gets the whole text so far after each chunk. A failure before the first
+        chunk is retried; one mid-stream is not (the person saw part), and it must end within `timeout`."""
         budget = timeout or self.timeout
         deadline = time.monotonic() + budget
 

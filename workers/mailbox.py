@@ -1,6 +1,5 @@
 """Per-person ordering and fair turns: the webhook's `Intake`, the worker's `Mailbox`, and the `Sweeper` that
-recovers an inbox whose worker died (docs/ARCHITECTURE.md, "Ordering and fairness").
-"""
+recovers an inbox whose worker died (docs/ARCHITECTURE.md, "Ordering and fairness")."""
 
 from __future__ import annotations
 
@@ -238,12 +237,8 @@ class Mailbox:
         return answered
 
     def _paced(self, item: Inbound) -> bool:
-        """True: hand on. The chat cannot be sent to yet (Feishu's pacing): rather than run the turn and
-        sleep in the pacer, wait here for the slot while watching the chat queue, and hand on (go to the
-        back) as soon as anyone else's job waits for a worker (still queued at the next look, so no other
-        worker is free to take it: handing on then would only lose this chat its slot). Nobody comes: the
-        turn starts when the slot is twice a usual turn off (`lead`, at most one slot), so its own work
-        overlaps the pacing and the chat still gets 4/s."""
+        """True: hand on. While Feishu's pacing holds the chat, wait here for its slot and hand on as soon as
+        another chat's job waits for a worker; else start the turn just before its slot (4/s a chat)."""
         if self.pace is None or self._done(item):
             return False
         try:

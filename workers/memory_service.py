@@ -74,9 +74,8 @@ _SAVE_EVERY = 2000
 
 @dataclass(frozen=True)
 class SnippetRule:
-    """How much past conversation active recall shows: at most `count` snippets and, when `chars` is set,
-    no more than `chars` characters of snippet text in all; with `pairs`, a line admitted through the turn
-    next to it (a reply, through the question it answers) is shown with that turn."""
+    """How much past conversation active recall shows: at most `count` snippets and `chars` characters;
+    with `pairs`, a line admitted through the turn next to it is shown with that turn."""
 
     count: int = ACTIVE_RECALL_SNIPPETS
     chars: int | None = None
@@ -139,12 +138,8 @@ class _Breaker:
 
 
 class MemoryService:
-    """It keeps per-process caches that make reading cheap — the parsed book and its relevance index (reloaded
-    when the files' stat changes), the raw-archive search index (caught up incrementally from the day files,
-    cached on disk under `.index/`, rebuildable from the Markdown at any time) — and sends every write through
-    the single writer. The resident tier is frozen per session (chat + persona, 30 minutes idle) so the
-    prompt prefix stays stable.
-    """
+    """Reads through per-process caches (the parsed book, its relevance index, the raw search index) and
+    writes through the single writer; the resident tier is frozen per session to keep the prompt stable."""
 
     def __init__(
         self,
@@ -466,10 +461,8 @@ class MemoryService:
         return out
 
     def _adjacent(self, ns: Namespace, ids: set[str]) -> dict[str, list[tuple[RawMessage, bool]]]:
-        """The turns just before and after each hit (and whether each came before it), from the index the
-        search just used. A hit whose own line lacks the request's words still counts when one of them holds
-        one: a reply ("A sunrise!") next to the question it answers ("What did you paint?"); +3.6 points of
-        LoCoMo gold evidence in the turn's block lexically, +3.2 hybrid (docs/BENCHMARKS.md, issue 17)."""
+        """The turns just before and after each hit, from the index just searched: a reply lacking the
+        request's words counts through the question next to it (+3.6 points of LoCoMo evidence, issue 17)."""
         if not ids:
             return {}
         with self._raw_lock:

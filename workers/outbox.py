@@ -1,6 +1,5 @@
 """Replies Feishu did not take during their turn: parked in Redis and delivered later, exactly once, or given
-up loudly (docs/ARCHITECTURE.md, "Delivery").
-"""
+up loudly (docs/ARCHITECTURE.md, "Delivery")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Redis for every part: its Lua scripts, the one lock (`take`), the writer's op queue (key names:
-`redis_keys`).
-"""
+`redis_keys`)."""
 
 from __future__ import annotations
 
@@ -260,9 +259,8 @@ class Heartbeat:
 
 
 class RedisLease:
-    """A held lock. With a `heartbeat`, its thread renews it every ttl/3 and any failure marks it lost at
-    once; without, it simply expires after its ttl unless released first. `pending`: the writer's queued
-    ops read with the lease (None: not read)."""
+    """A held lock: with a `heartbeat` renewed every ttl/3 (a failure marks it lost at once), else it
+    expires after its ttl. `pending`: the writer's queued ops read with the lease (None: not read)."""
 
     def __init__(
         self,
@@ -345,15 +343,8 @@ def take(
     peek: int = 0,
     push: Sequence[str] = (),
 ) -> RedisLease | None:
-    """The lock on `key` if nobody holds it (one attempt), else None. With `fence_key`, its token is the next
-    value of that counter and above `floor`; with `queue_key` (the writer's), the lease also holds the oldest
-    `peek` ops of that queue, and if the lock is taken, `push` is queued instead (the same round trip).
-
-    The lock (`take`) is a `SET NX PX` with a random owner, released only by its owner (compare-and-delete),
-    renewed by `heartbeat` while held (None: it expires after its ttl), and — for the writer — fenced: a
-    token from a counter that only grows, which the store checks on disk (`memory_core.store.Store.fenced`),
-    so a paused holder cannot write.
-    """
+    """The lock on `key` if free (`SET NX PX`, released only by its owner), else None; `fence_key` gives a
+    growing token above `floor`, `queue_key` reads `peek` queued ops or queues `push` (ARCHITECTURE.md)."""
     owner = secrets.token_hex(12)
     keys = [key] if fence_key is None else [key, fence_key]
     args: list[str | int] = [owner, ttl_ms, floor]

@@ -1,6 +1,5 @@
 """`lucid cron`: one rq CronScheduler with one `tick` job that queues the dream phases each namespace is due
-for (`due_phases`; docs/ARCHITECTURE.md, "Dreaming").
-"""
+for (`due_phases`; docs/ARCHITECTURE.md, "Dreaming")."""
 
 from __future__ import annotations
 

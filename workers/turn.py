@@ -1,6 +1,5 @@
 """One chat turn, the same for Feishu (an RQ job) and `lucid chat`: a command or a conversation, the reply,
-then what is kept of it; without a model it answers from memory and says so (docs/ARCHITECTURE.md).
-"""
+then what is kept of it; without a model it answers from memory and says so (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
@@ -483,9 +482,8 @@ def chat_pace(runtime: Runtime, inbound: Inbound) -> float:
 
 
 def busy_notice(runtime: Runtime, newest: Inbound, backlog: int) -> None:
-    """Tell a person, once per backlog, that they write faster than the bot answers and that every message
-    will be answered in order: a new message in the chat (a group's @mentions them), not a reply, so each
-    message keeps exactly one reply. Posted once per `uuid` even when a redone job sends it again."""
+    """Tell a person once per backlog that every message will be answered in order: a new message, not a
+    reply, so each message keeps one reply; posted once per `uuid` even when a redone job resends it."""
     sender = _sender(runtime, newest)
     if sender is None:
         return

@@ -1,6 +1,5 @@
 """`lucid worker`: an RQ SimpleWorker on the chat, memory and dream queues in that order, with the inbox and
-outbox sweeper in a thread.
-"""
+outbox sweeper in a thread."""
 
 from __future__ import annotations
 
