@@ -53,9 +53,6 @@ class WebhookConfig:
     threads: int = 8
 
 
-# ---------------------------------------------------------------------------------------------- verifying
-
-
 def _loads(raw: bytes | str) -> dict[str, Any]:
     """JSON with a depth and node budget: a 1 MiB body can hold a million-deep nest or 250 k nodes."""
     try:
@@ -137,9 +134,6 @@ def open_event(
     return event
 
 
-# ---------------------------------------------------------------------------------------------- batching
-
-
 class Batcher:
     """Hands accepted messages to Redis in batches: under load, one round trip serves many requests."""
 
@@ -183,8 +177,6 @@ class Batcher:
         finally:
             self._running -= 1
 
-
-# ---------------------------------------------------------------------------------------------- the app
 
 RUNTIME = web.AppKey("runtime", Runtime)
 
@@ -299,8 +291,6 @@ class Webhook:
             _printable(persona), event_id or "-", message_id or "-", chat_type or "-", status,
             _printable(outcome), (time.perf_counter() - started) * 1000,
         )  # fmt: skip
-
-    # ------------------------------------------------------------------------------------- bot identity
 
     async def learn_bot_ids(self) -> None:
         """Fetch each persona's bot open_id once (GET /bot/v3/info), retrying with backoff until known."""

@@ -59,9 +59,6 @@ def _short(entry_id: str | None) -> str:
     return (entry_id or "")[:8]
 
 
-# ------------------------------------------------------------------------------------------ memory
-
-
 @command("remember")
 def cmd_remember(args: argparse.Namespace, rt: Runtime) -> int:
     op = statement(args.text, type=args.type, subject=args.subject, pinned=args.pin)
@@ -250,9 +247,6 @@ def _progress(done: int, total: int) -> None:
     sys.stderr.flush()
 
 
-# ------------------------------------------------------------------------------------------ reading
-
-
 def parse_as_of(value: str, now: datetime) -> datetime:
     """`--as-of`: an ISO time or date, `now`, `today`, `yesterday`, or a time ago (`3d`, `12h`, `3d ago`)."""
     v = value.strip().lower()
@@ -345,9 +339,6 @@ def cmd_search(args: argparse.Namespace, rt: Runtime) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------------------------ dreaming
-
-
 @command("dream")
 def cmd_dream(args: argparse.Namespace, rt: Runtime) -> int:
     from memory_core.namespace import list_namespaces
@@ -359,9 +350,6 @@ def cmd_dream(args: argparse.Namespace, rt: Runtime) -> int:
     text = "\n\n".join(format_report(r, data) for r in reports) or "no namespaces"
     _emit(args, {"results": reports} if args.all else reports[0], text)
     return 0
-
-
-# ------------------------------------------------------------------------------------------ demo
 
 
 def demo(args: argparse.Namespace, settings: Settings) -> int:
@@ -394,9 +382,6 @@ def demo(args: argparse.Namespace, settings: Settings) -> int:
         for row in rt.store.history(ns):
             print(f"{row['rev'][:7]} {row['message']}")
     return 0
-
-
-# ------------------------------------------------------------------------------------------ parser
 
 
 def _common(p: argparse.ArgumentParser, memory: bool = True) -> None:

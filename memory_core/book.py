@@ -392,8 +392,6 @@ class Book:
             self._dedup_index, self._known = _DedupIndex(self.memory.entries, self._known), None
         return self._dedup_index
 
-    # ------------------------------------------------------------------------------------------ reading
-
     def entries(self) -> list[Entry]:
         return list(self.memory.entries.values())
 
@@ -450,8 +448,6 @@ class Book:
 
     def archive_file(self) -> MemoryFile:
         return self.archive.render()
-
-    # ------------------------------------------------------------------------------------------ writing
 
     def apply(self, op: Op, now: datetime) -> Outcome:
         if isinstance(op, Remember):

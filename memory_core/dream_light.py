@@ -46,9 +46,6 @@ class LightOp:
     into: str | None = None
 
 
-# ------------------------------------------------------------------------------------------ effects
-
-
 class Target(Protocol):
     """What the effects need of a book; `Book` and the planner's working copy both provide it."""
 
@@ -113,8 +110,6 @@ def apply_op(book: Target, op: LightOp, now: datetime) -> bool:
         book.replace_entry(other.with_changes(supersedes=sup))
     return True
 
-
-# ------------------------------------------------------------------------------------------ rules
 
 Rule = Callable[[Sequence[Entry], datetime], list[LightOp]]
 
@@ -266,9 +261,6 @@ RULES: tuple[Rule, ...] = (
     archive_cold,
     archive_history,
 )
-
-
-# ------------------------------------------------------------------------------------------ plan & apply
 
 
 @dataclass

@@ -106,9 +106,6 @@ def facts_to_ops(
     ]
 
 
-# ------------------------------------------------------------------------------------------ replay
-
-
 @dataclass(frozen=True)
 class Chunk:
     """Consecutive user messages of one chat, sent to the model together."""

@@ -39,8 +39,6 @@ def evidence_query(query: str) -> str:
     return query
 
 
-# ---------------------------------------------------------------------------------------------- dense
-
 #: Statements about nobody in particular, in the two languages a person writes to Lucid in: the null
 #: against which a cosine has to stand out. Keep them ordinary, varied and unlike any request.
 REFERENCE: tuple[str, ...] = (

@@ -87,9 +87,6 @@ def _redact_line(line: str, sources: dict[str, str], spans: list[tuple[re.Patter
     return render_raw(replace(msg, text=text, extra=(*extra, (FORGOT_KEY, ids))))
 
 
-# ---------------------------------------------------------------------------------------------- profile
-
-
 def _drew_on(line: str, forgotten: Sequence[str], remaining: Sequence[str]) -> bool:
     """Did this profile line come from a forgotten fact (a key term only it had, or half its words)?"""
     kept_terms = frozenset().union(*(key_terms(t) for t in remaining)) if remaining else frozenset()
@@ -157,8 +154,6 @@ def checked_profile(profile_text: str | None, entries: Iterable[Entry], now: dat
         return None
     return _keep_lines(profile_text, keep)
 
-
-# ---------------------------------------------------------------------------------------------- git history
 
 _ENTRY_ID = re.compile(r"<!--m:(?:[^>]*?;)?id=([^;>]+)")
 

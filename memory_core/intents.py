@@ -228,9 +228,6 @@ def parse_intent(message: str) -> Intent:
     return Intent("none", text)
 
 
-# --- chit-chat ------------------------------------------------------------------------------------------
-
-
 def _phrases(text: str) -> frozenset[tuple[str, ...]]:
     """Phrases as tuples of units: Latin phrases are words joined by _, Chinese ones characters."""
     return frozenset(tuple(p.split("_")) if p.isascii() else tuple(p) for p in text.split())
@@ -274,8 +271,6 @@ def is_chitchat(text: str) -> bool:
                 reachable[i + n] = True
     return reachable[-1]
 
-
-# --- hints for background work --------------------------------------------------------------------------
 
 _MEMORABLE = re.compile(
     r"我是|我叫|名字|叫我|我喜欢|我不喜欢|我讨厌|我爱|我偏好|我习惯|更喜欢|技术栈|记住|记一下|别忘|不要忘|以后|今后|从现在|"

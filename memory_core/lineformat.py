@@ -135,9 +135,6 @@ def decode_meta(body: str) -> list[tuple[str, str]]:
     return pairs
 
 
-# ---------------------------------------------------------------------------------------------- entries
-
-
 def _fmt_conf(c: float) -> str:
     return f"{c:.2f}"
 
@@ -274,9 +271,6 @@ def _apply_field(fields: dict[str, object], key: str, value: str) -> None:
         fields["origin"] = value or None
     elif key == "scope":
         fields["scope"] = value or None
-
-
-# ---------------------------------------------------------------------------------------------- files
 
 
 @dataclass(frozen=True)
@@ -433,9 +427,6 @@ def empty_memory_file() -> MemoryFile:
 
 def empty_archive_file() -> MemoryFile:
     return MemoryFile(ARCHIVE_PREAMBLE, (Section("archived", "## Archived", ()),))
-
-
-# ---------------------------------------------------------------------------------------------- raw
 
 
 @dataclass(frozen=True)

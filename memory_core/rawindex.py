@@ -153,8 +153,6 @@ class RawIndex:
     def __contains__(self, msg_id: object) -> bool:
         return msg_id in self._bm25
 
-    # -- structure
-
     def _own_bag(self, slot: int) -> Counter[str]:
         bag = self._own.get(slot)
         if bag is None:
@@ -224,8 +222,6 @@ class RawIndex:
 
     def _neighbours(self, slot: int) -> list[int]:
         return [other for other, _ in self._window(slot)[1:]]
-
-    # -- writes
 
     def add(self, msg: RawMessage) -> bool:
         """Index one message; its neighbours' documents are updated in place. A known id is ignored (the
@@ -363,8 +359,6 @@ class RawIndex:
         assert msg is not None
         return msg
 
-    # -- search
-
     def _named_speakers(self, query: str) -> list[int]:
         q = query.casefold()
         words = set(_WORD.findall(q))
@@ -439,8 +433,6 @@ class RawIndex:
         m = self._msg(slot)
         return RawHit(m.id, score, m.speaker, m.ts, m.text, m.chat, m.chat_type, session_key(m))
 
-    # -- vectors
-
     def embed_pending(self, batch: int = 32, limit: int | None = None) -> int:
         """Embed messages that have no vector yet (oldest first); returns how many were embedded."""
         if self.embedder is None:
@@ -460,8 +452,6 @@ class RawIndex:
             self._vec[chunk] = vecs
             self._has_vec[chunk] = True
         return int(todo.size)
-
-    # -- persistence
 
     def manifest(self) -> dict[str, object]:
         return {

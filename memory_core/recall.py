@@ -584,9 +584,6 @@ def _fused(
     return both, fuse_arrays(lex, cos, fusion, weight)
 
 
-# ---------------------------------------------------------------------------------------------- resident
-
-
 _WIDE = re.compile(f"[{WIDE}]")
 
 
@@ -622,9 +619,6 @@ def resident_snapshot(
         chosen.append(e)
         used += cost
     return chosen
-
-
-# ---------------------------------------------------------------------------------------------- block
 
 
 @dataclass(frozen=True)

@@ -84,8 +84,6 @@ def _jwt_ok(tok: str) -> bool:
     return isinstance(obj, dict) and "alg" in obj
 
 
-# --- checksums -------------------------------------------------------------------------------------------
-
 _ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
 _PROVINCES = frozenset((11, 12, 13, 14, 15, 21, 22, 23, 31, 32, 33, 34, 35, 36, 37, 41, 42, 43, 44, 45, 46))
 _PROVINCES |= frozenset((50, 51, 52, 53, 54, 61, 62, 63, 64, 65, 71, 81, 82, 83, 91))
@@ -145,8 +143,6 @@ def _formats(text: str) -> Iterator[Span]:
             yield m.start(), m.end(), kind
 
 
-# --- PEM private key blocks ------------------------------------------------------------------------------
-
 _PEM_BEGIN = re.compile(r"-----BEGIN (?:[A-Z0-9]++ ){0,3}PRIVATE KEY(?: BLOCK)?-----")
 _PEM_END = re.compile(r"-----END [A-Z0-9 ]{0,40}+-----")
 _PEM_CHUNK = re.compile(r"\s*+((?:Proc-Type|DEK-Info|Comment|Version):[^\n]*+|[A-Za-z0-9+/=]++)")
@@ -170,8 +166,6 @@ def _pem(text: str) -> Iterator[Span]:
             yield m.start(), end, "private_key"
         pos = max(end, m.end())
 
-
-# --- bank cards ------------------------------------------------------------------------------------------
 
 # Backtracking here is bounded: at most 19 groups, and a separator is only taken when a digit follows.
 _CARD = re.compile(r"(?<![0-9])[0-9](?:[ -]?[0-9]){12,18}(?![0-9])")
@@ -587,8 +581,6 @@ def _generic(text: str) -> Iterator[Span]:
         if near and not in_url and _random_enough(m.group()):
             yield s, e, "generic_token"
 
-
-# --- the API ---------------------------------------------------------------------------------------------
 
 _DETECTORS: tuple[Callable[[str], Iterator[Span]], ...] = (
     _pem,

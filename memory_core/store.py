@@ -377,8 +377,6 @@ class Store:
         self._commits: dict[str, int] = {}  # commits made by this process, by namespace (packing)
         self._roots: dict[Namespace, Path] = {}
 
-    # -------------------------------------------------------------------------------------- paths
-
     def path(self, ns: Namespace) -> Path:
         root = self._roots.get(ns)
         if root is None:
@@ -409,8 +407,6 @@ class Store:
         return open_beneath(
             self.data_dir, self._meta(ns, "writer.lock"), os.O_RDWR | os.O_CREAT, makedirs=True
         )
-
-    # -------------------------------------------------------------------------------------- reading
 
     def snapshot(self, ns: Namespace) -> Snapshot:
         files: dict[str, bytes | None] = {}
@@ -490,8 +486,6 @@ class Store:
             raise ValueError("hashes belong to the writer")
         self._update_state(ns, **{key: value})
 
-    # -------------------------------------------------------------------------------------- fencing
-
     def read_fence(self, ns: Namespace) -> int:
         try:
             return int(self._read(self._meta(ns, "fence")).decode().strip() or 0)
@@ -516,8 +510,6 @@ class Store:
             if current != token or not still_held():
                 raise LeaseLost(f"write refused: fencing token {token} is stale (current {current})")
             yield
-
-    # -------------------------------------------------------------------------------------- writing
 
     def replace_files(
         self,
@@ -643,8 +635,6 @@ class Store:
                 sync=False,
             )
 
-    # ---------------------------------------------------------------------------- journal (crash window)
-
     def write_journal(self, ns: Namespace, journal: Mapping[str, Any], sync: bool = False) -> None:
         """Written in place: a journal cut short is not JSON and counts as none (nothing of its batch was
         written yet). Synced only with `sync`: only an append needs its journal to survive."""
@@ -682,8 +672,6 @@ class Store:
         atomic_write(self.data_dir, path, data, dir_mode=0o700)
         return where
 
-    # -------------------------------------------------------------------------------------- vault
-
     def append_vault(self, ns: Namespace, lines: list[str]) -> None:
         """Append sealed (encrypted) records to the namespace's vault; never in git (.gitignore)."""
         path = self.file(ns, ".vault", "secrets.enc")
@@ -698,8 +686,6 @@ class Store:
     def read_vault(self, ns: Namespace) -> list[str]:
         data = self._maybe(self.file(ns, ".vault", "secrets.enc"))
         return [] if data is None else data.decode().split()
-
-    # -------------------------------------------------------------------------------------- caches
 
     def save_cache(
         self, ns: Namespace, name: str, files: Mapping[str, bytes], manifest: Mapping[str, Any]
@@ -754,8 +740,6 @@ class Store:
 
         return manifest, read
 
-    # -------------------------------------------------------------------------------------- raw archive
-
     def raw_day_name(self, when: datetime) -> str:
         return f"{when:%Y-%m-%d}.md"
 
@@ -809,7 +793,6 @@ class Store:
             head += "\n"
         return head + "".join(render_raw(m) + "\n" for m in messages)
 
-    # -------------------------------------------------------------------------------------- git
     # In-process with pygit2 (libgit2): objects are written by libgit2 (temp file + rename, never half an
     # object at its final path); the branch ref and the index are replaced by us with `atomic_write`, so a
     # writer killed mid-commit leaves no `.lock` file that would refuse the next commit (and no reflog that

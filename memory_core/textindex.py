@@ -111,9 +111,6 @@ class Embedder(Protocol):
     def __call__(self, texts: list[str], kind: Literal["query", "passage"]) -> npt.NDArray[np.floating]: ...
 
 
-# ---------------------------------------------------------------------------------------------- scores
-
-
 def top_slots(scores: FloatArray, k: int) -> IndexArray:
     """Positions of the `k` highest positive scores, best first, ties to the lower position."""
     cand = np.flatnonzero(scores > 0)
@@ -204,9 +201,6 @@ def entry_relevance(
     return [float(x) for x in mixed]
 
 
-# ---------------------------------------------------------------------------------------------- index
-
-
 class BM25Index:
     """Okapi BM25 over weighted term bags, incremental and fast at a few hundred thousand documents."""
 
@@ -232,8 +226,6 @@ class BM25Index:
         self._cached_postings = 0
         self._version = 0
         self._mean_idf: tuple[int, float] = (-1, 0.0)
-
-    # -- bookkeeping
 
     def __len__(self) -> int:
         return len(self._slot)
@@ -310,8 +302,6 @@ class BM25Index:
         cached = self._cache.pop(t, None)
         if cached is not None:
             self._cached_postings -= cached[0].size
-
-    # -- writes
 
     def add(self, key: Hashable, bag: Bag) -> int:
         """Index a new document; returns its slot. Raises KeyError if `key` is already indexed."""
@@ -442,8 +432,6 @@ class BM25Index:
         self._dl[first : first + len(keys)] = np.bincount(d, weights=w, minlength=len(keys))
         self._version += 1
         return first
-
-    # -- reads
 
     def _postings(self, t: int) -> tuple[IndexArray, FloatArray]:
         hit = self._cache.get(t)

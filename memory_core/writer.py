@@ -116,9 +116,6 @@ class OpQueue(Protocol):
     def results(self, op_ids: Sequence[str], wait: float) -> dict[str, Outcome]: ...
 
 
-# ------------------------------------------------------------------------------------------ local lock
-
-
 @dataclass
 class _LocalLease:
     token: int
@@ -158,9 +155,6 @@ class LocalLocker:
                 time.sleep(0.002)
         # Under the flock nobody else writes, so the disk fence + 1 is a valid, monotonic token.
         return _LocalLease(self.store.read_fence(ns) + 1, fd)
-
-
-# ------------------------------------------------------------------------------------------ the writer
 
 
 @dataclass
@@ -207,8 +201,6 @@ class Writer:
         self._books: dict[Namespace, tuple[str, Book]] = {}
         self._deferred: dict[Namespace, _Deferred] = {}  # written, not yet committed (this lease)
         self._leaders: dict[Namespace, threading.Thread] = {}  # leading on after this process's op was done
-
-    # -------------------------------------------------------------------------------------- public
 
     def submit(self, ns: Namespace, ops: Sequence[Op], timeout: float = 60.0) -> list[Outcome]:
         """Apply `ops` (in order) and return one outcome per op."""
@@ -374,8 +366,6 @@ class Writer:
         """A read-only view for planning (no lease): the book and the version it was read at."""
         snap = self.store.snapshot(ns)
         return _book(snap), snap
-
-    # -------------------------------------------------------------------------------------- internals
 
     @contextlib.contextmanager
     def _lease(self, ns: Namespace) -> Iterator[Lease]:
@@ -754,9 +744,6 @@ class Writer:
                 chars, ns.key, name, f" ({n} secret(s) in it redacted)" if n else "",
             )  # fmt: skip
         return ("\n".join(lines), len(long), hidden) if long else (text, 0, 0)
-
-
-# ------------------------------------------------------------------------------------------ helpers
 
 
 def _stamp_hand_lines(book: Book, now: datetime) -> None:

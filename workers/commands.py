@@ -39,9 +39,6 @@ from .settings import Persona
 log = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------------------------- admin
-
-
 def dream(runtime: Runtime, ns: Namespace, phase: str, dry_run: bool = False) -> dict[str, Any]:
     """Queue one dream phase for `ns` (the /dream command and the admin API): {"status", "job_id", …}."""
     return dreaming.enqueue_phase(runtime, ns, phase, dry_run)
@@ -70,8 +67,6 @@ def stats(runtime: Runtime, ns: Namespace | None = None) -> dict[str, Any]:
         }
     return out
 
-
-# --------------------------------------------------------------------------------------------- replies
 
 # Every sentence the bot says without a model, in Chinese and English: (zh, en) format strings.
 _T = {
@@ -205,8 +200,6 @@ def say(inbound: Inbound, key: str, **values: Any) -> str:
     zh, en = _T[key]
     return (en if language(inbound) == "en" else zh).format(**values)
 
-
-# --------------------------------------------------------------------------------------------- commands
 
 _ALIASES = {
     "help": ("help", "h", "帮助"),
@@ -438,9 +431,6 @@ def dream_status(runtime: Runtime, ns: Namespace, lines: int = 20) -> dict[str, 
     }
 
 
-# --------------------------------------------------------------------------------------------- memory-only
-
-
 def remember_op(text: str, inbound: Inbound, source: str = "user") -> Remember:
     return statement(text, source=source, origin=inbound.message_id, scope=inbound.scope)
 
@@ -530,9 +520,6 @@ def _answer(runtime: Runtime, mem: MemoryService, inbound: Inbound, assembly: As
             inbound, "recalled_many", lines="\n".join(f"- {s.entry.text}" for s in assembly.recalled[:3])
         )
     return say(inbound, "unknown")
-
-
-# --------------------------------------------------------------------------------------------- the tool
 
 
 SEARCH_LINE_CHARS = 300

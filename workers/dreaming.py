@@ -83,9 +83,6 @@ def memory_version(snap: Snapshot) -> str:
     return h.hexdigest()[:32]
 
 
-# ------------------------------------------------------------------------------------------ the model
-
-
 class _Model:
     """The dream model behind the run's budget; every call and token lands in the report."""
 
@@ -124,9 +121,6 @@ class _Model:
         r.prompt_tokens += result.prompt_tokens
         r.completion_tokens += result.completion_tokens
         return result.content
-
-
-# ------------------------------------------------------------------------------------------ phases
 
 
 class Phase(Protocol):
@@ -350,9 +344,6 @@ def _phase(rt: Runtime, ns: Namespace, phase: str, report: DreamReport) -> Phase
     return _Profile(rt, ns, report, model)
 
 
-# ------------------------------------------------------------------------------------------ running
-
-
 def _namespace(ns: str | Namespace) -> Namespace:
     return ns if isinstance(ns, Namespace) else Namespace.parse(ns)
 
@@ -461,9 +452,6 @@ def _record_run(rt: Runtime, ns: Namespace, phase: str, now: datetime, extra: di
 def last_run(rt: Runtime, ns: Namespace, phase: str) -> dict[str, Any]:
     value = rt.store.state_value(ns, state_key(phase))
     return value if isinstance(value, dict) else {}
-
-
-# ------------------------------------------------------------------------------------------ RQ jobs
 
 
 def light_dream(ns: str, dry_run: bool = False) -> dict[str, Any]:

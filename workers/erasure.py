@@ -100,9 +100,6 @@ def _git_env() -> dict[str, str]:
     return {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
 
 
-# ------------------------------------------------------------------------------------------ erase
-
-
 @dataclass
 class Erasure:
     """What `erase_user` removed (counts only: no ids or text of the person are kept)."""

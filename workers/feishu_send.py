@@ -57,9 +57,6 @@ class Retry:
     max_wait: float = 10.0
 
 
-# ----------------------------------------------------------------------------------------------- pacing
-
-
 _asleep = threading.local()
 
 
@@ -170,9 +167,6 @@ def _take_local(
     return slot - now, True
 
 
-# ----------------------------------------------------------------------------------------------- content
-
-
 def split(text: str, limit: int = CHUNK_CHARS) -> list[str]:
     """Cut `text` into chunks of at most `limit` characters, at paragraph, then line, then hard boundaries."""
     text = text.strip()
@@ -214,9 +208,6 @@ def plain(chunk: str) -> str:
     return json.dumps({"text": chunk}, ensure_ascii=False)
 
 
-# ----------------------------------------------------------------------------------------------- sender
-
-
 class FeishuSender:
     """One persona's Feishu app, as seen from a worker."""
 
@@ -247,8 +238,6 @@ class FeishuSender:
             .log_level(lark.LogLevel.WARNING)
             .build()
         )
-
-    # -------------------------------------------------------------------------------------- API
 
     def reply(
         self,
@@ -351,8 +340,6 @@ class FeishuSender:
         if not open_id:
             raise FeishuError("bot info: no open_id in the answer")
         return open_id
-
-    # -------------------------------------------------------------------------------------- internals
 
     def _reply_once(
         self,

@@ -10,8 +10,6 @@ from typing import Any
 from memory_core.namespace import Namespace
 from memory_core.ops import Outcome
 
-# --------------------------------------------------------------------------------------------- values
-
 
 @dataclass(frozen=True)
 class Mention:

@@ -48,9 +48,6 @@ PACE_POLL = 0.01  # seconds between looks at the chat queue while a paced job wa
 MAX_LEAD = 0.25  # a paced turn starts at most this long before its chat's slot (one slot at 4/s)
 
 
-# --------------------------------------------------------------------------------------------- ordering
-
-
 def turn_job_id(inbound: Inbound) -> str:
     return "turn-" + hashlib.sha1(f"{inbound.persona}:{inbound.message_id}".encode()).hexdigest()[:32]
 
@@ -308,8 +305,6 @@ def _member(inbound: Inbound) -> str:
     """The inbox member of `inbound`, exactly as the webhook wrote it."""
     return json.dumps(inbound.to_json(), ensure_ascii=False, sort_keys=True)
 
-
-# --------------------------------------------------------------------------------------------- recovery
 
 _WAITING = {JobStatus.QUEUED.value, JobStatus.DEFERRED.value, JobStatus.SCHEDULED.value}
 

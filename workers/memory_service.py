@@ -173,8 +173,6 @@ class MemoryService:
         self._searchers.shutdown(wait=False, cancel_futures=True)
         self.wait_for_embeddings(timeout=5.0)
 
-    # -------------------------------------------------------------------------------------- reading
-
     def _cache(self, ns: Namespace) -> _BookCache:
         with self._lock:
             key = self.runtime.store.stamps(ns, (MEMORY, ARCHIVE))
@@ -308,8 +306,6 @@ class MemoryService:
             return exact
         now = self.runtime.clock()
         return [e for e in entries if e.current(now) and target in e.text]
-
-    # -------------------------------------------------------------------------------------- raw search
 
     def _raw_cache(self, ns: Namespace) -> _RawCache:
         cache = self._raw.get(ns)
@@ -485,8 +481,6 @@ class MemoryService:
             : max(0, min(k, SEARCH_TOOL_HITS))
         ]
 
-    # -------------------------------------------------------------------------------------- a turn
-
     def resident(self, ns: Namespace, now: datetime, chat_type: str, chat: str, session: str) -> list[Entry]:
         """The resident tier, frozen per session: the same entries for the session's life, minus any the
         person removed or that stopped being current (a forget takes effect at once)."""
@@ -551,8 +545,6 @@ class MemoryService:
             snippets = self.active_recall(ns, query, session, chat, already=partial)
         block = memory_block(profile, resident, recalled, snippets) if snippets else partial
         return Assembly(block, resident, recalled, snippets, profile)
-
-    # -------------------------------------------------------------------------------------- writing
 
     def apply(self, ns: Namespace, ops: Sequence[Op], timeout: float = 60.0) -> list[Outcome]:
         """Every write of a chat turn, a card, a tool and the CLI: the writer's rules, then what follows

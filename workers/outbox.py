@@ -102,8 +102,6 @@ class Outbox:
         self.metrics = metrics or Metrics(client)
         self.queue = queue(QUEUE, client)
 
-    # -------------------------------------------------------------------------------------- state
-
     def get(self, persona: str, message_id: str) -> Parked | None:
         raw = self.client.hgetall(Keys.reply(persona, message_id))
         if not raw:
@@ -200,8 +198,6 @@ class Outbox:
         finally:
             if lock is not None:
                 lock.release()
-
-    # -------------------------------------------------------------------------------------- sending
 
     def _try(self, sender: FeishuSender, p: Parked) -> str:
         """One attempt at `p` (its lock held): delivered, failed (parked still) or dropped."""
@@ -338,9 +334,6 @@ class Outbox:
         with self.client.pipeline(transaction=True) as pipe:
             self._schedule(pipe, p, n, delay)
             pipe.execute()
-
-
-# ------------------------------------------------------------------------------------------ entry points
 
 
 def send_reply(

@@ -26,8 +26,6 @@ log = logging.getLogger(__name__)
 WRITES = "lucid_memory_writes_total"  # counted in the batch's own transaction: no extra round trip
 
 
-# ------------------------------------------------------------------------------------------ Lua scripts
-
 # The lock. KEYS: the lock[, its fencing counter[, the writer's op queue]]. ARGV: the owner, the ttl (ms), the
 # lowest token allowed[, how many queued ops to return, then ops to queue if the lock is taken].
 # Returns 0 (taken by someone else; the ops given are queued), else the fencing token (1 for an unfenced
@@ -206,8 +204,6 @@ end
 if tonumber(ARGV[2]) == 0 then return {} end
 return redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
 """
-
-# ------------------------------------------------------------------------------------------------ lock
 
 
 class Heartbeat:
@@ -389,9 +385,6 @@ class RedisLocker:
                 return held
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
-
-
-# ------------------------------------------------------------------------------------ the writer's ops
 
 
 class RedisOpQueue:

@@ -57,9 +57,6 @@ log = logging.getLogger(__name__)
 THINKING_TTL = 24 * 3600  # a turn's reaction id, kept so a redo can remove a killed attempt's
 
 
-# --------------------------------------------------------------------------------------------- the turn
-
-
 def run_turn(
     runtime: Runtime,
     inbound: Inbound,
@@ -312,8 +309,6 @@ def _raw(
     )
 
 
-# --------------------------------------------------------------------------------------------- the model
-
 MANAGE_MEMORY: dict[str, Any] = {
     "type": "function",
     "function": {
@@ -440,9 +435,6 @@ def _safety_net(mem: MemoryService, inbound: Inbound, result: TurnResult) -> Non
     if kind != "remember" or any(o.ok and o.status != "unchanged" for o in result.outcomes):
         return
     result.outcomes.extend(mem.apply(inbound.ns, [remember_op(payload, inbound)]))
-
-
-# --------------------------------------------------------------------------------------------- extraction
 
 
 def _enqueue_extraction(runtime: Runtime, inbound: Inbound, reply: str, generation: int) -> None:
