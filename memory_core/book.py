@@ -537,9 +537,8 @@ class Book:
             # a model's tool call or an extraction may not put "ignore previous instructions…" in every prompt
             op = replace(op, type="fact", pinned=False)
 
-        # A statement about the chat it is said in (我在这个群的代号是…, in this group I…) concerns that chat
-        # only: it never ends, updates or absorbs what was said in another group or in private (each stays
-        # visible where it was learned). Anything else is about the person, wherever it is said.
+        # A statement about the chat it is said in (我在这个群的代号是…) concerns that chat only: it never
+        # ends, updates or absorbs what was said elsewhere. Anything else is about the person.
         scope = op.scope or "p2p"
         local = CHAT_BOUND.search(text) is not None
 

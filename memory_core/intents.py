@@ -59,9 +59,8 @@ _REMEMBER = [
         re.I | re.S,
     ),
 ]
-# "我对花生过敏，记住了" / "I'm allergic to shellfish, remember that": the trigger comes last, after punctuation
-# ("I'll remember that" is no request). Searched in the last few characters only, so a long message costs
-# linear time.
+# "我对花生过敏，记住了" / "…, remember that": the trigger comes last, after punctuation ("I'll remember
+# that" is no request); searched in the last few characters only, so a long message costs linear time.
 _REMEMBER_AFTER = [
     re.compile(
         r"\s*[,，。!！;；]+\s*(?:请你?|帮我|你)?(?:记住|记一下|记下来|记下|记好|记着)(?:了|哦|啊|啦|呀|喔)?[\s。.!！~]*$"
@@ -341,8 +340,7 @@ def asks_about_me(text: str) -> bool:
 
 
 # A first-person statement is durable when it says what someone habitually does, has, is or likes; a
-# passing remark (I'm so tired today, 我刚吃完饭) is not. Deterministic: it errs towards not storing, and
-# the bot then says it did not store the remark.
+# passing remark (I'm so tired today, 我刚吃完饭) is not. Errs towards not storing.
 _DURABLE_ZH = re.compile(
     r"^我(?:平时|一般|通常|经常|主要|基本上|大多|一直|每天|每周|每个月|每年|从小)?(?:都)?"
     r"(?:养了|养着|有(?:一|两|三|个|只|条|位|辆|套|台)|是(?!不是)|叫|姓|属|信|来自|老家|毕业于|在.{1,12}(?:工作|上班|读书|上学|实习)|"

@@ -322,9 +322,8 @@ class MemoryFile:
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$")
 
-#: The longest line read as memory (characters). A longer hand-edited line is kept verbatim as a problem,
-#: never parsed, scanned or scored, and the writer sets it aside (issue 15: one 20-million-character line
-#: made every write take 52 s and 450 MB). Entries the writer makes are far shorter (MAX_TEXT_CHARS).
+#: The longest line read as memory (characters): a longer hand-edited line is kept verbatim as a problem
+#: and set aside by the writer (issue 15: one 20-million-character line made every write take 52 s).
 MAX_LINE_CHARS = 8192
 SET_ASIDE = "<!-- lucid:set-aside "
 

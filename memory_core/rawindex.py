@@ -44,9 +44,8 @@ TIME_BOOST = 0.2
 #: How `own_bag` reads dates (2: Chinese; 3: 上上周, 半年; 4: May 2, 6号; 5: 2023-05-02), in the cache recipe:
 #: a change rebuilds.
 DATES_VERSION = 5
-#: Hybrid mix: w·minmax(cosine) + (1−w)·minmax(bm25). The lexical recipe is the stronger signal on raw turns
-#: (LoCoMo dev R@10 80 against 50 for e5 alone), so the vector only corrects it: w 0.2-0.4 is a plateau on dev
-#: (R@10 81.0-81.5, R@5 75.1-75.6), 0.5 loses R@5 and 0.7 loses 4 points. 0.3 is its middle.
+#: Hybrid mix: w·minmax(cosine) + (1−w)·minmax(bm25). Lexical is the stronger signal on raw turns, so
+#: the vector only corrects it: w 0.2–0.4 is a plateau on LoCoMo dev, 0.5 loses R@5; 0.3 is its middle.
 DENSE_WEIGHT = 0.3
 #: How the two rankings are mixed: "minmax" (the weighted sum above) or "rrf" (textindex.rrf, ranks only).
 FUSION: Fusion = "minmax"

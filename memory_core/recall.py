@@ -384,9 +384,8 @@ def used_by_reply(reply: str, entries: Iterable[Entry], referenced: Iterable[str
 USED_SHARE = 0.5
 
 
-#: How lexical and vector relevance are mixed for entries, chosen by 5-fold cross-validation on MADial zh dev
-#: (docs/BENCHMARKS.md, issue 17): RRF with the vector at weight 0.3 was chosen on every fold, held-out R@10
-#: 80.6 ± 7.8 against 67.0 for the former 0.7 × minmax(cosine) + 0.3 × lexical and 79.1 lexically.
+#: How lexical and vector relevance are mixed for entries: RRF with the vector at 0.3, chosen on every
+#: fold of MADial zh dev (held-out R@10 80.6 ± 7.8 against 79.1 lexically; docs/BENCHMARKS.md, issue 17).
 FUSION: Fusion = "rrf"
 DENSE_WEIGHT = 0.3
 #: Vector candidates per query: the best cosines among the eligible entries (the lexical matches join them).

@@ -541,9 +541,8 @@ class Store:
             rel: cur for rel, data, cur in writes if cur and len(data) > len(cur) and data.startswith(cur)
         }
         appends = {rel: (len(cur), data[len(cur) :]) for rel, data, _ in writes if (cur := prior.get(rel))}
-        # Stage every temp file first: ENOSPC or EACCES then hits before any file is replaced. Folders are
-        # opened without following a link (`open_beneath`); temp files and renames are relative to them,
-        # so a link planted since the checks above is never written through.
+        # Stage every temp file first, so ENOSPC or EACCES hits before any file is replaced; folders opened
+        # by `open_beneath` and renames relative to them, so a link planted since is never written through.
         folders: dict[Path, int] = {}
         staged: list[tuple[int, str, str]] = []
         appended: list[tuple[Path, int]] = []
@@ -793,10 +792,8 @@ class Store:
             head += "\n"
         return head + "".join(render_raw(m) + "\n" for m in messages)
 
-    # In-process with pygit2 (libgit2): objects are written by libgit2 (temp file + rename, never half an
-    # object at its final path); the branch ref and the index are replaced by us with `atomic_write`, so a
-    # writer killed mid-commit leaves no `.lock` file that would refuse the next commit (and no reflog that
-    # would be copied whole on every commit). Loose objects are packed as a namespace grows.
+    # In-process with pygit2: libgit2 writes objects by temp file + rename; we replace the ref and the index
+    # with `atomic_write`, so a writer killed mid-commit leaves no `.lock` to refuse the next commit.
 
     def _repo(self, ns: Namespace) -> pygit2.Repository:
         _isolate_git_config()
@@ -1116,9 +1113,8 @@ def _isolate_git_config() -> None:
         _isolated = True
 
 
-#: What git and libgit2 need to open a repository (they make the rest as they need it). Written here, not by
-#: `pygit2.init_repository`, which probes the file system and rewrites its config four times: 1.5 ms of a new
-#: person's first write.
+#: What git and libgit2 need to open a repository; written here, not by `pygit2.init_repository`, whose
+#: probing and config rewrites cost 1.5 ms of a new person's first write.
 _SKELETON_DIRS = ("objects", "refs")
 _SKELETON_FILES = (
     ("HEAD", b"ref: refs/heads/main\n"),

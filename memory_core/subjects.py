@@ -194,9 +194,8 @@ _ZH_REL = (
 )
 _ZH_REL_WORDS = tuple(_ZH_REL.split("|"))
 
-# One rule per line: language (zh/en, en is case-insensitive), subject, test, anchored pattern. `{…}` are
-# macros. Order is precedence: time zone before place (我在东八区), employer before place (我在阿里巴巴工作),
-# the `work_at` test re-routes 我在杭州工作 to a place. Named groups: v = value, n = a third party's name.
+# One rule per line: language, subject, test, anchored pattern; `{…}` are macros, named groups v = value,
+# n = a third party's name. Order is precedence: 我在东八区 is a time zone, 我在阿里巴巴工作 an employer.
 _MACROS = {
     "{ADV}": "(?:现在|目前|如今|最近|已经|也|还|就|一直|平时|都|刚|刚刚)*",
     "{ADV_EN}": r"(?:(?:now|currently|still|actually|also|just|recently|finally|officially)\s+)*",

@@ -40,9 +40,8 @@ _SHIFT = re.compile(
 )
 
 
-# --- Chinese: general grammar (not drawn from any benchmark's questions). Counts are digits or numerals
-# 一..十 and 两; 几 ("a few") is 3 like English "few". Weeks run Monday to Sunday: 上周六 is the Saturday of
-# the week before the one the turn was said in.
+# --- Chinese: general grammar. Counts are digits or 一..十 and 两; 几 ("a few") is 3 like "few". Weeks
+# run Monday to Sunday: 上周六 is the Saturday of the week before the turn's.
 _ZH_NUMERALS = {"〇": 0, "零": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
                 "九": 9, "几": 3}  # fmt: skip
 _ZH_WEEKDAYS = "一二三四五六日"  # 天 is 日 (Sunday)
@@ -86,9 +85,8 @@ EN_DATE = re.compile(
     rf"\b(?:in|since|during|until|till|by|early|late|mid)(?:-|{_SPACE}){_MON}\b{_EN_YEAR}",
     re.I,
 )
-#: A date in digits, year first (2023-05-02, 2023/5/2, 2023.5.2): the one order nobody reads two ways. A
-#: short 5/2 is not read (May 2 or 5 February, and also a fraction or a score), nor a version or a part of a
-#: longer run of numbers (v2023.5.2, 12023-05-02, 2023-05-02-7, 2023.5.2.1).
+#: A date in digits, year first (2023-05-02, 2023/5/2, 2023.5.2), the one order nobody reads two ways;
+#: a short 5/2, a version or part of a longer run of numbers (v2023.5.2, 2023.5.2.1) is not read.
 NUM_DATE = re.compile(r"(?<![\dA-Za-z./-])((?:19|20)\d{2})([-/.])(\d{1,2})\2(\d{1,2})(?!\d|[./-]\d)")
 # May and March are also a modal and a verb: as months they are capitalised and follow no pronoun (I May 2...).
 _VERB_MONTHS = {"may", "mar", "march"}

@@ -241,9 +241,8 @@ class _Replay:
                 continue
             reply = self.model.ask(extraction_messages(chunk.text))
             if reply is None:  # out of budget or the model failed: the rest waits for the next run
-                # Resume just before the first unread chunk, and remember which later messages were read:
-                # imported messages often share one timestamp, and a bare time watermark would read the
-                # same chunks again on every run (the rest never replayed).
+                # Resume before the first unread chunk, remembering later messages read: imported ones
+                # often share one timestamp, so a bare time watermark would re-read the same chunks forever.
                 self.watermark = chunks[i].messages[0].ts - timedelta(seconds=1)
                 read = {m.id: format_time(m.ts) for c in chunks[:i] for m in c.messages}
                 self.done = {

@@ -13,10 +13,8 @@ import numpy.typing as npt
 
 from .errors import LocalEmbedderUnavailable
 
-#: OpenMP threads for a query (one short text, on the turn's critical path): "idle" = as many as there are
-#: cores nobody else is running on right now, at least one. The engine splits each matrix across threads and
-#: a query waits for the slowest: on a busy 2-core box two threads took p95 2,213 ms against one's 109 ms,
-#: on an idle one two took p50 11 ms against one's 18 ms (docs/BENCHMARKS.md). Passages keep the default.
+#: OpenMP threads for a query: "idle" = the cores nobody else runs on now, at least one (a query waits for
+#: its slowest thread: on a busy 2-core box two took p95 2,213 ms, one 109 ms; docs/BENCHMARKS.md).
 QUERY_THREADS: int | str = "idle"
 
 

@@ -60,9 +60,8 @@ log = logging.getLogger(__name__)
 
 SESSION_IDLE = 30 * 60
 ACTIVE_RECALL_BUDGET = 1.5
-# 4, not 3 or more: a 4th line buys 2.1 points of LoCoMo gold evidence per 100 characters of block, a 5th
-# 1.0, a 6th 0.4; chosen by the points-per-character rule of `bench/recall_candidates.py --family snippets`
-# held out (docs/BENCHMARKS.md, issue 17, "How much past conversation a turn shows").
+# 4: a 4th line buys 2.1 points of LoCoMo gold evidence per 100 characters of block, a 5th 1.0, a 6th
+# 0.4 (held out, `bench/recall_candidates.py --family snippets`; docs/BENCHMARKS.md, issue 17).
 ACTIVE_RECALL_SNIPPETS = 4
 BREAKER_FAILURES = 3
 BREAKER_COOLDOWN = 60.0
