@@ -96,8 +96,7 @@ return 1
 # The sweep's claim on one inbox mark, atomic so two sweepers never both hand it out. KEYS: the marks, the
 # inbox, the turn lease. ARGV: the namespace key, the recheck delay (ms), how many members to return.
 # Returns the inbox's oldest members when nobody holds its lease (the mark is pushed RECHECK_MS ahead),
-# else nil: not due; empty (unmarked); leased (a turn runs: the mark stays due, so the next sweep after the
-# lease expired sees it — at most one leased inbox per worker, so that costs little).
+# else nil: not due, empty (unmarked) or leased (the mark stays due for the sweep after the lease expires).
 CLAIM = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -113,12 +112,10 @@ return redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[3]) - 1)
 """
 
 # Feishu's send pacing (`feishu_send.Pacer`): one GCRA cell per key. KEYS: the app's buckets, then the chat's
-# (when the send has a chat). ARGV: per bucket its interval and burst tolerance (ms), then the horizon (ms),
-# whether the chat's slot is already held (1: taken by an earlier call of this send, which slept until it)
-# and whether there is a chat bucket. Returns {ms until the slot, 1 if every bucket is taken / 0 if only the
-# chat's}: a chat whose slot is further off than the horizon gets its slot alone, and the app's buckets are
-# taken only when the send is about to go, so one chat's pacing never pushes the app's next slot (and with
-# it every other chat's reply) into the future.
+# (if any). ARGV: per bucket its interval and burst tolerance (ms), the horizon (ms), whether the chat's slot
+# is already held (by an earlier call of this send) and whether there is a chat bucket. Returns {ms until the
+# slot, 1 if every bucket is taken / 0 if only the chat's}: the app's buckets are taken only when the send is
+# about to go, so one chat's pacing never pushes every other chat's reply into the future.
 PACE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -180,10 +177,9 @@ return redis.call('ZCARD', KEYS[1])
 
 # The writer's op queue: a batch's outcomes. KEYS: the queue, the metrics hash, the writer's lease, the result
 # list of each queued op. ARGV: the results' ttl, how many queued ops to return, the lease's owner to release
-# it if nothing is queued ('' to keep it), per queued op (its queued form, its outcome, its metric field),
-# then the metric fields of the batch's ops that were never queued. An op's outcome is published and counted
-# only if the op is still queued, and the op dropped with it: publishing a batch twice (recovery after a
-# crash) publishes and counts nothing twice. Returns the oldest ops still queued, or nil: lease released.
+# it if nothing is queued ('' to keep it), per queued op (its queued form, outcome, metric field), then the
+# metric fields of the never-queued ops. An outcome is published and counted only while its op is queued,
+# dropping it, so a batch published twice counts nothing twice. Returns the oldest queued, or nil: released.
 FINISH = """
 local n = #KEYS - 3
 for i = 1, n do
