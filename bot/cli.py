@@ -20,7 +20,7 @@ from memory_core.ids import resolve_id
 from memory_core.importer import parse_import
 from memory_core.lineformat import format_time, parse_time
 from memory_core.namespace import Namespace
-from memory_core.ops import Forget, Pin, entry_to_json
+from memory_core.ops import Forget, Outcome, Pin, entry_to_json
 from memory_core.store import MEMORY
 from workers.memory_service import statement
 from workers.runtime import Runtime, build
@@ -83,6 +83,15 @@ def _entry(args: argparse.Namespace, rt: Runtime) -> tuple[Entry | None, list[En
         return None, every
 
 
+def _done(args: argparse.Namespace, outcome: Outcome, ident: str) -> int:
+    _emit(
+        args,
+        outcome.to_json(),
+        f"{outcome.status} {ident}" + (f": {outcome.detail}" if outcome.detail else ""),
+    )
+    return 0 if outcome.ok else 3
+
+
 @command("forget")
 def cmd_forget(args: argparse.Namespace, rt: Runtime) -> int:
     entry, _ = _entry(args, rt)
@@ -91,12 +100,7 @@ def cmd_forget(args: argparse.Namespace, rt: Runtime) -> int:
         outcome = rt.memory.purge(_ns(args), ident)
     else:
         outcome = rt.memory.apply(_ns(args), [Forget(id=ident)])[0]
-    _emit(
-        args,
-        outcome.to_json(),
-        f"{outcome.status} {ident}" + (f": {outcome.detail}" if outcome.detail else ""),
-    )
-    return 0 if outcome.ok else 3
+    return _done(args, outcome, ident)
 
 
 @command("erase")
@@ -123,12 +127,7 @@ def cmd_pin(args: argparse.Namespace, rt: Runtime) -> int:
     if entry and not args.unpin and (why := rt.memory.pin_refusal(_ns(args), entry)):
         raise InvalidInput(f"not pinned: {why}")
     outcome = rt.memory.apply(_ns(args), [Pin(id=ident, pinned=not args.unpin)])[0]
-    _emit(
-        args,
-        outcome.to_json(),
-        f"{outcome.status} {ident}" + (f": {outcome.detail}" if outcome.detail else ""),
-    )
-    return 0 if outcome.ok else 3
+    return _done(args, outcome, ident)
 
 
 def describe(entry: Entry, now: datetime) -> str:
