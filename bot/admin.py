@@ -23,9 +23,8 @@ Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
-    """Mount the admin routes (docs/ARCHITECTURE.md, "The admin API"), or none without LUCID_ADMIN_TOKEN:
-    an admin API must never be open by omission. Each needs `Authorization: Bearer <token>`, compared in
-    constant time."""
+    """Mount the admin routes (docs/ARCHITECTURE.md, "The admin API"), none without LUCID_ADMIN_TOKEN:
+    never open by omission. Each needs `Authorization: Bearer <token>`, compared in constant time."""
     token = runtime.settings.admin_token
     if not token:
         log.info("LUCID_ADMIN_TOKEN not set: the HTTP admin API is disabled")

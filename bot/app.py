@@ -1,6 +1,5 @@
 """The webhook (`POST /feishu/{persona}/events`, `/healthz`, `/admin/…`): verify, decrypt, dedupe, enqueue,
-answer 200 well inside Feishu's 3 seconds (the checks and why: docs/ARCHITECTURE.md).
-"""
+answer 200 well inside Feishu's 3 seconds (the checks and why: docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
@@ -52,9 +51,6 @@ class WebhookConfig:
     max_body: int = MAX_BODY
     stale_after: float = 30 * 60  # seconds; the SDK's own FeishuChannel default
     threads: int = 8
-
-
-# ---------------------------------------------------------------------------------------------- verifying
 
 
 def _loads(raw: bytes | str) -> dict[str, Any]:
@@ -138,15 +134,8 @@ def open_event(
     return event
 
 
-# ---------------------------------------------------------------------------------------------- batching
-
-
 class Batcher:
-    """Hands accepted messages to Redis in batches: under load, one round trip serves many requests.
-
-    A request waits for the batch it joined; with nothing in flight a batch of one leaves at once, so a
-    quiet bot pays no batching delay. At most `lanes` batches are in flight (Redis is one thread anyway).
-    """
+    """Hands accepted messages to Redis in batches: under load, one round trip serves many requests."""
 
     def __init__(self, intake: Intake, max_batch: int = 64, lanes: int = 2) -> None:
         self.intake = intake
@@ -188,8 +177,6 @@ class Batcher:
         finally:
             self._running -= 1
 
-
-# ---------------------------------------------------------------------------------------------- the app
 
 RUNTIME = web.AppKey("runtime", Runtime)
 
@@ -233,10 +220,7 @@ class Webhook:
         return await self.accept_event(name, event, started)
 
     async def accept_event(self, name: str, event: dict[str, Any], started: float) -> web.Response:
-        """Route, redact and enqueue one verified event, from the webhook or the long connection.
-
-        The status says what Feishu should do: 200 done (queued, duplicate or ignored), 503 push it again.
-        """
+        """Route, redact and enqueue one verified event, from the webhook or the long connection."""
         event_id = str((event.get("header") or {}).get("event_id") or event.get("uuid") or "")[:128]
         if (event.get("header") or {}).get("event_type") == CARD_ACTION:
             return await self.accept_card_action(name, event, started, event_id)
@@ -307,8 +291,6 @@ class Webhook:
             _printable(persona), event_id or "-", message_id or "-", chat_type or "-", status,
             _printable(outcome), (time.perf_counter() - started) * 1000,
         )  # fmt: skip
-
-    # ------------------------------------------------------------------------------------- bot identity
 
     async def learn_bot_ids(self) -> None:
         """Fetch each persona's bot open_id once (GET /bot/v3/info), retrying with backoff until known."""

@@ -34,10 +34,7 @@ def run(
     args: argparse.Namespace, runtime: Runtime, stdin: TextIO | None = None, stdout: TextIO | None = None
 ) -> int:
     """Each line read is one message: it goes through `workers.turn.run_turn` (commands, the raw archive, memory,
-    the model or memory-only mode), and the reply is printed. Works interactively and with piped input:
-
-        printf '我住在余杭区\n我现在在西湖区\n我在哪\n' | lucid chat --user alice
-    """
+    the model or memory-only mode), and the reply is printed; interactive or piped."""
     from workers.turn import run_turn  # the turn pulls in lark-oapi: only load it when chatting
 
     stdin = stdin or sys.stdin

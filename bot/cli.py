@@ -20,7 +20,7 @@ from memory_core.ids import resolve_id
 from memory_core.importer import parse_import
 from memory_core.lineformat import format_time, parse_time
 from memory_core.namespace import Namespace
-from memory_core.ops import Forget, Pin, entry_to_json
+from memory_core.ops import Forget, Outcome, Pin, entry_to_json
 from memory_core.store import MEMORY
 from workers.memory_service import statement
 from workers.runtime import Runtime, build
@@ -59,9 +59,6 @@ def _short(entry_id: str | None) -> str:
     return (entry_id or "")[:8]
 
 
-# ------------------------------------------------------------------------------------------ memory
-
-
 @command("remember")
 def cmd_remember(args: argparse.Namespace, rt: Runtime) -> int:
     op = statement(args.text, type=args.type, subject=args.subject, pinned=args.pin)
@@ -76,15 +73,23 @@ def cmd_remember(args: argparse.Namespace, rt: Runtime) -> int:
 
 
 def _entry(args: argparse.Namespace, rt: Runtime) -> tuple[Entry | None, list[Entry]]:
-    """The entry `args.id` names: a full id or a unique prefix (as `lucid show` prints), history and
-    archive included (None when nothing matches: the writer then reports not_found); an ambiguous
-    prefix is one clear error line."""
+    """The entry `args.id` names, by full id or unique prefix, history and archive included (None: no
+    match, the writer reports not_found); an ambiguous prefix is one clear error line."""
     book, _ = rt.writer.snapshot(_ns(args))
     every = book.entries() + book.archived()
     try:
         return resolve_id(every, args.id), every
     except NotFound:
         return None, every
+
+
+def _done(args: argparse.Namespace, outcome: Outcome, ident: str) -> int:
+    _emit(
+        args,
+        outcome.to_json(),
+        f"{outcome.status} {ident}" + (f": {outcome.detail}" if outcome.detail else ""),
+    )
+    return 0 if outcome.ok else 3
 
 
 @command("forget")
@@ -95,12 +100,7 @@ def cmd_forget(args: argparse.Namespace, rt: Runtime) -> int:
         outcome = rt.memory.purge(_ns(args), ident)
     else:
         outcome = rt.memory.apply(_ns(args), [Forget(id=ident)])[0]
-    _emit(
-        args,
-        outcome.to_json(),
-        f"{outcome.status} {ident}" + (f": {outcome.detail}" if outcome.detail else ""),
-    )
-    return 0 if outcome.ok else 3
+    return _done(args, outcome, ident)
 
 
 @command("erase")
@@ -127,12 +127,7 @@ def cmd_pin(args: argparse.Namespace, rt: Runtime) -> int:
     if entry and not args.unpin and (why := rt.memory.pin_refusal(_ns(args), entry)):
         raise InvalidInput(f"not pinned: {why}")
     outcome = rt.memory.apply(_ns(args), [Pin(id=ident, pinned=not args.unpin)])[0]
-    _emit(
-        args,
-        outcome.to_json(),
-        f"{outcome.status} {ident}" + (f": {outcome.detail}" if outcome.detail else ""),
-    )
-    return 0 if outcome.ok else 3
+    return _done(args, outcome, ident)
 
 
 def describe(entry: Entry, now: datetime) -> str:
@@ -251,9 +246,6 @@ def _progress(done: int, total: int) -> None:
     sys.stderr.flush()
 
 
-# ------------------------------------------------------------------------------------------ reading
-
-
 def parse_as_of(value: str, now: datetime) -> datetime:
     """`--as-of`: an ISO time or date, `now`, `today`, `yesterday`, or a time ago (`3d`, `12h`, `3d ago`)."""
     v = value.strip().lower()
@@ -346,9 +338,6 @@ def cmd_search(args: argparse.Namespace, rt: Runtime) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------------------------ dreaming
-
-
 @command("dream")
 def cmd_dream(args: argparse.Namespace, rt: Runtime) -> int:
     from memory_core.namespace import list_namespaces
@@ -360,9 +349,6 @@ def cmd_dream(args: argparse.Namespace, rt: Runtime) -> int:
     text = "\n\n".join(format_report(r, data) for r in reports) or "no namespaces"
     _emit(args, {"results": reports} if args.all else reports[0], text)
     return 0
-
-
-# ------------------------------------------------------------------------------------------ demo
 
 
 def demo(args: argparse.Namespace, settings: Settings) -> int:
@@ -395,9 +381,6 @@ def demo(args: argparse.Namespace, settings: Settings) -> int:
         for row in rt.store.history(ns):
             print(f"{row['rev'][:7]} {row['message']}")
     return 0
-
-
-# ------------------------------------------------------------------------------------------ parser
 
 
 def _common(p: argparse.ArgumentParser, memory: bool = True) -> None:
@@ -555,8 +538,7 @@ def _data_dir(value: str) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Every subcommand takes `--data DIR`; memory commands take `--user/--persona/--tenant` and `--json`.
-    Errors become one clear line on stderr and a non-zero exit; `--json` output is a stable contract.
-    """
+    Errors become one clear line on stderr and a non-zero exit; `--json` output is a stable contract."""
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbose or args.command in ("serve", "bot", "worker", "cron"), os.environ)

@@ -298,10 +298,8 @@ def check_clock(settings: Settings) -> Check:
 
 
 def run(settings: Settings, emit: Callable[[str], None] = print) -> int:
-    """Checks: the data directory (exists, writable, not world-readable), git, Redis (REDIS_URL, or the embedded
-    server and its binary), Ollama and every configured model, each persona's Feishu credentials (a real
-    tenant-token fetch through lark-oapi), the admin token, and the clock.
-    """
+    """Checks the data directory, git, Redis, Ollama and its models, each persona's Feishu credentials,
+    the admin token and the clock."""
     checks: list[Check] = [
         check_data_dir(settings),
         check_links(settings),

@@ -8,12 +8,8 @@ from workers.errors import BadHeader
 
 
 def text_header(headers: Mapping[str, str], name: str) -> str:
-    """The header's value ('' when absent). Raises BadHeader when its bytes were not UTF-8.
-
-    aiohttp decodes header bytes as UTF-8 with `surrogateescape`, so a non-UTF-8 byte arrives as a lone
-    surrogate that fails the first `.encode()` (issue 15: a 500 with a traceback for a bad
-    `X-Lark-Request-Timestamp`, `-Nonce` or `Authorization`).
-    """
+    """The header's value ('' when absent). Raises BadHeader when its bytes were not UTF-8 (aiohttp
+    hands them on as lone surrogates, which made a 500 in issue 15)."""
     value = headers.get(name, "")
     try:
         value.encode("utf-8")

@@ -1,6 +1,5 @@
 """Feishu's long connection (`mode = "ws"`): lark-oapi's WebSocket client, a watchdog and one reconnect
-owner, feeding the webhook's own `accept_event` (docs/ARCHITECTURE.md).
-"""
+owner, feeding the webhook's own `accept_event` (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
@@ -129,8 +128,6 @@ class LongConnections:
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
 
-    # ------------------------------------------------------------------------------------ lifecycle
-
     def start(self, app_loop: asyncio.AbstractEventLoop) -> None:
         if not self._personas:
             return
@@ -184,8 +181,6 @@ class LongConnections:
             with contextlib.suppress(Exception):
                 await link.client._disconnect()
 
-    # ------------------------------------------------------------------------------------ supervising
-
     async def _supervise(self, link: Link) -> None:
         """Keep one connection up for ever: connect with backoff, abort a socket that went silent."""
         client, delay = link.client, 1.0
@@ -217,8 +212,6 @@ class LongConnections:
                     await asyncio.wait_for(client._disconnect(), 5)
                 continue
             await asyncio.sleep(self.check_every)
-
-    # ------------------------------------------------------------------------------------ events
 
     def _deliverer(self, persona: str) -> Callable[[bytes], None]:
         def deliver(payload: bytes) -> None:

@@ -1,6 +1,5 @@
 """Routing: a verified Feishu event → the `Inbound` message a turn answers, or the reason it is ignored
-(`route`).
-"""
+(`route`)."""
 
 from __future__ import annotations
 
@@ -46,10 +45,7 @@ def route(
     event: dict[str, Any], persona: str, bot_open_id: str, *, now_ms: int, stale_ms: int
 ) -> Inbound | Ignored:
     """Decide what `event` (decrypted, verified, v2.0) means for `persona`. Pure: no I/O, no clock of its own
-    (what gets through and how it is read: docs/ARCHITECTURE.md, "Routing").
-
-    `bot_open_id` empty means the bot's identity is not known yet: a group message is then refused for a
-    retry (an unknown bot cannot tell whether it was addressed); one-to-one chats still work."""
+    (what gets through and how it is read: docs/ARCHITECTURE.md, "Routing")."""
     header = event.get("header")
     if event.get("schema") != "2.0" or not isinstance(header, dict):
         return Ignored("not a v2.0 event")
@@ -188,10 +184,7 @@ def _post_text(content: Any) -> str | None:
 
 
 def resolve_mentions(text: str, mentions: Any, bot_open_id: str) -> tuple[str, bool, tuple[Mention, ...]]:
-    """Replace `@_user_N` by `@Name` (the bot's own mention by nothing) and report who was mentioned.
-
-    Placeholders are looked up whole, so `@_user_10` is never read as `@_user_1` followed by "0".
-    """
+    """Replace `@_user_N` by `@Name` (the bot's own mention by nothing) and report who was mentioned."""
     by_key: dict[str, dict[str, Any]] = {}
     for m in mentions if isinstance(mentions, list) else ():
         if isinstance(m, dict) and isinstance(m.get("key"), str):

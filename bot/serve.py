@@ -175,11 +175,8 @@ def _stop_children(children: list[subprocess.Popen[bytes]], grace: float = 20.0)
 
 
 def serve(args: argparse.Namespace, settings: Settings) -> int:
-    """`serve` is the one-command laptop setup: the embedded Redis (a private `redis-server` on a unix socket
-    under the data dir, reused if already running), one worker and the scheduler as child processes, and the
-    webhook in this process. Ctrl-C or SIGTERM stops the webhook, then the children (RQ's warm shutdown), then
-    the Redis it started — no orphans. Docker compose runs the same roles as separate containers instead.
-    """
+    """The one-command laptop setup: embedded Redis, one worker and the scheduler as children, the webhook
+    here; Ctrl-C or SIGTERM stops the webhook, the children, then the Redis it started (no orphans)."""
     server, runtime = None, None
     url = settings.redis_url
     # Closing the terminal must not leave the embedded Redis behind: SIGHUP stops like Ctrl-C, also

@@ -13,14 +13,8 @@ def _escape(m: re.Match[str]) -> str:
 
 
 def printable(text: str) -> str:
-    """`text` with every control, C1 and bidi-override character written as `\\xNN` / `\\uNNNN`.
-
-    A message can carry terminal escapes (ESC [ … to recolour, move the cursor, retitle the window or rewrite a
-    line already shown), a bare carriage return or backspaces that overwrite what came before, C1 controls that
-    some terminals obey like ESC, and bidirectional overrides that reorder what the eye reads. `lucid show`,
-    `search`, `recall` and `history` print such text; each of those characters is shown as a visible escape
-    instead (issue 15). Newlines and tabs of the CLI's own layout stay.
-    """
+    """`text` with every control, C1 and bidi-override character written as `\\xNN` / `\\uNNNN`,
+    so a message cannot recolour, rewrite or reorder what the CLI shows (issue 15)."""
     return _UNSAFE.sub(_escape, text)
 
 

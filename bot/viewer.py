@@ -134,9 +134,8 @@ async def _guard(request: web.Request) -> None:
 
 
 def client_address(request: web.Request, trusted: tuple[str, ...]) -> str:
-    """Who is asking: the peer, or — when the peer is a trusted reverse proxy — the nearest address in
-    X-Forwarded-For that is not one of the trusted proxies (read right to left: a client can prepend
-    anything, but each proxy appends the address it saw)."""
+    """Who is asking: the peer, or behind a trusted proxy the nearest X-Forwarded-For address that is not
+    one (read right to left: a client can prepend anything, each proxy appends what it saw)."""
     peer = request.remote or "?"
     nets = [ipaddress.ip_network(n) for n in trusted]
 

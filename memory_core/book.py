@@ -49,12 +49,7 @@ def _recognised_subject(text: str) -> str | None:
 
 
 def _subject_verdict(text: str, holder: Entry, subject: str) -> meaning.Verdict:
-    """How a statement with `subject` relates to a current holder of the same subject.
-
-    The deterministic rules guard the subject (a model's or the recogniser's): a same-meaning rewording is
-    a rewording, not a change; a form of address (叫我小明) adds to a full name; a named person's facts end
-    each other only when the same attribute changes; a free-form model subject (饮食, hobby) ends a holder
-    only when the texts contradict or are about the same thing."""
+    """How a statement with `subject` relates to a current holder of the same subject."""
     verdict = meaning.compare(text, holder.text)
     if verdict.kind in ("same", "contains", "contained", "similar"):
         return verdict
@@ -261,10 +256,7 @@ def _ids(held: _Ids | None) -> Iterable[str]:
 
 
 class _DedupIndex:
-    """Normalised text → ids, core bigram → ids, frame → ids and slot → ids, over MEMORY.md's entries.
-
-    Finds the same-text, reworded and contradicting candidates of a new text without scanning every entry
-    (`meaning.read` gives the core, frame and slot; Jaccard is computed from shared-bigram counts, exactly)."""
+    """Normalised text → ids, core bigram → ids, frame → ids and slot → ids, over MEMORY.md's entries."""
 
     def __init__(self, entries: dict[str, Entry], known: dict[str, _Keys] | None = None) -> None:
         self._entries = entries
@@ -352,10 +344,7 @@ class _DedupIndex:
 
 
 class Book:
-    """MEMORY.md + ARCHIVE.md of one namespace, as a mutable working copy for one batch.
-
-    Pure (no disk; `now` is passed in); unreadable lines are carried through verbatim. The upsert rules:
-    docs/MEMORY.md ("The upsert rules")."""
+    """MEMORY.md + ARCHIVE.md of one namespace, as a mutable working copy for one batch."""
 
     def __init__(self, memory: MemoryFile | None = None, archive: MemoryFile | None = None) -> None:
         memory = memory if memory is not None and memory.sections else _with_sections(memory)
@@ -374,8 +363,7 @@ class Book:
 
     def reuse_index(self, older: Book) -> None:
         """Take over the dedup index of `older` (this namespace as this process last wrote it), updated
-        for what changed since. When the writer lease moves between processes, each batch starts from a
-        fresh read; rebuilding the index of a 5,000-entry file cost more than the rest of the batch."""
+        for what changed since: rebuilding it for a 5,000-entry file cost more than the rest of the batch."""
         if self._dedup_index is None and older._dedup_index is not None:
             older._dedup_index.rebase(self.memory.entries)
             self._dedup_index, older._dedup_index = older._dedup_index, None
@@ -404,8 +392,6 @@ class Book:
             self._dedup_index, self._known = _DedupIndex(self.memory.entries, self._known), None
         return self._dedup_index
 
-    # ------------------------------------------------------------------------------------------ reading
-
     def entries(self) -> list[Entry]:
         return list(self.memory.entries.values())
 
@@ -430,9 +416,8 @@ class Book:
         return self.memory.render(_PLACEMENT)
 
     def memory_appended(self, text: str) -> str | None:
-        """The lines to append to `text` to get `render_file(self.memory_file())`, when `text` is MEMORY.md
-        as rendered from this book at its last `settle` and the only change since is new entries at the
-        end of the last section (the common batch: new memories). None: render the whole file."""
+        """The lines to append to MEMORY.md `text` (as last rendered from this book) when the only change
+        is new entries at the end of the last section; None: render the whole file."""
         new, archived = self.memory.added(), self.archive.added()
         if not new or archived is None or archived:
             return None
@@ -463,8 +448,6 @@ class Book:
 
     def archive_file(self) -> MemoryFile:
         return self.archive.render()
-
-    # ------------------------------------------------------------------------------------------ writing
 
     def apply(self, op: Op, now: datetime) -> Outcome:
         if isinstance(op, Remember):
@@ -554,9 +537,8 @@ class Book:
             # a model's tool call or an extraction may not put "ignore previous instructions…" in every prompt
             op = replace(op, type="fact", pinned=False)
 
-        # A statement about the chat it is said in (我在这个群的代号是…, in this group I…) concerns that chat
-        # only: it never ends, updates or absorbs what was said in another group or in private (each stays
-        # visible where it was learned). Anything else is about the person, wherever it is said.
+        # A statement about the chat it is said in (我在这个群的代号是…) concerns that chat only: it never
+        # ends, updates or absorbs what was said elsewhere. Anything else is about the person.
         scope = op.scope or "p2p"
         local = CHAT_BOUND.search(text) is not None
 
@@ -767,10 +749,7 @@ class Book:
         return Outcome(op.op_id, "added", id=entry.id)
 
     def _end_superseded(self, entry: Entry, now: datetime) -> None:
-        """An entry written as given that names what it supersedes ends those that are still open.
-
-        Import is the operator's explicit act, so no protection check here (TODO: if import becomes an
-        automatic path, ask the one protection rule in memory_core/policy.py, not a second rule)."""
+        """An entry written as given that names what it supersedes ends those that are still open."""
         for ident in entry.supersedes:
             old = self.memory.entries.get(ident)
             if old is not None and old.valid_to is None and ident != entry.id:

@@ -47,12 +47,7 @@ MAX_IDS_SHOWN = 40
 
 @dataclass
 class DreamReport:
-    """What one run of one phase did, for the journal, the commit message, the CLI and the job result.
-
-    Rendered as the commit message ("dream light: 3 merged, 1 superseded, 5 archived, 2 promoted") and the
-    DREAMS.md entry (newest first: time, phase, counts, ids touched, rejections by reason, model calls and
-    tokens). A run that changed nothing says so in capitals.
-    """
+    """What one run of one phase did, for the journal, the commit message, the CLI and the job result."""
 
     phase: str
     namespace: str

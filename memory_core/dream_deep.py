@@ -1,6 +1,5 @@
 """Deep dreaming, the host side: which entries may be folded, the clusters, the prompt, and the cage
-(`plan_clusters` says how a run goes).
-"""
+(`plan_clusters` says how a run goes)."""
 
 from __future__ import annotations
 
@@ -85,10 +84,7 @@ def _links(pool: Sequence[Entry]) -> dict[int, set[int]]:
 
 
 def plan_clusters(entries: Sequence[Entry], now: datetime) -> list[Cluster]:
-    """Up to MAX_CLUSTERS cohesive clusters of eligible entries, the most connected first.
-
-    The model only proposes; this module decides (a run, eligibility and the clusters: docs/MEMORY.md, "Deep
-    dreaming")."""
+    """Up to MAX_CLUSTERS cohesive clusters of eligible entries, the most connected first."""
     pool = sorted((e for e in entries if deep_eligible(e, now)), key=lambda e: (stamp(e), e.id))[:SCAN_LIMIT]
     adj = _links(pool)
     used: set[int] = set()
@@ -108,8 +104,6 @@ def plan_clusters(entries: Sequence[Entry], now: datetime) -> list[Cluster]:
         clusters.append(Cluster(tuple(pool[i] for i in sorted(members))))
     return clusters
 
-
-# ------------------------------------------------------------------------------------------ prompt
 
 MERGE_SYSTEM = (
     "You tidy one person's long-term memory. The user message holds memories about one topic as JSON. "
@@ -149,9 +143,6 @@ def parse_json_object(reply: str) -> dict[str, Any] | None:
     return None
 
 
-# ------------------------------------------------------------------------------------------ the cage
-
-
 @dataclass(frozen=True)
 class Merge:
     """An accepted merge: the sources (as they were when validated) and the merged text."""
@@ -184,11 +175,7 @@ def validate_merge(
     sources: Sequence[Entry], op: object, known_ids: Collection[str] = (), taken: Collection[str] = ()
 ) -> Merge | Rejection:
     """Accept a proposed merge only if it is well formed, names only this cluster's ids, and its text
-    is a faithful one-line rewrite of those sources (see `dream_guard`). Returns the Merge or why not.
-
-    `sources`: the cluster sent to the model; `known_ids`: every id of the namespace (an id outside the
-    cluster but known is ineligible, one never seen is unknown); `taken`: ids already merged this run.
-    """
+    is a faithful one-line rewrite of those sources (see `dream_guard`). Returns the Merge or why not."""
     shape = _shape(op)
     if shape is None:
         return Rejection("malformed", "needs {ids: [2+ ids], text: string}")
@@ -245,9 +232,6 @@ def review_reply(cluster: Cluster, reply: str, known_ids: Collection[str], taken
             review.merges.append(verdict)
             taken.update(verdict.ids)
     return review
-
-
-# ------------------------------------------------------------------------------------------ writing
 
 
 def still_valid(merge: Merge, book: Book, now: datetime) -> bool:

@@ -1,6 +1,5 @@
 """The text checks of the dream cage: what a model-written text must keep (`key_terms`), and what it may
-never carry.
-"""
+never carry."""
 
 from __future__ import annotations
 

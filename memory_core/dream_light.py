@@ -1,6 +1,5 @@
 """Light dreaming: mechanical tidying of one namespace, no model, as a list of named rules (DESIGN §6;
-the rules: `plan_light`).
-"""
+the rules: `plan_light`)."""
 
 from __future__ import annotations
 
@@ -45,9 +44,6 @@ class LightOp:
     action: Action
     target: str
     into: str | None = None
-
-
-# ------------------------------------------------------------------------------------------ effects
 
 
 class Target(Protocol):
@@ -115,8 +111,6 @@ def apply_op(book: Target, op: LightOp, now: datetime) -> bool:
     return True
 
 
-# ------------------------------------------------------------------------------------------ rules
-
 Rule = Callable[[Sequence[Entry], datetime], list[LightOp]]
 
 
@@ -127,11 +121,7 @@ def _merge_order(e: Entry) -> tuple[bool, int, int, datetime, str]:
 
 
 def merge_duplicates(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
-    """Near-duplicates (Jaccard ≥ DUPLICATE) fold into one survivor, strongest pairs first.
-
-    Entries with the very same bigram set (Jaccard 1) are grouped by hashing first, so a text stored a
-    thousand times costs one pass, not a million pairs; the pairwise search runs on one per group.
-    """
+    """Near-duplicates (Jaccard ≥ DUPLICATE) fold into one survivor, strongest pairs first."""
     groups: dict[tuple[frozenset[str], str, str | None], list[Entry]] = defaultdict(list)
     for e in entries:
         if e.current(now) and not protected(e):
@@ -273,9 +263,6 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-# ------------------------------------------------------------------------------------------ plan & apply
-
-
 @dataclass
 class _Working:
     """The planner's copy of MEMORY.md: id → entry, in file order."""
@@ -293,11 +280,7 @@ class _Working:
 
 
 def plan_light(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
-    """The ops of one light run over MEMORY.md's entries (pure; `now` is explicit).
-
-    The rules run in order over a working copy, so one run reaches a fixed point; `apply_light` re-checks each
-    precondition, so a plan applied to a moved book can only do less (the rules and their thresholds:
-    docs/MEMORY.md, "Light dreaming")."""
+    """The ops of one light run over MEMORY.md's entries (pure; `now` is explicit)."""
     work = _Working({e.id: e for e in entries})
     plan: list[LightOp] = []
     for rule in RULES:

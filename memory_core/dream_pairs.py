@@ -1,6 +1,5 @@
 """All pairs of bigram sets with Jaccard ≥ t, exactly, without comparing every pair (light and deep
-dreaming; the method: `similar_pairs`).
-"""
+dreaming; the method: `similar_pairs`)."""
 
 from __future__ import annotations
 
@@ -62,13 +61,7 @@ class _LatinRows:
 
 
 class _Verifier:
-    """Candidate pairs are checked in batches: a vectorised upper bound first, then exact set overlap.
-
-    Each set is also hashed into a 2,048-bit row (token rank mod 2,048). Common tokens set common bits, so
-    |x ∩ y| ≤ popcount(row_x & row_y) + min(collisions_x, collisions_y), where a set's collisions are its
-    tokens that share a bit with another of its own tokens. Pairs whose bound is below α are dropped
-    without touching Python sets; most candidates of real text go there.
-    """
+    """Candidate pairs are checked in batches: a vectorised upper bound first, then exact set overlap."""
 
     BITS = 2048
     BATCH = 65536

@@ -1,6 +1,5 @@
 """Fact extraction, shared by the live path (after a turn) and replay (raw messages a later pass reads):
-one prompt and one parser (`parse_facts`).
-"""
+one prompt and one parser (`parse_facts`)."""
 
 from __future__ import annotations
 
@@ -62,10 +61,7 @@ def _subject(raw: str | None) -> str | None:
 
 
 def grounded(fact: str, source_text: str) -> bool:
-    """A fact is grounded when at least `MIN_GROUNDING` of its content bigrams occur in what the user said.
-
-    A chatty model's "好的，我明白了。" or "Sure, here are the facts:" shares nothing with the message and is
-    dropped; a paraphrase ("用户喜欢爬山" from "记住我喜欢爬山") keeps most of its bigrams and passes."""
+    """A fact is grounded when at least `MIN_GROUNDING` of its content bigrams occur in what the user said."""
     return not source_text.strip() or coverage(fact, source_text) >= MIN_GROUNDING
 
 
@@ -81,12 +77,8 @@ def _junk(text: str) -> bool:
 
 
 def parse_facts(reply: str, source_text: str = "") -> list[Fact]:
-    """The facts of a model reply. Reasoning blocks (`<think>…</think>`), refusals, secrets, format debris,
-    lines not grounded in the user's own text (chatter) and instruction-like lines that the user's text does
-    not contain are dropped; a third party's fact is typed `fact` whatever its wording.
-
-    One prompt and one parser, so background extraction and replay store the same facts the same way
-    (docs/MEMORY.md, "Extraction and replay")."""
+    """The facts of a model reply, without scratchpads, refusals, secrets, debris and ungrounded or
+    instruction-like lines; shared by extraction and replay (docs/MEMORY.md, "Extraction and replay")."""
     facts: list[Fact] = []
     for raw in strip_reasoning(reply).splitlines():
         m = _LINE.match(raw)
@@ -112,9 +104,6 @@ def facts_to_ops(
         Remember(text=f.text, type=f.type, subject=f.subject, source=source, origin=origin, scope=scope)
         for f in facts
     ]
-
-
-# ------------------------------------------------------------------------------------------ replay
 
 
 @dataclass(frozen=True)

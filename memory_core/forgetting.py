@@ -23,9 +23,8 @@ _DIGEST = re.compile(r"digest=[0-9a-f]{16,64}")
 
 @dataclass(frozen=True)
 class Forgotten:
-    """What the raw archive and git history must lose: the entry's id, text and provenance (what each file
-    loses: docs/PRIVACY.md, "Forget"). The writer applies these pure functions; `forget --purge` applies the
-    same ones to git history."""
+    """What the raw archive and git history must lose: the entry's id, text and provenance
+    (docs/PRIVACY.md, "Forget"); the writer and `forget --purge` apply the same pure functions."""
 
     id: str
     text: str
@@ -86,9 +85,6 @@ def _redact_line(line: str, sources: dict[str, str], spans: list[tuple[re.Patter
     extra = tuple((k, v) for k, v in msg.extra if k != FORGOT_KEY)
     ids = ",".join(dict.fromkeys([*marks, ident]))
     return render_raw(replace(msg, text=text, extra=(*extra, (FORGOT_KEY, ids))))
-
-
-# ---------------------------------------------------------------------------------------------- profile
 
 
 def _drew_on(line: str, forgotten: Sequence[str], remaining: Sequence[str]) -> bool:
@@ -159,15 +155,12 @@ def checked_profile(profile_text: str | None, entries: Iterable[Entry], now: dat
     return _keep_lines(profile_text, keep)
 
 
-# ---------------------------------------------------------------------------------------------- git history
-
 _ENTRY_ID = re.compile(r"<!--m:(?:[^>]*?;)?id=([^;>]+)")
 
 
 def purge_blob(data: bytes, targets: Sequence[Forgotten]) -> bytes:
-    """One file of any past commit as `forget --purge` leaves it: the targets' entry lines gone, raw
-    lines marked as `redact_raw` does, their text replaced anywhere else, and profile lines that drew
-    on them dropped. Path-free, so git-filter-repo can run it on every blob of the history."""
+    """One file of any past commit as `forget --purge` leaves it; path-free, so git-filter-repo can run
+    it on every blob of the history."""
     text = data.decode("utf-8", errors="surrogateescape")
     needles = [t.id for t in targets] + [t.origin for t in targets if t.origin]
     if not any(n in text for n in needles) and not any(p.search(text) for p, _ in _spans(targets)):

@@ -49,10 +49,8 @@ _MISSING_CHECKS = 200  # ids looked up in the other version's text before a full
 
 
 def _changed_lines(before: Files, after: Files) -> tuple[dict[str, State], dict[str, State]] | None:
-    """The states of just the entries on lines that differ between two versions — what `states` would
-    give for them, without parsing a whole file of thousands of lines per commit. None where only a full
-    parse reads right: a changed preamble, a changed line without an id of its own (a hand-written line's
-    id depends on its neighbours), an id twice, or an id that may sit on an unchanged line elsewhere."""
+    """The states of just the entries on lines that differ between two versions, without a full parse;
+    None where only a full parse reads right (a changed preamble, id-less or repeated lines)."""
     old: dict[str, State] = {}
     new: dict[str, State] = {}
     for name, where in ((ARCHIVE, "archive"), (MEMORY, "memory")):
@@ -348,9 +346,8 @@ def _depth(subject: str) -> int:
 
 
 def describe(before: Files, after: Files, known: Callable[[str], bool] | None = None) -> list[Change]:
-    """What changed between two versions, entry by entry, in words (usage counters aside). A supersede is
-    one change (the new entry, with the old text), not two. `known`: ids whose text may be shown (the
-    entries still in memory; None: every one)."""
+    """What changed between two versions, entry by entry, in words (a supersede is one change).
+    `known`: ids whose text may be shown (None: every one)."""
     changes = entry_changes(before, after)
     ended_by = {old: ident for ident, (_, new) in changes.items() if new for old in new[1].supersedes}
     out: list[Change] = []
@@ -484,9 +481,8 @@ class _Reader:
 
 
 def rows(store: Store, ns: Namespace, limit: int = 50, *, every: bool = False, scan: int = SCAN) -> list[Row]:
-    """The namespace's history in words, newest first: each commit that changed memory (with `every`,
-    also those that only recorded messages or counted hits). A commit taken back by a later undo (that
-    is not itself undone) carries `undone_by`."""
+    """The namespace's history in words, newest first (with `every`, also commits of messages or hits);
+    a commit taken back by a later undo carries `undone_by`."""
     return list(islice(iter_rows(store, ns, every=every, scan=max(scan, limit)), limit))
 
 
@@ -513,9 +509,8 @@ def iter_rows(
 
 
 def last_meaningful(writer: Writer, ns: Namespace, scan: int = SCAN) -> str:
-    """What a bare `lucid undo` takes back: the newest row of `lucid history` that is not undone yet and
-    is not itself an undo (so `lucid undo` again steps further back; a redo counts as a change). Raises
-    UndoRefused if none."""
+    """What a bare `lucid undo` takes back: the newest row not undone and not itself an undo, so
+    `lucid undo` again steps further back. Raises UndoRefused if none."""
     for row in iter_rows(writer.store, ns, scan=scan):
         if row.undone_by is None and not row.takeback:
             return row.rev

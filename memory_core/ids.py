@@ -13,9 +13,7 @@ MIN_PREFIX = 4
 
 
 def resolve_id(entries: Iterable[Entry], given: str) -> Entry:
-    """The one entry whose id is `given` or starts with it (at least 4 characters).
-
-    Raises NotFound when none matches, InvalidInput (one clear line) when several do."""
+    """The one entry whose id is `given` or starts with it (at least 4 characters)."""
     want = given.strip().lower()
     pool = list(entries)
     exact = [e for e in pool if e.id == want]

@@ -61,10 +61,7 @@ class ImportPlan:
 
 
 def parse_import(data: bytes, default: Namespace, upsert: bool = False) -> ImportPlan:
-    """Validate every line of a JSON Lines import and turn it into ops, grouped by namespace.
-
-    The whole file is validated before anything is applied, so a bad line is reported with its line number and
-    nothing is half-applied. How facts keep their ids, dates and supersedes: docs/MEMORY.md ("Import")."""
+    """Validate every line of a JSON Lines import and turn it into ops, grouped by namespace."""
     ops: dict[Namespace, list[Op]] = {}
     messages = facts = 0
     for line_no, raw in enumerate(data.split(b"\n"), start=1):

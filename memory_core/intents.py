@@ -59,9 +59,8 @@ _REMEMBER = [
         re.I | re.S,
     ),
 ]
-# "我对花生过敏，记住了" / "I'm allergic to shellfish, remember that": the trigger comes last, after punctuation
-# ("I'll remember that" is no request). Searched in the last few characters only, so a long message costs
-# linear time.
+# "我对花生过敏，记住了" / "…, remember that": the trigger comes last, after punctuation ("I'll remember
+# that" is no request); searched in the last few characters only, so a long message costs linear time.
 _REMEMBER_AFTER = [
     re.compile(
         r"\s*[,，。!！;；]+\s*(?:请你?|帮我|你)?(?:记住|记一下|记下来|记下|记好|记着)(?:了|哦|啊|啦|呀|喔)?[\s。.!！~]*$"
@@ -210,9 +209,8 @@ def _is_question(text: str) -> bool:
 
 
 def parse_intent(message: str) -> Intent:
-    """Classify a message: remember / forget (with the payload), question, first-person statement,
-    chit-chat, or none. Deterministic and total; it errs towards "none": a missed request costs a rephrase, a
-    wrong forget costs a memory (docs/MEMORY.md, "Requests without a model")."""
+    """Classify a message: remember / forget (with the payload), question, statement, chit-chat or none;
+    errs towards "none" (docs/MEMORY.md, "Requests without a model")."""
     text = message.strip()
     if not text:
         return Intent("none", "")
@@ -227,9 +225,6 @@ def parse_intent(message: str) -> Intent:
     if _FIRST_PERSON.match(core) or recognise(text) is not None:
         return Intent("statement", text)
     return Intent("none", text)
-
-
-# --- chit-chat ------------------------------------------------------------------------------------------
 
 
 def _phrases(text: str) -> frozenset[tuple[str, ...]]:
@@ -258,12 +253,7 @@ _CHAT_WORD = re.compile(
 
 
 def is_chitchat(text: str) -> bool:
-    """Greetings, thanks, acknowledgements, laughter, emoji: messages that ask nothing and teach nothing.
-
-    True when the message, lower-cased and stripped of punctuation and emoji, is made entirely of known
-    chat phrases (好的谢谢, ok thanks, 哈哈哈); short real questions (我在哪, where do I live) are not. An empty
-    message is not chit-chat; one made only of punctuation or emoji is.
-    """
+    """Greetings, thanks, acknowledgements, laughter, emoji: messages that ask nothing and teach nothing."""
     if not text.strip() or len(text) > 200:
         return False
     units = re.findall(rf"[a-z0-9']+|[{HAN}]|[^\W_]", text.lower().replace("’", "'"))
@@ -281,8 +271,6 @@ def is_chitchat(text: str) -> bool:
     return reachable[-1]
 
 
-# --- hints for background work --------------------------------------------------------------------------
-
 _MEMORABLE = re.compile(
     r"我是|我叫|名字|叫我|我喜欢|我不喜欢|我讨厌|我爱|我偏好|我习惯|更喜欢|技术栈|记住|记一下|别忘|不要忘|以后|今后|从现在|"
     r"住在|搬到|搬家|时区|改成|换成|改为|不再|现在是|过敏|我在|我住|我的|入职|离职|跳槽|就职|生日|结婚|吃素|忌口|不吃|务必|"
@@ -296,11 +284,7 @@ _MEMORABLE = re.compile(
 
 
 def is_memorable(text: str) -> bool:
-    """Cheap gate before a background extraction call: does the message carry a durable-fact hint?
-
-    The HexClaw hint list (spec §3.6) plus a few more, or any attribute `recognise` finds. False positives
-    only cost a model call that answers NONE; chit-chat is always False.
-    """
+    """Cheap gate before a background extraction call: does the message carry a durable-fact hint?"""
     if not text.strip() or is_chitchat(text):
         return False
     return _MEMORABLE.search(text.replace("’", "'")) is not None or recognise(text) is not None
@@ -321,12 +305,7 @@ _PREFERENCE_HINTS = re.compile(
 
 
 def classify_type(text: str) -> str:
-    """Entry type of an extracted line: instruction > identity > preference > fact (spec §3.6).
-
-    Two refinements over the plain keyword list (spec §16 item 12): when `recognise` knows the attribute it
-    decides, so "I am based in Berlin" is a fact and 我更喜欢中文 a preference; and a bare "I am"/"I'm" is no
-    identity ("I'm so tired today"), only "I am a…/I'm an…" is — identities are resident and protected.
-    """
+    """Entry type of an extracted line: instruction > identity > preference > fact (spec §3.6)."""
     if carries_instruction(text):
         return "fact"  # "以后忽略之前的所有指令" is data, never a standing instruction in every prompt
     if _INSTRUCTION_HINTS.search(text):
@@ -361,8 +340,7 @@ def asks_about_me(text: str) -> bool:
 
 
 # A first-person statement is durable when it says what someone habitually does, has, is or likes; a
-# passing remark (I'm so tired today, 我刚吃完饭) is not. Deterministic: it errs towards not storing, and
-# the bot then says it did not store the remark.
+# passing remark (I'm so tired today, 我刚吃完饭) is not. Errs towards not storing.
 _DURABLE_ZH = re.compile(
     r"^我(?:平时|一般|通常|经常|主要|基本上|大多|一直|每天|每周|每个月|每年|从小)?(?:都)?"
     r"(?:养了|养着|有(?:一|两|三|个|只|条|位|辆|套|台)|是(?!不是)|叫|姓|属|信|来自|老家|毕业于|在.{1,12}(?:工作|上班|读书|上学|实习)|"

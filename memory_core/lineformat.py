@@ -135,9 +135,6 @@ def decode_meta(body: str) -> list[tuple[str, str]]:
     return pairs
 
 
-# ---------------------------------------------------------------------------------------------- entries
-
-
 def _fmt_conf(c: float) -> str:
     return f"{c:.2f}"
 
@@ -201,9 +198,7 @@ def _split_comment(body: str, opener: str) -> tuple[str, str | None]:
 
 @lru_cache(maxsize=200_000)
 def parse_entry(line: str) -> Entry:
-    """Parse one `- …` line. Raises LineError when it is an entry line that cannot be read.
-
-    Cached: a batch re-reads a file whose lines are mostly unchanged, so parsing is a lookup."""
+    """Parse one `- …` line. Raises LineError when it is an entry line that cannot be read."""
     if not line.startswith("- ") and line.rstrip() != "-":
         raise LineError("not a list item")
     body = line[2:]
@@ -278,9 +273,6 @@ def _apply_field(fields: dict[str, object], key: str, value: str) -> None:
         fields["scope"] = value or None
 
 
-# ---------------------------------------------------------------------------------------------- files
-
-
 @dataclass(frozen=True)
 class Unparsed:
     """A line kept verbatim. `problem` is set when it looked like an entry but could not be read."""
@@ -330,9 +322,8 @@ class MemoryFile:
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$")
 
-#: The longest line read as memory (characters). A longer hand-edited line is kept verbatim as a problem,
-#: never parsed, scanned or scored, and the writer sets it aside (issue 15: one 20-million-character line
-#: made every write take 52 s and 450 MB). Entries the writer makes are far shorter (MAX_TEXT_CHARS).
+#: The longest line read as memory (characters): a longer hand-edited line is kept verbatim as a problem
+#: and set aside by the writer (issue 15: one 20-million-character line made every write take 52 s).
 MAX_LINE_CHARS = 8192
 SET_ASIDE = "<!-- lucid:set-aside "
 
@@ -435,9 +426,6 @@ def empty_memory_file() -> MemoryFile:
 
 def empty_archive_file() -> MemoryFile:
     return MemoryFile(ARCHIVE_PREAMBLE, (Section("archived", "## Archived", ()),))
-
-
-# ---------------------------------------------------------------------------------------------- raw
 
 
 @dataclass(frozen=True)

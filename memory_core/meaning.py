@@ -1,6 +1,5 @@
 """Whether two statements say the same thing, or one changes the other: the upsert's deterministic judge
-(`compare`).
-"""
+(`compare`)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ SAME_FRAME = 0.75  # frames at least this alike are one statement pattern
 CANDIDATE = 0.4  # core-bigram Jaccard at which an entry is worth comparing at all
 
 
-# --- negation ------------------------------------------------------------------------------------------
 _EN_CONTRACTIONS = (
     (re.compile(r"\bcan't\b|\bcannot\b"), "can not"),
     (re.compile(r"\bwon't\b"), "will not"),
@@ -35,7 +33,6 @@ _EN_NEG = re.compile(
 )
 _NEGATION_CUES = re.compile(r"[不没别未非戒]|\b(?:no|not|never|stopped|quit|gave|give)\b|n't")
 
-# --- fillers, speaker, synonyms --------------------------------------------------------------------------
 _ZH_SPEAKER = re.compile(r"该用户|这位用户|用户|本人")
 _EN_SPEAKER = ((re.compile(r"\b(?:the )?user's\b"), "my"), (re.compile(r"\b(?:the )?user\b"), "i"))
 _ZH_FILLER = re.compile(
@@ -50,7 +47,6 @@ _ZH_SYNONYM = (("喜爱", "喜欢"), ("热爱", "喜欢"), ("早晨", "早上"),
 _EN_SYNONYM = {"love": "like", "enjoy": "like", "adore": "like", "am": "be", "is": "be", "are": "be"}
 _WORD = re.compile(r"[a-z]+")
 
-# --- entities and numbers --------------------------------------------------------------------------------
 _SURNAMES = (
     "王李张刘陈杨黄赵吴周徐孙马朱胡郭何高林罗郑梁谢宋唐许韩冯邓曹彭曾肖田董袁潘于蒋蔡余杜叶程苏魏吕丁任沈姚卢姜"
     "崔钟谭陆汪范金石廖贾夏韦付方白邹孟熊秦邱江尹薛闫段雷侯龙史陶黎贺顾毛郝龚邵万钱严覃武戴莫孔向汤"
@@ -101,7 +97,6 @@ _ACCUMULATE = re.compile(
     r"\b(?:visit\w*|been|like\w*|love\w*|hate\w*|know\w*|met|meet\w*|ha(?:ve|s)|with|and|or)\b"
 )
 
-# --- slots -----------------------------------------------------------------------------------------------
 _ZH_SLOT = (
     re.compile(
         r"^我的(?P<s>[^是叫为换改变不没]{1,8}?)(?:现在|目前|已经|也|就|还|又)*"
@@ -319,10 +314,7 @@ class Verdict:
 
 
 def compare(new: str, old: str) -> Verdict:
-    """How the statement `new` relates to the stored `old`; docs/MEMORY.md ("Same fact or a change").
-
-    It errs towards two current lines over ending a true one, except where the statement itself says it
-    replaces (a slot, a negation)."""
+    """How the statement `new` relates to the stored `old`; docs/MEMORY.md ("Same fact or a change")."""
     a, b = read(new), read(old)
     if a.slot and b.slot and a.slot[0] == b.slot[0]:
         if a.slot[1] == b.slot[1] or a.slot[1] in b.slot[1] or b.slot[1] in a.slot[1]:
@@ -364,7 +356,6 @@ def _rewording(a: Reading, b: Reading) -> Verdict:
     return Verdict("other", score=score)
 
 
-# --- person subjects and names ---------------------------------------------------------------------------
 _PERSON_ATTRS = (
     (
         "所在地",

@@ -11,12 +11,7 @@ _SAFE = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
 
 
 def safe_component(value: str) -> str:
-    """`value` if it is a safe path component, else `h-` + a hash of it (stable, collision-resistant).
-
-    Path components come from the outside world (Feishu ids, CLI flags), so each is validated: a component
-    matching `[A-Za-z0-9_-]{1,128}` is used as is, anything else is replaced by a stable hash, so that nothing
-    from a message ever reaches a path unchecked and `../` can never escape the data directory.
-    """
+    """`value` if it is a safe path component, else `h-` + a hash of it (stable, collision-resistant)."""
     if _SAFE.match(value) and value not in (".", ".."):
         return value
     digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]

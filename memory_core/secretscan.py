@@ -84,8 +84,6 @@ def _jwt_ok(tok: str) -> bool:
     return isinstance(obj, dict) and "alg" in obj
 
 
-# --- checksums -------------------------------------------------------------------------------------------
-
 _ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
 _PROVINCES = frozenset((11, 12, 13, 14, 15, 21, 22, 23, 31, 32, 33, 34, 35, 36, 37, 41, 42, 43, 44, 45, 46))
 _PROVINCES |= frozenset((50, 51, 52, 53, 54, 61, 62, 63, 64, 65, 71, 81, 82, 83, 91))
@@ -145,8 +143,6 @@ def _formats(text: str) -> Iterator[Span]:
             yield m.start(), m.end(), kind
 
 
-# --- PEM private key blocks ------------------------------------------------------------------------------
-
 _PEM_BEGIN = re.compile(r"-----BEGIN (?:[A-Z0-9]++ ){0,3}PRIVATE KEY(?: BLOCK)?-----")
 _PEM_END = re.compile(r"-----END [A-Z0-9 ]{0,40}+-----")
 _PEM_CHUNK = re.compile(r"\s*+((?:Proc-Type|DEK-Info|Comment|Version):[^\n]*+|[A-Za-z0-9+/=]++)")
@@ -170,8 +166,6 @@ def _pem(text: str) -> Iterator[Span]:
             yield m.start(), end, "private_key"
         pos = max(end, m.end())
 
-
-# --- bank cards ------------------------------------------------------------------------------------------
 
 # Backtracking here is bounded: at most 19 groups, and a separator is only taken when a digit follows.
 _CARD = re.compile(r"(?<![0-9])[0-9](?:[ -]?[0-9]){12,18}(?![0-9])")
@@ -216,13 +210,11 @@ def _cards(text: str) -> Iterator[Span]:
 
 
 # --- contextual values: "密码是 …", "password: …", "DB_PASSWORD=…", "Authorization: Bearer …" ---------------
-# Matched in two steps -- the secret word and its separator, then the value -- so that a value is scanned only
-# after a secret word, and a long rejected value is skipped rather than re-scanned from every word inside it.
+# Matched in two steps (secret word and separator, then value): a long rejected value is skipped.
 
-# The value: in double or CJK quotes (spaces allowed: a passphrase), in single quotes (no spaces, so
-# "password's strength isn't" is no quote), or a bare run of the ASCII characters passwords are made of -- CJK
-# and sentence punctuation end it, so the words around survive; "&" is part of it unless a URL query's next
-# "&name=" starts there.
+# The value: in double or CJK quotes (a passphrase), in single quotes (no spaces: "password's strength"
+# is no quote), or a bare run of password characters; CJK and sentence punctuation end it, and so does
+# a URL query's next "&name=".
 _VALUE_MAX = 256
 _VALUE = re.compile(
     r"[\"“「『](?P<qv>[^\"”」』\n]{1,64}+)[\"”」』]|['`‘](?P<qs>[^'`’\s]{1,128}+)['`’]"
@@ -234,9 +226,8 @@ def _en(alts: str) -> str:
     return rf"(?<![A-Za-z0-9_])(?:{alts})(?![A-Za-z])"
 
 
-# Services whose "key", "token" or "secret" is a credential even without "api" or "access" before it ("OpenAI
-# key …", "飞书 token …"): the providers that gitleaks and trufflehog ship rules for, plus the Chinese clouds
-# and model vendors our users name (survey of both rule sets, 2026-12).
+# Services whose "key", "token" or "secret" is a credential alone ("OpenAI key …", "飞书 token …"):
+# the providers of gitleaks' and trufflehog's rules plus the Chinese clouds and model vendors (2026-12).
 _SERVICES = (
     r"feishu|lark|飞书|aws|amazon|azure|gcp|google|gemini|openai|anthropic|claude|deepseek|moonshot|kimi|"
     r"zhipu|智谱|dashscope|通义|qwen|百炼|文心|ernie|baidu|百度|aliyun|alibaba|阿里云|tencent|腾讯云|qcloud|"
@@ -273,9 +264,8 @@ _PHRASE_SOURCE = (
     r"|(?:也|还|都|就|应该)?是|为|為|(?:改|换|设|设置)(?:成|为)了?|:=|=>|[:：=＝])"
     r"[ \t\u3000]*+(?:[:：][ \t\u3000]*+)?)?[ \t\u3000]*+"
 )
-# Every match starts with an ASCII letter or the first character of one of the Chinese words above: a
-# lookahead on that class lets the search skip any other position at once (a page of Chinese text costs a
-# few milliseconds instead of most of a second; the other positions cannot start a match anyway).
+# Every match starts with an ASCII letter or the first character of a Chinese word above: a lookahead
+# on that class skips any other position at once (a page of Chinese: milliseconds, not most of a second).
 _PHRASE_FIRST = "".join(sorted({w[0] for w in re.findall(rf"[{HAN}]+", _PHRASE_SOURCE)}))
 _PHRASE = re.compile(f"(?=[A-Za-z{_PHRASE_FIRST}])" + _PHRASE_SOURCE, re.IGNORECASE)
 _IDENT = re.compile(
@@ -362,10 +352,7 @@ def _value_ok(kind: str, v: str, how: str, after: str) -> bool:
 def _contextual(
     text: str, head: re.Pattern[str], classify: Callable[[re.Match[str]], tuple[str, str] | None]
 ) -> Iterator[Span]:
-    """The values after `head` matches (a secret word and its separator) that look like the secret.
-
-    `classify(match)` names the kind and how the value is introduced (assign/word/bare/bare-cjk), or None.
-    """
+    """The values after `head` matches (a secret word and its separator) that look like the secret."""
     pos = 0
     while m := head.search(text, pos):
         pos = m.end()
@@ -390,10 +377,9 @@ def _contextual(
             pos = e
 
 
-# A password in Chinese characters ("我的密码是芝麻开门"), or of spaced words after a Chinese separator
-# ("我的密码是 abc def ghi"): taken only when it ends the clause, and never when it reads as a description of
-# the password (a question, a quality, a hint, a count) rather than the password itself.
-# A value may also end where the sentence goes on to talk about it: "密码是芝麻开门别告诉别人".
+# A password in Chinese characters (我的密码是芝麻开门) or of spaced words after a Chinese separator: taken
+# only when it ends the clause (or the sentence goes on about it: …别告诉别人), never when it describes
+# the password (a question, a quality, a hint, a count).
 _CJK_AFTER = (
     r"别(?:告诉|跟|让|说|外传|泄露|忘)|不要(?:告诉|跟|说|外传|泄露|忘)|千万|记得|记住|帮我|你(?:记|帮|别)"
 )
@@ -434,13 +420,9 @@ def _phrase_value(text: str, pos: int, kind: str, how: str, cjk_word: bool) -> t
     return None
 
 
-# Spaced English words after an English secret word and "is", "was", "to" or ":" ("my password is abc def",
-# "the wifi password is correct horse battery staple"): a passphrase when they end the clause and none of
-# them is a function word (the password is *in the* drawer, *too* short, *not* working), a unit, an adverb
-# (stored securely), and no more than a third of them describe a password (case sensitive,
-# very strong: "correct horse battery staple" has one such word in four). The survey behind the lists:
-# closed-class English words (determiners, pronouns, prepositions, conjunctions, auxiliaries, degree and
-# time adverbs) and what people write after "my password is" when it is not the password.
+# Spaced English words after an English secret word and "is", "was", "to" or ":": a passphrase
+# when they end the clause, none is a function word, unit or adverb (the password is *in the* drawer),
+# and at most a third describe a password (case sensitive, very strong); the lists come from a survey.
 _EN_WORD = r"[!#$%*+\-/0-9=?@A-Z^_a-z~]{1,64}+"
 _EN_SPACED = re.compile(rf"{_EN_WORD}(?:[ ]{_EN_WORD}){{1,5}}+(?=[ \t]*+(?:[,!?;:)\n，。！？；]|\.(?!\S)|$))")
 _FUNCTION_WORDS = _words(
@@ -591,8 +573,6 @@ def _generic(text: str) -> Iterator[Span]:
             yield s, e, "generic_token"
 
 
-# --- the API ---------------------------------------------------------------------------------------------
-
 _DETECTORS: tuple[Callable[[str], Iterator[Span]], ...] = (
     _pem,
     _formats,
@@ -633,11 +613,7 @@ def holds_redaction(text: str) -> bool:
 
 
 def redact(text: str) -> str:
-    """`text` with each secret replaced by ``[REDACTED:<kind>]``; text without findings comes back unchanged.
-
-    Repeats until nothing is found, because cutting a secret out can, rarely, join its neighbours into a new
-    one; that makes ``redact(redact(x)) == redact(x)`` hold by construction.
-    """
+    """`text` with each secret replaced by ``[REDACTED:<kind>]``; text without findings is unchanged."""
     for _ in range(8):
         found = find_secrets(text)
         if not found:
@@ -652,10 +628,8 @@ def redact(text: str) -> str:
 
 
 def redact_long(text: str, window: int = 1 << 16, context: int = 8192) -> tuple[str, int]:
-    """`redact` for a text of any length (a pasted blob set aside by the writer), and how many secrets it
-    cut out. Scanned in windows of `window` characters, each seen with `context` characters on either side,
-    so a secret across a window's edge is found as in one pass, and a long scan never holds the
-    interpreter for seconds at a time (a lease heartbeat keeps running between windows)."""
+    """`redact` for a text of any length, and how many secrets it cut; scanned in overlapping windows, so
+    an edge-crossing secret is found and a long scan never holds the interpreter for seconds."""
     if len(text) <= window:
         clean = redact(text)
         return clean, len(find_secrets(text)) if clean != text else 0

@@ -174,9 +174,6 @@ def sensitive_categories(text: str) -> frozenset[str]:
 
 
 def is_sensitive(text: str) -> bool:
-    """Whether `text` falls in a sensitive category. Such a text is never shown outside the private chat it was learned in by an automatic path
-    (a group's standing memory, the model's `share` flag); only the person's own `/share` can. Deterministic
-    word lists in Chinese and English, erring towards "sensitive": a false alarm costs a group one memory,
-    a miss costs a person their privacy.
-    """
+    """Whether `text` falls in a sensitive category (never shown outside its private chat but by `/share`).
+    Errs towards "sensitive": a false alarm costs a group one memory, a miss a person their privacy."""
     return bool(sensitive_categories(text))

@@ -31,8 +31,7 @@ _ASTRAL = re.compile("[\U00010000-\U0010ffff]")  # outside the class: checked on
 @lru_cache(maxsize=200_000)
 def normalise(text: str) -> str:
     """Works for Chinese and English without a tokenizer. Texts are NFKC-normalised, lower-cased and stripped of
-    white space and punctuation first, so full-width and half-width forms compare equal.
-    """
+    white space and punctuation first, so full-width and half-width forms compare equal."""
     t = _DROP.sub("", unicodedata.normalize("NFKC", text).lower())
     if t.isascii() or _ASTRAL.search(t) is None:
         return t
@@ -64,10 +63,7 @@ _NUMBER = re.compile(r"\d+(?:[.,:/]\d+)*|[零〇一二两三四五六七八九�
 
 @lru_cache(maxsize=65536)
 def numbers(text: str) -> Counter[str]:
-    """The numbers a text states, Arabic or Chinese, as a multiset ("周三下午3点" → {三, 3}).
-
-    Bigram Jaccard barely sees a changed digit ("我的第0个愿望是去0号星球" and "…第20个…20号星球" score 0.67),
-    but a different number is a different fact: near-duplicate rules ask `numbers_agree` first."""
+    """The numbers a text states, Arabic or Chinese, as a multiset ("周三下午3点" → {三, 3})."""
     return Counter(_NUMBER.findall(unicodedata.normalize("NFKC", text)))
 
 

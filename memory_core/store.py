@@ -1,6 +1,5 @@
 """The store: the one module that reads and writes a namespace's files and its git repository, every write
-atomic and fenced (layout: docs/ARCHITECTURE.md, "The writer").
-"""
+atomic and fenced (layout: docs/ARCHITECTURE.md, "The writer")."""
 
 from __future__ import annotations
 
@@ -44,11 +43,7 @@ _RAW_ID = re.compile(r"<!--r:id=([^;>]*)")
 
 
 def no_symlink(base: Path, path: Path) -> Path:
-    """`path`, once no component of it below `base` is a symbolic link (missing components are fine).
-
-    The one symlink rule (issue 15): a link planted in a namespace (`raw/`, `MEMORY.md`, `.vault/…`,
-    `.index/`) would make a write land, or a read come from, outside the data directory. `base` itself may
-    be a link: that is the operator's choice of where the data lives. Raises UnsafePath."""
+    """`path`, once no component of it below `base` is a symbolic link (missing components are fine)."""
     current = os.fspath(base)
     for part in _below(base, path):
         current = os.path.join(current, part)
@@ -101,11 +96,8 @@ def open_beneath(
     makedirs: bool = False,
     dir_mode: int = 0o777,
 ) -> int:
-    """`os.open` of `path` that follows no symbolic link below `base`, by construction rather than by a
-    check before it: each folder is opened from the one above it (`dir_fd`) with O_NOFOLLOW | O_DIRECTORY,
-    and the last component with O_NOFOLLOW, so a link planted after any check is refused by the open
-    itself (UnsafePath). `base` may be a link (the operator's choice). `makedirs`: missing folders are
-    created on the way (mode `dir_mode`). Returns the descriptor (the caller closes it)."""
+    """`os.open` of `path` following no link below `base` by construction (each folder opened from the one
+    above with O_NOFOLLOW), so a link planted after any check is refused (UnsafePath)."""
     rel = _below(base, path)
     try:
         folder = os.open(base, _DIR)
@@ -166,9 +158,8 @@ _fast_open = _SYSCALL is not None
 
 
 def _openat2(folder: int, rel: tuple[str, ...], flags: int, mode: int, path: Path, makedirs: bool) -> int:
-    """`rel` opened from `folder` in one `openat2` that refuses any link and any way out of `folder`: the
-    walk's outcome for a third of its cost. -1 where the walk must decide (a link, a folder to make, a
-    kernel or sandbox without openat2), so that every refusal and its message stay the walk's."""
+    """`rel` opened from `folder` in one `openat2` refusing links and escapes (a third of the walk's cost);
+    -1 where the walk must decide, so every refusal and its message stay the walk's."""
     global _fast_open
     if not _fast_open:
         return -1
@@ -226,9 +217,8 @@ def _exists_at(folder: int, name: str, path: Path) -> bool:
 
 
 def _no_link_at(folder: int, name: str, path: Path) -> None:
-    """Refuse to replace a link: a rename would not follow it (nothing lands outside), but it would
-    silently swap a planted link for a file instead of reporting it. A link planted after this check is
-    replaced, never written through."""
+    """Refuse to replace a link: a rename would not follow it, but would silently swap a planted link for
+    a file instead of reporting it."""
     _exists_at(folder, name, path)
 
 
@@ -244,12 +234,7 @@ def _sha(data: bytes) -> str:
 def atomic_write(
     base: Path, path: Path, data: bytes, durable: bool = True, sync: bool = True, dir_mode: int = 0o777
 ) -> None:
-    """Write `data` to `path` so that readers and crashes see the old or the new file, never a mix.
-
-    The folder is opened by `open_beneath` and the temp file created and renamed relative to it: no link
-    below `base` is followed, whatever was planted since a check. `durable=False` skips the directory
-    fsync, `sync=False` every fsync: for bookkeeping whose loss after a power cut only makes the next batch
-    re-check the files, never loses or tears memory."""
+    """Write `data` to `path` so that readers and crashes see the old or the new file, never a mix."""
     with folder_beneath(base, path.parent, dir_mode=dir_mode) as folder:
         _no_link_at(folder, path.name, path)
         tmp = _stage_in(folder, path.name, data, sync)
@@ -287,9 +272,8 @@ def _stage_in(folder: int, name: str, data: bytes, sync: bool = True) -> str:
 
 
 def _append(base: Path, path: Path, at: int, data: bytes, rel: str) -> None:
-    """Append `data` to the file at `path`, which must still be `at` bytes long and still be the file at
-    `path` once written (an editor's save by rename in between means the append went nowhere). A failed
-    write (disk full) is taken back: the file ends as it was. Opened by `open_beneath` (no link followed)."""
+    """Append `data` to `path`, which must still be `at` bytes long and the same file once written; a failed
+    write (disk full) is taken back. Opened by `open_beneath` (no link followed)."""
     with folder_beneath(base, path.parent, makedirs=False) as folder:
         fd = _open_at(folder, path.name, os.O_WRONLY | os.O_APPEND, 0, path)
         try:
@@ -347,9 +331,7 @@ def flocked(base: Path, path: Path) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The tracked files of a namespace as bytes, and the hashes the writer last recorded for them.
-
-    `rendered`: the hash of the MEMORY.md the writer last rendered from its book (not a hand edit's)."""
+    """The tracked files of a namespace as bytes, and the hashes the writer last recorded for them."""
 
     files: Mapping[str, bytes | None]
     recorded: Mapping[str, str]
@@ -395,8 +377,6 @@ class Store:
         self._commits: dict[str, int] = {}  # commits made by this process, by namespace (packing)
         self._roots: dict[Namespace, Path] = {}
 
-    # -------------------------------------------------------------------------------------- paths
-
     def path(self, ns: Namespace) -> Path:
         root = self._roots.get(ns)
         if root is None:
@@ -427,8 +407,6 @@ class Store:
         return open_beneath(
             self.data_dir, self._meta(ns, "writer.lock"), os.O_RDWR | os.O_CREAT, makedirs=True
         )
-
-    # -------------------------------------------------------------------------------------- reading
 
     def snapshot(self, ns: Namespace) -> Snapshot:
         files: dict[str, bytes | None] = {}
@@ -508,8 +486,6 @@ class Store:
             raise ValueError("hashes belong to the writer")
         self._update_state(ns, **{key: value})
 
-    # -------------------------------------------------------------------------------------- fencing
-
     def read_fence(self, ns: Namespace) -> int:
         try:
             return int(self._read(self._meta(ns, "fence")).decode().strip() or 0)
@@ -535,8 +511,6 @@ class Store:
                 raise LeaseLost(f"write refused: fencing token {token} is stale (current {current})")
             yield
 
-    # -------------------------------------------------------------------------------------- writing
-
     def replace_files(
         self,
         ns: Namespace,
@@ -546,15 +520,7 @@ class Store:
         journal: Mapping[str, Any] | None = None,
     ) -> dict[str, str]:
         """Write the changed tracked files and raw day files (caller holds `fenced`); returns the new
-        hashes of every tracked file.
-
-        A file whose new content only extends what is on disk (new memories, new messages) is appended to;
-        any other is replaced by rename, ARCHIVE before MEMORY so that a crash between the two duplicates
-        an entry rather than losing it. `journal` is written after every temp file is staged and before
-        anything changes, with what each append adds (synced when there is one: a crash cuts an append
-        short, recovery takes it back). Raises ConcurrentChange (a StoreError) if a tracked file changed on
-        disk since `before` was read: a hand edit raced us.
-        """
+        hashes of every tracked file."""
         root = self._at(ns)
         os.close(open_beneath(self.data_dir, root, _DIR, makedirs=True))
         for name in TRACKED:
@@ -575,9 +541,8 @@ class Store:
             rel: cur for rel, data, cur in writes if cur and len(data) > len(cur) and data.startswith(cur)
         }
         appends = {rel: (len(cur), data[len(cur) :]) for rel, data, _ in writes if (cur := prior.get(rel))}
-        # Stage every temp file first: ENOSPC or EACCES then hits before any file is replaced. Folders are
-        # opened without following a link (`open_beneath`); temp files and renames are relative to them,
-        # so a link planted since the checks above is never written through.
+        # Stage every temp file first, so ENOSPC or EACCES hits before any file is replaced; folders opened
+        # by `open_beneath` and renames relative to them, so a link planted since is never written through.
         folders: dict[Path, int] = {}
         staged: list[tuple[int, str, str]] = []
         appended: list[tuple[Path, int]] = []
@@ -639,9 +604,8 @@ class Store:
             return None
 
     def undo_cut_appends(self, ns: Namespace, journal: Mapping[str, Any]) -> None:
-        """Take back an append the journal's batch did not finish (a crash or a power cut mid-write): the
-        file ends as it was before the batch, never with a torn line. A file that is not exactly what the
-        batch left (a person edited it since) is left alone."""
+        """Take back an append the journal's batch did not finish, so no file ends with a torn line; a file
+        a person edited since is left alone."""
         for rel, spec in (journal.get("appends") or {}).items():
             try:
                 path = self.file(ns, *str(rel).split("/"))
@@ -658,10 +622,7 @@ class Store:
 
     def record_written(self, ns: Namespace, **values: Any) -> None:
         """Record what the writer wrote: `hashes` of the tracked files, the MEMORY.md it `rendered`, the
-        commit the next one may `fold` into (messages and hit counts only, or None).
-
-        Not synced: after a power cut a lost or torn record only makes the next batch take the files as a
-        hand edit and commit them as one (nothing is lost; the guard errs on the side of a person)."""
+        commit the next one may `fold` into (messages and hit counts only, or None)."""
         with flocked(self.data_dir, self._meta(ns, "state.lock")):
             written = self._written(ns)
             written.update(values)
@@ -673,13 +634,9 @@ class Store:
                 sync=False,
             )
 
-    # ---------------------------------------------------------------------------- journal (crash window)
-
     def write_journal(self, ns: Namespace, journal: Mapping[str, Any], sync: bool = False) -> None:
-        """Written in place (the file stays between batches, emptied): a journal cut short is not JSON and
-        counts as none, which is right, since nothing of its batch was written yet. Synced only with
-        `sync`: a journal lost to a power cut leaves files that differ from the recorded hashes, which the
-        next batch commits as a hand edit; only an append needs its journal to survive (to be taken back)."""
+        """Written in place: a journal cut short is not JSON and counts as none (nothing of its batch was
+        written yet). Synced only with `sync`: only an append needs its journal to survive."""
         path = self._meta(ns, "journal.json")
         with folder_beneath(self.data_dir, path.parent) as folder:
             try:
@@ -714,8 +671,6 @@ class Store:
         atomic_write(self.data_dir, path, data, dir_mode=0o700)
         return where
 
-    # -------------------------------------------------------------------------------------- vault
-
     def append_vault(self, ns: Namespace, lines: list[str]) -> None:
         """Append sealed (encrypted) records to the namespace's vault; never in git (.gitignore)."""
         path = self.file(ns, ".vault", "secrets.enc")
@@ -730,8 +685,6 @@ class Store:
     def read_vault(self, ns: Namespace) -> list[str]:
         data = self._maybe(self.file(ns, ".vault", "secrets.enc"))
         return [] if data is None else data.decode().split()
-
-    # -------------------------------------------------------------------------------------- caches
 
     def save_cache(
         self, ns: Namespace, name: str, files: Mapping[str, bytes], manifest: Mapping[str, Any]
@@ -786,8 +739,6 @@ class Store:
 
         return manifest, read
 
-    # -------------------------------------------------------------------------------------- raw archive
-
     def raw_day_name(self, when: datetime) -> str:
         return f"{when:%Y-%m-%d}.md"
 
@@ -841,11 +792,8 @@ class Store:
             head += "\n"
         return head + "".join(render_raw(m) + "\n" for m in messages)
 
-    # -------------------------------------------------------------------------------------- git
-    # In-process with pygit2 (libgit2): objects are written by libgit2 (temp file + rename, never half an
-    # object at its final path); the branch ref and the index are replaced by us with `atomic_write`, so a
-    # writer killed mid-commit leaves no `.lock` file that would refuse the next commit (and no reflog that
-    # would be copied whole on every commit). Loose objects are packed as a namespace grows.
+    # In-process with pygit2: libgit2 writes objects by temp file + rename; we replace the ref and the index
+    # with `atomic_write`, so a writer killed mid-commit leaves no `.lock` to refuse the next commit.
 
     def _repo(self, ns: Namespace) -> pygit2.Repository:
         _isolate_git_config()
@@ -886,13 +834,7 @@ class Store:
         exact: Mapping[str, bytes | None] | None = None,
         amend: str | None = None,
     ) -> str | None:
-        """Commit the namespace; returns the new short revision, or None if nothing changed.
-
-        With `exact`, the tracked files are committed with exactly those bytes (what the writer wrote),
-        not whatever is on disk now: a person's edit that lands between our rename and this commit stays
-        uncommitted, so the next batch sees it and commits it as its own `manual edit`. Without it, the
-        working tree is committed as `git add -A` would. `amend`: the id of HEAD to replace (a commit of
-        messages and hit counts folded into this one); ignored if HEAD has moved."""
+        """Commit the namespace; returns the new short revision, or None if nothing changed."""
         if not self.git_enabled:
             return None
         self.ensure_repo(ns)
@@ -969,14 +911,7 @@ class Store:
             raise
 
     def _maybe_pack(self, ns: Namespace, repo: pygit2.Repository) -> None:
-        """Pack the loose objects once there are LOOSE_MAX of them or LOOSE_BYTES (under the writer lease).
-
-        While the namespace is small (REPACK_ALL_OBJECTS, REPACK_ALL_BYTES) everything reachable is repacked
-        into one pack: one whole copy of each file plus deltas, the blobs of folded commits dropped. A larger
-        one packs
-        only its loose objects, and at PACKS_MAX packs merges all but the largest: either way the
-        repository grows with the deltas, not a whole file per commit, and no packing redoes the history
-        (libgit2 does not reuse deltas)."""
+        """Pack the loose objects once there are LOOSE_MAX of them or LOOSE_BYTES (under the writer lease)."""
         key = str(ns)
         self._commits[key] = self._commits.get(key, 0) + 1
         if self._commits[key] % PACK_CHECK_EVERY:
@@ -1012,9 +947,8 @@ class Store:
         loose: list[str],
         old: list[Path],
     ) -> None:
-        """Write `oids` (None: every object reachable from HEAD) as one pack, make it durable, then drop
-        the loose objects `loose` and the packs `old`. Another process may hold an old pack open: it keeps
-        reading it (POSIX), and libgit2 rescans the pack folder when it misses an object."""
+        """Write `oids` (None: all reachable from HEAD) as one durable pack, then drop `loose` and `old`; a
+        process holding an old pack keeps reading it (POSIX), and libgit2 rescans when it misses an object."""
         builder = pygit2.PackBuilder(repo)
         builder.set_threads(1)
         if oids is None:
@@ -1179,9 +1113,8 @@ def _isolate_git_config() -> None:
         _isolated = True
 
 
-#: What git and libgit2 need to open a repository (they make the rest as they need it). Written here, not by
-#: `pygit2.init_repository`, which probes the file system and rewrites its config four times: 1.5 ms of a new
-#: person's first write.
+#: What git and libgit2 need to open a repository; written here, not by `pygit2.init_repository`, whose
+#: probing and config rewrites cost 1.5 ms of a new person's first write.
 _SKELETON_DIRS = ("objects", "refs")
 _SKELETON_FILES = (
     ("HEAD", b"ref: refs/heads/main\n"),

@@ -20,9 +20,6 @@ class Recognised:
     type: str
 
 
-# --- vocabulary -------------------------------------------------------------------------------------------
-
-
 def _words(text: str, sep: str | None = None) -> tuple[str, ...]:
     return tuple(w.strip() for w in text.split(sep) if w.strip())
 
@@ -89,8 +86,6 @@ _TZ = re.compile(
     re.I,
 )
 
-# --- values -----------------------------------------------------------------------------------------------
-
 _TAIL = re.compile(r"(?:[了啦呢哦喔呀啊吧嘛噢哟耶]|[\s.!~,;:、。…\"'“”‘’」』》)\]])+$")
 _EN_TAIL = re.compile(
     r"\s+(?:now|right now|currently|these days|nowadays|at the moment|for now|as well|too|already|anymore|lol|"
@@ -154,10 +149,7 @@ def _is_tz(value: str, english: bool = False) -> bool:
 
 
 def _name_ok(value: str, strict: bool) -> bool:
-    """A person's name: 2–4 CJK characters that are no pronoun or errand (我叫了外卖), or 1–3 Latin words.
-
-    `strict` (call me / I go by / greetings) demands capitalised Latin words: "call me later" is not a name.
-    """
+    """A person's name: 2–4 CJK characters that are no pronoun or errand (我叫了外卖), or 1–3 Latin words."""
     if _QUESTION_WORDS.search(value):
         return False
     if re.fullmatch(rf"[{HAN}]{{2,4}}|[{HAN}]+·[{HAN}·]+", value):
@@ -195,8 +187,6 @@ _TESTS: dict[str, Callable[[str, bool], bool]] = {
     ),
 }
 
-# --- rules ------------------------------------------------------------------------------------------------
-
 _ZH_REL = (
     "联合创始人|创始人|合伙人|同事|老板|上司|领导|经理|主管|导师|老师|同学|好朋友|朋友|闺蜜|室友|邻居|客户|"
     "助理|妻子|老婆|丈夫|老公|女朋友|男朋友|对象|爱人|爸爸|妈妈|父亲|母亲|儿子|女儿|哥哥|姐姐|弟弟|妹妹|表哥|表姐|"
@@ -204,9 +194,8 @@ _ZH_REL = (
 )
 _ZH_REL_WORDS = tuple(_ZH_REL.split("|"))
 
-# One rule per line: language (zh/en, en is case-insensitive), subject, test, anchored pattern. `{…}` are
-# macros. Order is precedence: time zone before place (我在东八区), employer before place (我在阿里巴巴工作),
-# the `work_at` test re-routes 我在杭州工作 to a place. Named groups: v = value, n = a third party's name.
+# One rule per line: language, subject, test, anchored pattern; `{…}` are macros, named groups v = value,
+# n = a third party's name. Order is precedence: 我在东八区 is a time zone, 我在阿里巴巴工作 an employer.
 _MACROS = {
     "{ADV}": "(?:现在|目前|如今|最近|已经|也|还|就|一直|平时|都|刚|刚刚)*",
     "{ADV_EN}": r"(?:(?:now|currently|still|actually|also|just|recently|finally|officially)\s+)*",
@@ -374,10 +363,7 @@ def _clauses(text: str) -> list[tuple[str, bool]]:
 
 def recognise(text: str) -> Recognised | None:
     """The first attribute a message sets, or None. Deterministic and total: never raises, and never files a
-    third party's fact under the user.
-
-    Conservative on purpose: a missed subject costs a duplicate line, a wrong one silently ends a true memory
-    (the rules: docs/MEMORY.md, "Subjects")."""
+    third party's fact under the user."""
     norm = " ".join(unicodedata.normalize("NFKC", text[:1000]).replace("’", "'").replace("‘", "'").split())
     greeting = _GREETING_NAME.match(norm)
     if greeting and _name_ok(greeting["v"], True) and not greeting["v"].endswith(_OCCUPATION_END):

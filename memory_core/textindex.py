@@ -84,16 +84,7 @@ def _fold(text: str) -> str:
 
 
 def tokenize(text: str) -> list[str]:
-    """Index and query tokens of `text`, in any mix of Chinese, English and other scripts.
-
-    Latin/digit runs: stop words out, Snowball English stem. CJK runs: stop characters out, then character
-    unigrams + bigrams. Words of other scripts are kept whole, lower-cased. Never raises on a `str`.
-
-    The recipes are the ones tuned on the dev data (`research/lexical-retrieval.md`): English words are
-    stop-filtered and Snowball-stemmed (LoCoMo B5), CJK runs lose 49 stop characters and then become character
-    unigrams + bigrams (MADial M2). Unigrams make a one-character query (茶) find 乌龙茶; bigrams carry the
-    precision. One tokenizer serves every language so that a mixed message and a mixed query meet.
-    """
+    """Index and query tokens of `text`, in any mix of Chinese, English and other scripts."""
     out: list[str] = []
     for cjk, word, other in _TOKEN_RE.findall(_fold(text)):
         if word:
@@ -120,15 +111,8 @@ class Embedder(Protocol):
     def __call__(self, texts: list[str], kind: Literal["query", "passage"]) -> npt.NDArray[np.floating]: ...
 
 
-# ---------------------------------------------------------------------------------------------- scores
-
-
 def top_slots(scores: FloatArray, k: int) -> IndexArray:
-    """Positions of the `k` highest positive scores, best first, ties to the lower position.
-
-    Zero means "no evidence" and is never returned. Ties at the cut are kept whole before sorting, so the
-    tie rule holds even where a partial sort would cut arbitrarily.
-    """
+    """Positions of the `k` highest positive scores, best first, ties to the lower position."""
     cand = np.flatnonzero(scores > 0)
     if k <= 0 or cand.size == 0:
         return np.empty(0, dtype=np.intp)
@@ -141,15 +125,7 @@ def top_slots(scores: FloatArray, k: int) -> IndexArray:
 
 
 def normalised(scores: npt.ArrayLike) -> FloatArray:
-    """BM25 scores → relevance in [0, 1], dividing by the best score among the candidates.
-
-    Why the max and not a saturating s/(s+k): a BM25 sum grows with query length (a one-word query tops
-    out near 2, a five-line dialogue near 40), so no single k suits both, while the recall formula needs
-    relevance on the same footing as recency and importance for every query. Dividing by the max makes the
-    best lexical match 1 and keeps ratios. Zero evidence stays exactly 0 (so "no evidence → not returned"
-    still holds), and an all-zero input stays all zero. The price: for a query that matches only weakly, the
-    best weak match still gets 1; callers that need an absolute floor must check the raw score.
-    """
+    """BM25 scores → relevance in [0, 1], dividing by the best score among the candidates."""
     s = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
     s = np.clip(s, 0.0, None)
     top = float(s.max()) if s.size else 0.0
@@ -173,13 +149,7 @@ Fusion = Literal["minmax", "rrf"]
 
 
 def rrf(lists: Sequence[npt.ArrayLike], weights: Sequence[float], k: float = RRF_K) -> FloatArray:
-    """Reciprocal rank fusion of score lists over the same candidates, scaled to [0, 1].
-
-    Each list contributes `w / (k + rank)` (rank 1 = its best; ties to the lower position) to the
-    candidates it has evidence for (a finite score, and > 0 for a lexical list: the caller sets absent
-    ones to -inf). Only ranks count, so no list's scale (e5 cosines in a narrow band, BM25 sums that grow
-    with the query) needs min-max scaling. Being first in every list scores 1.
-    """
+    """Reciprocal rank fusion of score lists over the same candidates, scaled to [0, 1]."""
     out: FloatArray | None = None
     for values, w in zip(lists, weights, strict=True):
         v = np.asarray(values, dtype=np.float64)
@@ -212,13 +182,7 @@ def entry_relevance(
     dense_weight: float = ENTRY_DENSE_WEIGHT,
     fusion: Fusion = "minmax",
 ) -> list[float]:
-    """Relevance in [0, 1] of each memory text to `query`: the relevance term of memory recall.
-
-    BM25 (k1 1.0, b 0.3) over `tokenize`, idf taken over the given texts (the namespace's candidates),
-    normalised by the best candidate. With vectors (L2-normalised; the caller embeds and caches them, this
-    stays pure): `dense_weight × minmax(cosine) + (1 − dense_weight) × lexical`. Raw e5 cosines sit in a
-    narrow band (≈0.75–0.9), which is why they are min-max scaled before mixing.
-    """
+    """Relevance in [0, 1] of each memory text to `query`: the relevance term of memory recall."""
     if not texts:
         return []
     index = BM25Index(k1=ENTRY_K1, b=ENTRY_B)
@@ -237,31 +201,8 @@ def entry_relevance(
     return [float(x) for x in mixed]
 
 
-# ---------------------------------------------------------------------------------------------- index
-
-
 class BM25Index:
-    """Okapi BM25 over weighted term bags, incremental and fast at a few hundred thousand documents.
-
-    Storage is term-major: per term, an append-only `array` of document slots, one of tf and one of back
-    pointers (where the posting sits in its document's term list). A document keeps the positions of its
-    postings, so an update edits tf in place and a removed posting is swapped with the term's last one (no
-    tombstones, no compaction); the back pointer makes that swap O(1), whatever the moved document's length. Queries copy a term's postings into numpy and accumulate
-    with fancy indexing; those copies are cached per term and dropped when that term changes.
-
-    Scores follow rank_bm25's `BM25Okapi` (tests cross-check): idf = ln(N − df + .5) − ln(df + .5), a
-    negative idf replaced by `epsilon ×` the mean idf over the vocabulary, document length = sum of weights.
-    One deliberate departure, `min_idf`: under that convention a term found in exactly half the documents has
-    idf 0, and in a tiny pool the mean idf (hence the replacement) can be ≤ 0, so "茶" over four memories
-    would find nothing. A matching term must stay evidence, so idf is raised to at least `min_idf` (tiny: it
-    only separates "matches" from "does not"; at realistic sizes the replacement is far above it).
-    `min_idf=None` gives rank_bm25's numbers exactly. Slots are positions in insertion order; they never move, so callers may keep arrays parallel
-    to them. Not thread-safe: one writer, and no query during a write.
-
-    `BM25Index` scores weighted term bags (real-valued tf), so a caller can index a message together with a
-    fraction of its neighbours' words. It is incremental: postings live in append-only per-term arrays edited in
-    place, so an add or an update costs a few microseconds per term and never rebuilds the index.
-    """
+    """Okapi BM25 over weighted term bags, incremental and fast at a few hundred thousand documents."""
 
     def __init__(
         self, k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25, min_idf: float | None = 1e-3
@@ -286,8 +227,6 @@ class BM25Index:
         self._version = 0
         self._mean_idf: tuple[int, float] = (-1, 0.0)
 
-    # -- bookkeeping
-
     def __len__(self) -> int:
         return len(self._slot)
 
@@ -310,9 +249,8 @@ class BM25Index:
         return list(self._terms)
 
     def problems(self) -> list[str]:
-        """Broken cross-links between postings and documents (empty when sound). Each posting names its
-        document and its place in that document's term list, and the document points back: that pairing is
-        what keeps a removal O(1). Walks the whole index: for tests and `lucid doctor`-style checks."""
+        """Broken cross-links between postings and documents (empty when sound): the pairing that keeps a
+        removal O(1). Walks the whole index, for tests and doctor-style checks."""
         out: list[str] = []
         seen = 0
         for t, (slots, backs) in enumerate(zip(self._p_slot, self._p_back, strict=True)):
@@ -364,8 +302,6 @@ class BM25Index:
         cached = self._cache.pop(t, None)
         if cached is not None:
             self._cached_postings -= cached[0].size
-
-    # -- writes
 
     def add(self, key: Hashable, bag: Bag) -> int:
         """Index a new document; returns its slot. Raises KeyError if `key` is already indexed."""
@@ -459,9 +395,8 @@ class BM25Index:
         term: npt.NDArray[np.integer],
         weight: npt.NDArray[np.floating],
     ) -> int:
-        """Bulk-index new documents given as rows (doc number into `keys`, term id, weight); returns the first
-        slot. Rows for the same (doc, term) must already be summed. Vectorised: ~10× faster than `add` per
-        document, which is what makes rebuilding a 200,000-message archive take seconds, not minutes."""
+        """Bulk-index new documents given as (doc, term id, weight) rows, summed per (doc, term); returns the
+        first slot. ~10× faster than `add`: a 200,000-message archive rebuilds in seconds."""
         first = len(self._keys)
         for key in keys:
             self._new_slot(key)
@@ -497,8 +432,6 @@ class BM25Index:
         self._dl[first : first + len(keys)] = np.bincount(d, weights=w, minlength=len(keys))
         self._version += 1
         return first
-
-    # -- reads
 
     def _postings(self, t: int) -> tuple[IndexArray, FloatArray]:
         hit = self._cache.get(t)

@@ -40,9 +40,8 @@ _SHIFT = re.compile(
 )
 
 
-# --- Chinese: general grammar (not drawn from any benchmark's questions). Counts are digits or numerals
-# 一..十 and 两; 几 ("a few") is 3 like English "few". Weeks run Monday to Sunday: 上周六 is the Saturday of
-# the week before the one the turn was said in.
+# --- Chinese: general grammar. Counts are digits or 一..十 and 两; 几 ("a few") is 3 like "few". Weeks
+# run Monday to Sunday: 上周六 is the Saturday of the week before the turn's.
 _ZH_NUMERALS = {"〇": 0, "零": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
                 "九": 9, "几": 3}  # fmt: skip
 _ZH_WEEKDAYS = "一二三四五六日"  # 天 is 日 (Sunday)
@@ -86,9 +85,8 @@ EN_DATE = re.compile(
     rf"\b(?:in|since|during|until|till|by|early|late|mid)(?:-|{_SPACE}){_MON}\b{_EN_YEAR}",
     re.I,
 )
-#: A date in digits, year first (2023-05-02, 2023/5/2, 2023.5.2): the one order nobody reads two ways. A
-#: short 5/2 is not read (May 2 or 5 February, and also a fraction or a score), nor a version or a part of a
-#: longer run of numbers (v2023.5.2, 12023-05-02, 2023-05-02-7, 2023.5.2.1).
+#: A date in digits, year first (2023-05-02, 2023/5/2, 2023.5.2), the one order nobody reads two ways;
+#: a short 5/2, a version or part of a longer run of numbers (v2023.5.2, 2023.5.2.1) is not read.
 NUM_DATE = re.compile(r"(?<![\dA-Za-z./-])((?:19|20)\d{2})([-/.])(\d{1,2})\2(\d{1,2})(?!\d|[./-]\d)")
 # May and March are also a modal and a verb: as months they are capitalised and follow no pronoun (I May 2...).
 _VERB_MONTHS = {"may", "mar", "march"}
@@ -111,10 +109,8 @@ def date_words(when: datetime, *, day: bool = True) -> str:
 
 
 def written_dates(text: str, said: datetime | None = None) -> list[str]:
-    """The dates `text` writes, as `date_words` spells them (2023年5月2日 and May 2nd, 2023 → "2023 may 2",
-    五月份 and in May → "may", 2023年 → "2023"), so a question meets the day a message was said. A day
-    alone (6号) is a day of the month `said` is in, and skipped without it. A date outside the calendar
-    (13月, 2月30日, June 31, 2023-02-30) is skipped. 2023-05-02 is "2023 may 2"."""
+    """The dates `text` writes, spelt as `date_words` (2023年5月2日 → "2023 may 2"), a day alone (6号)
+    in the month `said` is in; dates outside the calendar are skipped."""
     out: list[str] = []
     for year, month, day in _written(text):
         if month is None and day:  # a day alone
@@ -189,9 +185,8 @@ def _months_later(ts: datetime, n: int) -> datetime:
 
 
 def resolved_dates(text: str, said: datetime) -> list[datetime]:
-    """The dates a turn's relative expressions point at from when it was said: "yesterday" on 2023-08-30
-    is 2023-08-29, "last year" 2022, "two months ago" June, "last Saturday" the Saturday before. An
-    expression pointing outside the calendar ("9999 years ago") is skipped."""
+    """The dates a turn's relative expressions point at from when it was said ("yesterday", "last
+    year"); one outside the calendar is skipped."""
     out: list[datetime] = []
     for found in _SHIFT.finditer(text):
         try:

@@ -21,11 +21,7 @@ class Step:
 
 
 def subject_timelines(current: Iterable[Entry], archived: Iterable[Entry] = ()) -> dict[str, list[Step]]:
-    """subject → its values in order, oldest first. Subjects with one value are included too.
-
-    Pure: given every entry of a namespace (current, superseded and archived), group those that carry a
-    subject by its canonical key and order each group by when it became valid.
-    """
+    """subject → its values in order, oldest first. Subjects with one value are included too."""
     groups: dict[str, list[Step]] = {}
     for entries, is_archived in ((current, False), (archived, True)):
         for e in entries:

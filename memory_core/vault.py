@@ -1,6 +1,5 @@
 """The secret vault: with LUCID_VAULT_KEY set, a secret a person asked to keep is stored encrypted
-(AES-256-GCM, a fresh nonce per record) in the namespace's `.vault/` instead of being dropped.
-"""
+(AES-256-GCM, a fresh nonce per record) in the namespace's `.vault/` instead of being dropped."""
 
 from __future__ import annotations
 
@@ -25,11 +24,7 @@ def derive_key(passphrase: str) -> bytes:
 
 
 def seal(key: bytes, record: dict[str, Any]) -> str:
-    """One vault line: base64(nonce | tag | ciphertext) of the JSON record.
-
-    The vault never enters git or any Markdown file; what is written is only ciphertext. Without the key, a
-    secret is refused and nothing of it is stored.
-    """
+    """One vault line: base64(nonce | tag | ciphertext) of the JSON record."""
     nonce = _random.token_bytes(12)
     cipher = AES.new(key, AES.MODE_GCM, nonce=nonce)
     body, tag = cipher.encrypt_and_digest(json.dumps(record, ensure_ascii=False).encode())

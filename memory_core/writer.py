@@ -1,6 +1,5 @@
 """The single writer of a namespace: every change to its files goes through here, as a fenced batch and one
-git commit (docs/ARCHITECTURE.md, "The writer").
-"""
+git commit (docs/ARCHITECTURE.md, "The writer")."""
 
 from __future__ import annotations
 
@@ -111,14 +110,10 @@ class OpQueue(Protocol):
         limit: int = 0,
         let_go: Lease | None = None,
     ) -> list[str] | None:
-        """Publish and count the outcome of each of `raw_ops` still queued, dropping it (so publishing twice
-        does nothing twice), count the `own` ones (never queued); returns the oldest `limit` ops queued.
-        With `let_go`, that lease is released in the same step if none are queued (then returns None)."""
+        """Publish and count the outcome of each of `raw_ops` still queued, dropping it (so twice does nothing
+        twice), count `own`; returns the oldest `limit` queued (`let_go`: none left releases the lease)."""
 
     def results(self, op_ids: Sequence[str], wait: float) -> dict[str, Outcome]: ...
-
-
-# ------------------------------------------------------------------------------------------ local lock
 
 
 @dataclass
@@ -160,9 +155,6 @@ class LocalLocker:
                 time.sleep(0.002)
         # Under the flock nobody else writes, so the disk fence + 1 is a valid, monotonic token.
         return _LocalLease(self.store.read_fence(ns) + 1, fd)
-
-
-# ------------------------------------------------------------------------------------------ the writer
 
 
 @dataclass
@@ -210,8 +202,6 @@ class Writer:
         self._deferred: dict[Namespace, _Deferred] = {}  # written, not yet committed (this lease)
         self._leaders: dict[Namespace, threading.Thread] = {}  # leading on after this process's op was done
 
-    # -------------------------------------------------------------------------------------- public
-
     def submit(self, ns: Namespace, ops: Sequence[Op], timeout: float = 60.0) -> list[Outcome]:
         """Apply `ops` (in order) and return one outcome per op."""
         if not ops:
@@ -243,9 +233,8 @@ class Writer:
                 self._lead_with(ns, taken, _decode(self._queued(ns, taken)))
 
     def _lead(self, ns: Namespace, ops: list[Op]) -> dict[str, Outcome] | None:
-        """If the lease is free, apply the queued ops of others and then `ops` as one batch, without a
-        trip of `ops` through the queue (the common case: a namespace nobody else is writing). None: the
-        lease was taken, and `ops` are queued (the same round trip), or it was lost before the write."""
+        """If the lease is free, apply the queued ops of others and then `ops` as one batch; None: the lease
+        was taken and `ops` queued (same round trip), or it was lost before the write."""
         assert self.queue is not None
         lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns), push=[op_json(op) for op in ops])
         if lease is None:
@@ -369,12 +358,7 @@ class Writer:
     def transact(
         self, ns: Namespace, change: Change, message: str, expect_version: str | None = None
     ) -> BatchReport | None:
-        """Run `change(book, snapshot)` under the lease and commit what it did as one batch.
-
-        `change` mutates the book and may return other tracked files to write (PROFILE.md, DREAMS.md).
-        With `expect_version`, nothing is done and None is returned if the namespace moved since the
-        caller's snapshot — the caller re-plans. Queued ops wait for the next batch.
-        """
+        """Run `change(book, snapshot)` under the lease and commit what it did as one batch."""
         with self._lease(ns) as lease:
             return self._batch(ns, lease, [], change, message, expect_version)
 
@@ -382,8 +366,6 @@ class Writer:
         """A read-only view for planning (no lease): the book and the version it was read at."""
         snap = self.store.snapshot(ns)
         return _book(snap), snap
-
-    # -------------------------------------------------------------------------------------- internals
 
     @contextlib.contextmanager
     def _lease(self, ns: Namespace) -> Iterator[Lease]:
@@ -407,12 +389,8 @@ class Writer:
     def _drain(
         self, ns: Namespace, lease: Lease, queued: list[str] | None = None, linger: float = LINGER
     ) -> bool:
-        """Apply queued ops batch after batch while more keep arriving (waiting up to `linger` for the next),
-        committing them every `commit_every`, for up to `tenure` (then returns True); the caller commits the
-        rest and lets go.
-
-        Keeping the lease while the queue is busy keeps this process's parsed book valid, so a hot
-        namespace is written by one warm leader instead of eight processes re-reading the file in turn."""
+        """Apply queued ops batch after batch while more arrive, committing every `commit_every`, to `tenure`
+        (then True): one warm leader writes a hot namespace instead of processes re-reading it in turn."""
         assert self.queue is not None
         started = committed = time.monotonic()
         raw_ops = self.queue.pending(ns, MAX_BATCH) if queued is None else queued
@@ -444,10 +422,8 @@ class Writer:
         defer: bool = False,
         let_go: bool = False,
     ) -> BatchReport | None:
-        """Apply one batch. `defer`: leave its git commit to the end of the lease (`_release`), so the
-        batches of one tenure are one commit; the files are written and synced, and the journal kept,
-        before any outcome is published, as without it. `let_go` (with a commit, not `defer`): the lease
-        goes with the outcomes, in their round trip, unless others queued ops meanwhile."""
+        """Apply one batch; files are written and synced and the journal kept before any outcome is published.
+        `defer`: commit at the lease's end; `let_go`: release with the outcomes unless others queued."""
         self.store.claim_fence(ns, lease.token)
         self.store.ensure_repo(ns)
         if ns not in self._deferred:  # else the journal is this tenure's own
@@ -570,9 +546,8 @@ class Writer:
                     log.error("the dedup keys of %s may keep a forgotten text: %s", ns.key, gone)
 
     def _commit_deferred(self, ns: Namespace, written: dict[str, object] | None = None) -> str | None:
-        """One git commit of the batches written since the last one (exactly the bytes they wrote): messages
-        and hit counts alone fold into HEAD if it is such a commit of this turn (FOLD_WINDOW). `written`:
-        the last batch's record (its hashes), kept with the fold in one write after the commit."""
+        """One git commit of the batches written since the last (their exact bytes); messages and hit counts
+        alone fold into such a HEAD of this turn. `written`: the last batch's record, saved after it."""
         group = self._deferred.pop(ns, None)
         if group is None:
             return None
@@ -732,10 +707,7 @@ class Writer:
         return Book(parse_file(mem) if mem else None, parse_file(arc) if arc else None)
 
     def _commit_hand_edit(self, ns: Namespace, lease: Lease, snap: Snapshot) -> tuple[Snapshot, int]:
-        """Commit a person's edit as `manual edit` before anything is applied on top of it.
-
-        Secrets a person typed into a file are redacted first, so they never reach a commit.
-        """
+        """Commit a person's edit as `manual edit` before anything is applied on top of it."""
         files: dict[str, str] = {}
         redacted = aside = 0
         for name in snap.hand_edited():
@@ -757,10 +729,8 @@ class Writer:
         return self.store.snapshot(ns), redacted
 
     def _set_aside(self, ns: Namespace, name: str, text: str) -> tuple[str, int, int]:
-        """`text` with each line over MAX_LINE_CHARS replaced by a note saying where it is kept: the cost of
-        every later write stays the cost of the memory, not of one pasted blob (scanned once, here). What is
-        kept is the line as written but for its secrets, redacted (credentials are never kept in clear).
-        Returns the text, how many lines were set aside and how many secrets they held."""
+        """`text` with each line over MAX_LINE_CHARS replaced by a note saying where it is kept (redacted), so
+        later writes cost the memory, not a pasted blob. Returns text, lines set aside, secrets they held."""
         lines = text.split("\n")
         long = [i for i, line in enumerate(lines) if len(line) > MAX_LINE_CHARS]
         hidden = 0
@@ -774,9 +744,6 @@ class Writer:
                 chars, ns.key, name, f" ({n} secret(s) in it redacted)" if n else "",
             )  # fmt: skip
         return ("\n".join(lines), len(long), hidden) if long else (text, 0, 0)
-
-
-# ------------------------------------------------------------------------------------------ helpers
 
 
 def _stamp_hand_lines(book: Book, now: datetime) -> None:
@@ -794,9 +761,8 @@ def _book(snap: Snapshot) -> Book:
 
 
 def _deleted_by_hand(before: Book | None, book: Book) -> list[Forgotten]:
-    """Entries a person deleted from MEMORY.md and ARCHIVE.md by hand: a forget like any other, so the
-    profile and the raw archive lose them too. An entry whose text lives on (a line whose comment was
-    removed gets a new id) is not one."""
+    """Entries a person deleted from MEMORY.md and ARCHIVE.md by hand: a forget like any other. One whose
+    text lives on (a line whose comment was removed gets a new id) is not."""
     if before is None:
         return []
     now = [*book.entries(), *book.archived()]

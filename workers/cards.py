@@ -1,6 +1,5 @@
 """A reply that streams into a CardKit card while the model writes it, one card per message however often
-the turn is redone (docs/ARCHITECTURE.md, "Delivery").
-"""
+the turn is redone (docs/ARCHITECTURE.md, "Delivery")."""
 
 from __future__ import annotations
 
@@ -78,8 +77,6 @@ class CardStream:
     def _key(self) -> str:
         return Keys.card(self.inbound.persona, self.inbound.message_id)
 
-    # ------------------------------------------------------------------------------------------ API
-
     def partial(self, text: str) -> None:
         shown = visible(text)[:CARD_TEXT_LIMIT]
         if self.off or not shown or shown == self._text:
@@ -107,8 +104,6 @@ class CardStream:
         except FeishuError as exc:
             log.error("card %s of message=%s not finished: %s", self.card_id, self.inbound.message_id, exc)
         return True  # the card state stays until its TTL: a redone turn finishes the same card again
-
-    # ------------------------------------------------------------------------------------------ steps
 
     def _start(self, text: str) -> None:
         try:

@@ -39,9 +39,6 @@ from .settings import Persona
 log = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------------------------- admin
-
-
 def dream(runtime: Runtime, ns: Namespace, phase: str, dry_run: bool = False) -> dict[str, Any]:
     """Queue one dream phase for `ns` (the /dream command and the admin API): {"status", "job_id", …}."""
     return dreaming.enqueue_phase(runtime, ns, phase, dry_run)
@@ -70,8 +67,6 @@ def stats(runtime: Runtime, ns: Namespace | None = None) -> dict[str, Any]:
         }
     return out
 
-
-# --------------------------------------------------------------------------------------------- replies
 
 # Every sentence the bot says without a model, in Chinese and English: (zh, en) format strings.
 _T = {
@@ -205,8 +200,6 @@ def say(inbound: Inbound, key: str, **values: Any) -> str:
     zh, en = _T[key]
     return (en if language(inbound) == "en" else zh).format(**values)
 
-
-# --------------------------------------------------------------------------------------------- commands
 
 _ALIASES = {
     "help": ("help", "h", "帮助"),
@@ -438,17 +431,13 @@ def dream_status(runtime: Runtime, ns: Namespace, lines: int = 20) -> dict[str, 
     }
 
 
-# --------------------------------------------------------------------------------------------- memory-only
-
-
 def remember_op(text: str, inbound: Inbound, source: str = "user") -> Remember:
     return statement(text, source=source, origin=inbound.message_id, scope=inbound.scope)
 
 
 def deterministic_intent(text: str) -> tuple[str, str]:
-    """(kind, payload) of `intents.parse_intent`, where a first-person statement counts as "remember"
-    when it sets a known attribute (我住在余杭区) or reads as a lasting identity, preference or
-    instruction. The one rule for memory-only mode and for the safety net under the model."""
+    """`intents.parse_intent`, with a statement setting a known attribute or a lasting identity, preference
+    or instruction counted as "remember": the one rule of memory-only mode and the model's safety net."""
     intent = parse_intent(text)
     if intent.kind == "statement":
         standing = (
@@ -533,9 +522,6 @@ def _answer(runtime: Runtime, mem: MemoryService, inbound: Inbound, assembly: As
     return say(inbound, "unknown")
 
 
-# --------------------------------------------------------------------------------------------- the tool
-
-
 SEARCH_LINE_CHARS = 300
 
 
@@ -572,10 +558,7 @@ def tool_call(
     outcomes: list[Outcome],
     generation: int | None = None,
 ) -> dict[str, Any]:
-    """Validate one `manage_memory` call and run it through the writer; the answer goes back to the model.
-
-    Targets resolve within what this chat may see (group scope), and only to exactly one entry.
-    """
+    """Validate one `manage_memory` call and run it through the writer; the answer goes back to the model."""
     if name == "session_search":
         return session_search(mem, inbound, args)
     if name != "manage_memory":

@@ -1,6 +1,5 @@
 """Dreaming as RQ jobs: `light_dream`, `deep_dream`, `replay` and `profile`, each a whole run for one
-namespace written as one batch (docs/ARCHITECTURE.md, "Dreaming").
-"""
+namespace written as one batch (docs/ARCHITECTURE.md, "Dreaming")."""
 
 from __future__ import annotations
 
@@ -84,9 +83,6 @@ def memory_version(snap: Snapshot) -> str:
     return h.hexdigest()[:32]
 
 
-# ------------------------------------------------------------------------------------------ the model
-
-
 class _Model:
     """The dream model behind the run's budget; every call and token lands in the report."""
 
@@ -125,9 +121,6 @@ class _Model:
         r.prompt_tokens += result.prompt_tokens
         r.completion_tokens += result.completion_tokens
         return result.content
-
-
-# ------------------------------------------------------------------------------------------ phases
 
 
 class Phase(Protocol):
@@ -248,9 +241,8 @@ class _Replay:
                 continue
             reply = self.model.ask(extraction_messages(chunk.text))
             if reply is None:  # out of budget or the model failed: the rest waits for the next run
-                # Resume just before the first unread chunk, and remember which later messages were read:
-                # imported messages often share one timestamp, and a bare time watermark would read the
-                # same chunks again on every run (the rest never replayed).
+                # Resume before the first unread chunk, remembering later messages read: imported ones
+                # often share one timestamp, so a bare time watermark would re-read the same chunks forever.
                 self.watermark = chunks[i].messages[0].ts - timedelta(seconds=1)
                 read = {m.id: format_time(m.ts) for c in chunks[:i] for m in c.messages}
                 self.done = {
@@ -349,9 +341,6 @@ def _phase(rt: Runtime, ns: Namespace, phase: str, report: DreamReport) -> Phase
     if phase == "replay":
         return _Replay(rt, ns, report, model)
     return _Profile(rt, ns, report, model)
-
-
-# ------------------------------------------------------------------------------------------ running
 
 
 def _namespace(ns: str | Namespace) -> Namespace:
@@ -464,9 +453,6 @@ def last_run(rt: Runtime, ns: Namespace, phase: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-# ------------------------------------------------------------------------------------------ RQ jobs
-
-
 def light_dream(ns: str, dry_run: bool = False) -> dict[str, Any]:
     return run_phase(current(), ns, "light", dry_run)
 
@@ -496,11 +482,7 @@ def job_id(ns: Namespace, phase: str, dry_run: bool = False) -> str:
 
 
 def enqueue_phase(rt: Runtime, ns: str | Namespace, phase: str, dry_run: bool = False) -> dict[str, Any]:
-    """Queue one phase for one namespace on the `dream` queue; at most one such job queued or running.
-
-    Returns {"status": "queued" | "already queued", "job_id": …}. The bot's /dream command and the
-    scheduler call this.
-    """
+    """Queue one phase for one namespace on the `dream` queue; at most one such job queued or running."""
     if phase not in JOBS:
         raise InvalidInput(f"unknown dream phase {phase!r}: one of {', '.join(PHASES)}")
     space = _namespace(ns)

@@ -1,6 +1,5 @@
 """The embedded default: a private `redis-server` on a unix socket, never on TCP, with a password
-(`EmbeddedRedis`).
-"""
+(`EmbeddedRedis`)."""
 
 from __future__ import annotations
 

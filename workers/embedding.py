@@ -1,6 +1,5 @@
 """Vectors for recall relevance (`Embeddings`): Ollama's embedding endpoint or the bundled local embedder,
-behind a time budget and a breaker.
-"""
+behind a time budget and a breaker."""
 
 from __future__ import annotations
 
@@ -43,13 +42,7 @@ def _unit(v: npt.ArrayLike) -> npt.NDArray[np.float32]:
 
 class Embeddings:
     """Normalised vectors by text in one growing float32 matrix, filled through `fn` under a budget and a
-    breaker. `fill` (run off the turn, see MemoryService) embeds; a turn only reads (`table`, `query`).
-
-    A turn never waits for entry vectors: it embeds only the query (within `BUDGET` seconds); entries are
-    embedded by `fill`, which the memory service runs on a background thread after writes and when a recall
-    finds entries without vectors (those are found lexically meanwhile). Three failures in a row open the breaker for
-    60 s, and recall falls back to lexical relevance meanwhile (it always works without vectors).
-    """
+    breaker. `fill` (run off the turn, see MemoryService) embeds; a turn only reads (`table`, `query`)."""
 
     def __init__(
         self, fn: EmbedFn, budget: float = BUDGET, per_turn: int = PER_TURN, query_cache: int = QUERY_CACHE
@@ -69,9 +62,8 @@ class Embeddings:
         self._queries: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()
 
     def dense_floor(self, embed: bool = True) -> DenseFloor | None:
-        """This embedder's relevance floor (memory_core.floor), from its vectors of the reference set;
-        None while they cannot be had (then recall uses no vectors at all). `embed=False` only reads: the
-        memory service embeds the reference set in the background, not on a turn."""
+        """This embedder's relevance floor (memory_core.floor), None while its reference vectors are missing.
+        `embed=False` only reads: the reference set is embedded in the background, not on a turn."""
         if self._floor is None and embed and self.available():
             done = self._reference
             chunk = list(REFERENCE[len(done) : len(done) + REFERENCE_CHUNK])  # a few per call: in budget

@@ -100,9 +100,6 @@ def _git_env() -> dict[str, str]:
     return {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
 
 
-# ------------------------------------------------------------------------------------------ erase
-
-
 @dataclass
 class Erasure:
     """What `erase_user` removed (counts only: no ids or text of the person are kept)."""
@@ -122,9 +119,8 @@ class Erasure:
 
 
 def erase_user(runtime: Runtime, user: str, tenant: str | None = None) -> Erasure:
-    """Remove a person completely: every persona of theirs under the data directory and every Redis key with
-    their ids or text (docs/PRIVACY.md, "`lucid erase`"). Each namespace is erased under its writer lease, after
-    its queued ops are dropped, so no batch can write it back."""
+    """Remove a person completely, files and Redis keys (docs/PRIVACY.md, "`lucid erase`"); each namespace
+    is erased under its writer lease after its queued ops are dropped, so no batch writes it back."""
     if not user.strip():
         raise InvalidInput("erase needs a user id")
     data = runtime.store.data_dir
@@ -198,11 +194,8 @@ def _text(value: Any) -> str:
 
 
 def _erase_redis(client: redis.Redis, needles: _Needles, report: Erasure) -> None:
-    """Every `lucid:*` key named after the person, or whose value holds their ids, is deleted; shared
-    collections (the inbox set, the parked-reply schedule, …) lose only the person's members; RQ jobs
-    whose call names them (turns, extraction, flushes, dreams) are deleted with their registry entries.
-    Plain dedupe markers (`lucid:seen:*`, value "1") hold only a Feishu message id and are kept until
-    they expire: deleting them would let a Feishu re-delivery record the erased message again."""
+    """Delete the person's `lucid:*` keys, their members of shared collections and the RQ jobs naming them;
+    `lucid:seen:*` markers stay until they expire, or a re-delivery would record the message again."""
     for raw_key in client.scan_iter(match="rq:job:*", count=1000):
         key = _text(raw_key)
         if key.count(":") != 2:

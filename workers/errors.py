@@ -6,10 +6,7 @@ from memory_core.errors import LucidError
 
 
 class FeishuError(LucidError):
-    """Feishu refused a request, or kept failing after retries. `code` is Feishu's, 0 for transport errors.
-
-    From `reply`, `chunks_sent` is how many chunks of the answer were posted before the one that failed.
-    """
+    """Feishu refused a request, or kept failing after retries. `code` is Feishu's, 0 for transport errors."""
 
     def __init__(
         self, message: str, code: int = 0, log_id: str | None = None, retryable: bool = False
@@ -31,9 +28,7 @@ class LLMUnavailable(LLMError):
 
 class LLMBadOutput(LLMError):
     """The server answered, but with something the client cannot read (e.g. a malformed tool call).
-
-    Not an outage: the next request (another person's turn) may well succeed, so callers must not switch
-    the model off for everyone on this."""
+    Not an outage: callers must not switch the model off for everyone on this."""
 
 
 class LocalEmbedderUnavailable(LucidError):

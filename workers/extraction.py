@@ -1,6 +1,5 @@
 """Background extraction: durable facts about the user from one turn, as Remember ops (DESIGN §7;
-`extract_turn`).
-"""
+`extract_turn`)."""
 
 from __future__ import annotations
 
@@ -42,9 +41,8 @@ def _chatter(text: str) -> bool:
 
 
 def answer_facts(reply: str, source_text: str) -> list[Fact] | None:
-    """The grounded facts of an extraction or replay answer: [] for NONE or an empty answer, None when the
-    answer is junk — not a list of grounded facts (a chat model answering 好的。) — so that nothing lands and
-    the caller counts it (`JUNK_METRIC`)."""
+    """The grounded facts of an extraction or replay answer: [] for NONE or empty, None for junk (a chat
+    model answering 好的。), which the caller counts (`JUNK_METRIC`)."""
     body = _THINK.sub("\n", reply)
     if _NOTHING.match(body):
         return []
@@ -65,10 +63,7 @@ def extract_facts(
     metrics: Metrics | None = None,
 ) -> list[Remember]:
     """Ask `model` for durable facts about the current user in one turn; [] when there are none.
-
-    `gate` skips the call for messages with no memorable hint (greetings, questions). The texts sent are
-    redacted first, so a secret the user typed never reaches the model either.
-    """
+    The texts sent are redacted first, so a secret the user typed never reaches the model."""
     if gate and not is_memorable(user_text):
         return []
     user_clean, assistant_clean = redact(user_text), redact(assistant_text)
@@ -104,13 +99,7 @@ def extract(
     generation: int | None = None,
 ) -> dict[str, Any]:
     """Extract from one turn and write the facts through the memory service — unless the chat's
-    memory was switched off (or flipped) since the turn: checked after the model, just before writing.
-
-    The bot enqueues `extract_turn` on the `memory` queue after it replied, when a model is configured: the
-    chat model is never trusted alone to save what matters. The prompt and the parser are the replay
-    phase's (`memory_core.dream_replay`), so both paths store facts the same way. Secrets are never
-    forwarded (and the writer would refuse them anyway); a model failure costs nothing but this extraction.
-    """
+    memory was switched off (or flipped) since the turn: checked after the model, just before writing."""
     model = rt.settings.dream_model or rt.settings.chat_model
     if rt.llm is None or not model:
         return {"status": "skipped", "reason": "no model configured", "outcomes": []}

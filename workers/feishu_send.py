@@ -1,6 +1,5 @@
 """Outbound Feishu through the real, synchronous lark-oapi client: replies, reactions, pacing and retries;
-only `FeishuError` leaves the module (docs/ARCHITECTURE.md, "Delivery").
-"""
+only `FeishuError` leaves the module (docs/ARCHITECTURE.md, "Delivery")."""
 
 from __future__ import annotations
 
@@ -56,9 +55,6 @@ class Retry:
     attempts: int = 4
     backoff: float = 0.5
     max_wait: float = 10.0
-
-
-# ----------------------------------------------------------------------------------------------- pacing
 
 
 _asleep = threading.local()
@@ -171,15 +167,8 @@ def _take_local(
     return slot - now, True
 
 
-# ----------------------------------------------------------------------------------------------- content
-
-
 def split(text: str, limit: int = CHUNK_CHARS) -> list[str]:
-    """Cut `text` into chunks of at most `limit` characters, at paragraph, then line, then hard boundaries.
-
-    A chunk that ends inside a code fence is closed with ``` and the next one reopens it, so every chunk
-    renders on its own.
-    """
+    """Cut `text` into chunks of at most `limit` characters, at paragraph, then line, then hard boundaries."""
     text = text.strip()
     if len(text) <= limit:
         return [text] if text else []
@@ -208,10 +197,7 @@ def split(text: str, limit: int = CHUNK_CHARS) -> list[str]:
 
 
 def render(chunk: str) -> tuple[str, str]:
-    """(msg_type, content JSON) for one chunk: Markdown as a `post` with one `md` node, else plain `text`.
-
-    Content is serialised with ensure_ascii=False: escaped CJK would more than double the body (§3.2).
-    """
+    """(msg_type, content JSON) for one chunk: Markdown as a `post` with one `md` node, else plain `text`."""
     if _MARKDOWN.search(chunk):
         post = {"zh_cn": {"title": "", "content": [[{"tag": "md", "text": chunk}]]}}
         return "post", json.dumps(post, ensure_ascii=False)
@@ -220,9 +206,6 @@ def render(chunk: str) -> tuple[str, str]:
 
 def plain(chunk: str) -> str:
     return json.dumps({"text": chunk}, ensure_ascii=False)
-
-
-# ----------------------------------------------------------------------------------------------- sender
 
 
 class FeishuSender:
@@ -256,8 +239,6 @@ class FeishuSender:
             .build()
         )
 
-    # -------------------------------------------------------------------------------------- API
-
     def reply(
         self,
         message_id: str,
@@ -268,11 +249,7 @@ class FeishuSender:
         start: int = 0,
         in_thread: bool = False,
     ) -> list[str]:
-        """Reply to `message_id` with `text` (split as needed); returns the ids of the messages posted.
-
-        `attempts` per chunk (default: the retry policy's); `start` skips chunks posted by an earlier call.
-        Chunk i always has the same uuid, so a chunk resent by a later call is never posted twice.
-        """
+        """Reply to `message_id` with `text` (split as needed); returns the ids of the messages posted."""
         sent: list[str] = []
         for i, chunk in enumerate(split(neutralize(text))):  # never a sender's mention or link (markup.py)
             if i < start:
@@ -306,9 +283,7 @@ class FeishuSender:
             return self._reply_once(message_id, "text", plain(chunk), uuid, chat_id, attempts, in_thread)
 
     def post(self, chat_id: str, text: str, uuid: str, mention: str | None = None) -> str:
-        """A new message (not a reply) in `chat_id`, as plain text, @mentioning `mention` (an open_id) first.
-
-        Posted once per `uuid` however often it is retried. Returns the new message's id."""
+        """A new message (not a reply) in `chat_id`, plain text, @mentioning `mention` (an open_id) first."""
         content = neutralize(text)
         if mention:
             content = f'<at user_id="{attr(mention)}"></at> {content}'
@@ -365,8 +340,6 @@ class FeishuSender:
         if not open_id:
             raise FeishuError("bot info: no open_id in the answer")
         return open_id
-
-    # -------------------------------------------------------------------------------------- internals
 
     def _reply_once(
         self,

@@ -13,12 +13,7 @@ STALE = timedelta(minutes=2)
 
 
 def check(client: redis.Redis, role: str, hostname: str | None = None) -> str | None:
-    """None when `role` ("worker" or "cron") runs on this host and is alive, else why not.
-
-    A worker is healthy when an RQ worker of this host is registered and its heartbeat is recent; cron when
-    this host's rq CronScheduler is in rq's registry (it heartbeats there). Docker runs these inside the
-    container, so the hostname is the container's.
-    """
+    """None when `role` ("worker" or "cron") runs on this host and is alive, else why not."""
     host = hostname or socket.gethostname()
     try:
         if role == "worker":

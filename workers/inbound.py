@@ -10,8 +10,6 @@ from typing import Any
 from memory_core.namespace import Namespace
 from memory_core.ops import Outcome
 
-# --------------------------------------------------------------------------------------------- values
-
 
 @dataclass(frozen=True)
 class Mention:
@@ -104,9 +102,8 @@ class TurnResult:
 
 @dataclass(frozen=True)
 class TurnLimits:
-    """Budgets of one turn. The model gets `model_budget` seconds in all (its calls are cut to what is
-    left); when it is spent or the model is down, the turn answers from memory and skips the model for
-    `model_cooldown` seconds, so a dead Ollama costs one timeout, not one per message."""
+    """Budgets of one turn: the model gets `model_budget` seconds in all; then, or when it is down, the turn
+    answers from memory and skips the model for `model_cooldown` (a dead Ollama costs one timeout)."""
 
     model_budget: float = 45.0
     tool_rounds: int = 3

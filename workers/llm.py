@@ -52,12 +52,7 @@ class Usage:
 
 class LLM:
     """The chat and embedding calls Lucid makes. Callers see `LLMUnavailable` (server down, timeout, 5xx after retries), `LLMError` (the server refused:
-    unknown model, bad request) and plain results; no `ollama` or `httpx` exception leaks past this module.
-
-    Reasoning models (qwen3, deepseek-r1, …) write a scratchpad: `<think>…</think>` in the content, or a
-    `thinking` field. `ChatResult.content` never holds it (`memory_core.reasoning`), so no reply, stored fact,
-    dream merge or profile built from a model's answer can carry it.
-    """
+    unknown model, bad request) and plain results; no `ollama` or `httpx` exception leaks past this module."""
 
     def __init__(
         self, host: str | None, timeout: float = 60.0, retries: int = 1, backoff: float = 0.5
@@ -94,9 +89,8 @@ class LLM:
         return client
 
     def _call(self, what: str, timeout: float | None, fn: Any) -> Any:
-        """`timeout` bounds the whole call, retries included: a turn's model budget is never overrun by a
-        retry of a request that already took the budget (the retry would answer after the user was told
-        the model is unavailable, and the model would not be skipped during the cooldown)."""
+        """`timeout` bounds the whole call, retries included, so a retry never answers after the turn's model
+        budget is spent."""
         import httpx
         import ollama
 
@@ -191,9 +185,8 @@ class LLM:
         tools: Sequence[dict[str, Any]] | None = None,
         timeout: float | None = None,
     ) -> ChatResult:
-        """`chat`, streamed: `on_text` gets the whole text so far after each chunk (a card shows it as it
-        grows). A failure before the first chunk is retried like `chat`; one mid-stream is not (the person
-        already saw part of it), and the stream must end within `timeout`."""
+        """`chat`, streamed: `on_text` gets the whole text so far after each chunk. A failure before the first
+        chunk is retried; one mid-stream is not (the person saw part), and it must end within `timeout`."""
         budget = timeout or self.timeout
         deadline = time.monotonic() + budget
 

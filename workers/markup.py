@@ -1,6 +1,5 @@
 """Replies never carry markup a sender typed (issue 15, finding 3): `neutralize`, applied once in
-`FeishuSender`.
-"""
+`FeishuSender`."""
 
 from __future__ import annotations
 

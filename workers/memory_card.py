@@ -85,8 +85,6 @@ def parse_action(event: dict[str, Any], persona: str) -> CardAction | None:
     )
 
 
-# ------------------------------------------------------------------------------------------ the card
-
 _WORDS = {
     "title": ("我记得关于你的 {n} 件事", "What I remember about you ({n})"),
     "empty": ("我还没有记住关于你的事。", "I don't remember anything about you yet."),
@@ -196,9 +194,6 @@ def _plain(text: str) -> str:
     return re.sub(r"([\\`*_\[\]()<>#~|])", r"\\\1", neutralize(text))
 
 
-# ------------------------------------------------------------------------------------------ registry
-
-
 @dataclass(frozen=True)
 class Registration:
     owner: str  # open_id the card was made for
@@ -239,9 +234,6 @@ def visible_entries(runtime: Runtime, ns: Namespace, chat_type: str, chat_id: st
     entries = runtime.memory.book(ns).current(runtime.clock())
     shown = [e for e in entries if visible_in(e, chat_type, chat_id)]
     return sorted(shown, key=lambda e: (not e.pinned, not e.resident, e.at or epoch))
-
-
-# ------------------------------------------------------------------------------------------ actions
 
 
 def enqueue_action(runtime: Runtime, action: CardAction) -> bool:

@@ -60,9 +60,8 @@ log = logging.getLogger(__name__)
 
 SESSION_IDLE = 30 * 60
 ACTIVE_RECALL_BUDGET = 1.5
-# 4, not 3 or more: a 4th line buys 2.1 points of LoCoMo gold evidence per 100 characters of block, a 5th
-# 1.0, a 6th 0.4; chosen by the points-per-character rule of `bench/recall_candidates.py --family snippets`
-# held out (docs/BENCHMARKS.md, issue 17, "How much past conversation a turn shows").
+# 4: a 4th line buys 2.1 points of LoCoMo gold evidence per 100 characters of block, a 5th 1.0, a 6th
+# 0.4 (held out, `bench/recall_candidates.py --family snippets`; docs/BENCHMARKS.md, issue 17).
 ACTIVE_RECALL_SNIPPETS = 4
 BREAKER_FAILURES = 3
 BREAKER_COOLDOWN = 60.0
@@ -74,9 +73,8 @@ _SAVE_EVERY = 2000
 
 @dataclass(frozen=True)
 class SnippetRule:
-    """How much past conversation active recall shows: at most `count` snippets and, when `chars` is set,
-    no more than `chars` characters of snippet text in all; with `pairs`, a line admitted through the turn
-    next to it (a reply, through the question it answers) is shown with that turn."""
+    """How much past conversation active recall shows: at most `count` snippets and `chars` characters;
+    with `pairs`, a line admitted through the turn next to it is shown with that turn."""
 
     count: int = ACTIVE_RECALL_SNIPPETS
     chars: int | None = None
@@ -139,12 +137,8 @@ class _Breaker:
 
 
 class MemoryService:
-    """It keeps per-process caches that make reading cheap — the parsed book and its relevance index (reloaded
-    when the files' stat changes), the raw-archive search index (caught up incrementally from the day files,
-    cached on disk under `.index/`, rebuildable from the Markdown at any time) — and sends every write through
-    the single writer. The resident tier is frozen per session (chat + persona, 30 minutes idle) so the
-    prompt prefix stays stable.
-    """
+    """Reads through per-process caches (the parsed book, its relevance index, the raw search index) and
+    writes through the single writer; the resident tier is frozen per session to keep the prompt stable."""
 
     def __init__(
         self,
@@ -177,8 +171,6 @@ class MemoryService:
         """Stop the search threads and give background embedding (resumed by a later process) 5 s."""
         self._searchers.shutdown(wait=False, cancel_futures=True)
         self.wait_for_embeddings(timeout=5.0)
-
-    # -------------------------------------------------------------------------------------- reading
 
     def _cache(self, ns: Namespace) -> _BookCache:
         with self._lock:
@@ -316,8 +308,6 @@ class MemoryService:
         now = self.runtime.clock()
         return [e for e in entries if e.current(now) and target in e.text]
 
-    # -------------------------------------------------------------------------------------- raw search
-
     def _raw_cache(self, ns: Namespace) -> _RawCache:
         cache = self._raw.get(ns)
         store = self.runtime.store
@@ -396,11 +386,7 @@ class MemoryService:
         self, ns: Namespace, query: str, session: str, chat: str, already: str = ""
     ) -> list[Snippet]:
         """Snippets of past conversation for `query` (as many as `self.snippets` allows): no LLM, a time
-        budget, a breaker.
-
-        Failure is silent and never delays the reply: a slow or failing search counts toward the breaker
-        (3 in a row → skipped for 60 s).
-        """
+        budget, a breaker."""
         breaker = self._breakers.setdefault(ns, _Breaker())
         started = time.monotonic()
         if breaker.open(started) or len(query.strip()) < 2 or not pulls_memory(query):
@@ -472,10 +458,8 @@ class MemoryService:
         return out
 
     def _adjacent(self, ns: Namespace, ids: set[str]) -> dict[str, list[tuple[RawMessage, bool]]]:
-        """The turns just before and after each hit (and whether each came before it), from the index the
-        search just used. A hit whose own line lacks the request's words still counts when one of them holds
-        one: a reply ("A sunrise!") next to the question it answers ("What did you paint?"); +3.6 points of
-        LoCoMo gold evidence in the turn's block lexically, +3.2 hybrid (docs/BENCHMARKS.md, issue 17)."""
+        """The turns just before and after each hit, from the index just searched: a reply lacking the
+        request's words counts through the question next to it (+3.6 points of LoCoMo evidence, issue 17)."""
         if not ids:
             return {}
         with self._raw_lock:
@@ -485,11 +469,7 @@ class MemoryService:
     def search_conversations(
         self, ns: Namespace, query: str, k: int = SEARCH_TOOL_HITS, exclude: Sequence[str] = ()
     ) -> list[RawHit]:
-        """Past one-to-one conversation lines of this namespace for the model's `session_search` tool.
-
-        Only p2p lines: a namespace's archive also holds what its person said in groups, and a group's
-        lines (others' words among them) never reach a private reply this way. At most `k` hits, and a
-        search slower than the active-recall budget returns nothing rather than holding the reply."""
+        """Past one-to-one conversation lines of this namespace for the model's `session_search` tool."""
         if not query.strip():
             return []
         started = time.monotonic()
@@ -502,14 +482,9 @@ class MemoryService:
             : max(0, min(k, SEARCH_TOOL_HITS))
         ]
 
-    # -------------------------------------------------------------------------------------- a turn
-
     def resident(self, ns: Namespace, now: datetime, chat_type: str, chat: str, session: str) -> list[Entry]:
         """The resident tier, frozen per session: the same entries for the session's life, minus any the
-        person removed or that stopped being current (a forget takes effect at once).
-
-        The frozen ids live in Redis when there is one (every worker serves the same snapshot; the key
-        expires after 30 minutes idle), else in this process (the terminal chat)."""
+        person removed or that stopped being current (a forget takes effect at once)."""
         book = self.book(ns)
         ids = self._frozen_ids(ns, chat_type, chat, session)
         if ids is None:
@@ -576,8 +551,6 @@ class MemoryService:
             snippets = self.active_recall(ns, query, session, chat, already=partial)
         block = memory_block(profile, resident, recalled, snippets) if snippets else partial
         return Assembly(block, resident, recalled, snippets, profile)
-
-    # -------------------------------------------------------------------------------------- writing
 
     def apply(self, ns: Namespace, ops: Sequence[Op], timeout: float = 60.0) -> list[Outcome]:
         """Every write of a chat turn, a card, a tool and the CLI: the writer's rules, then what follows

@@ -54,9 +54,8 @@ class TurnMemory:
 
 
 class ChatSwitch:
-    """The per-message and per-chat switches (docs/PRIVACY.md, "Memory off"), in Redis, or without Redis (the
-    terminal chat) in this instance. A flip bumps a generation that background work re-checks just before it
-    writes (`learning`), so work in flight when the switch went off writes nothing."""
+    """The per-message and per-chat switches (docs/PRIVACY.md, "Memory off"), in Redis or in this instance;
+    a flip bumps a generation that background work re-checks before it writes (`learning`)."""
 
     def __init__(self, client: redis.Redis | None) -> None:
         self.client = client

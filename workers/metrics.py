@@ -1,6 +1,5 @@
 """Service metrics: counters and histograms in one Redis hash (every process adds to it), served by the bot
-as Prometheus text at `/metrics`.
-"""
+as Prometheus text at `/metrics`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Replies Feishu did not take during their turn: parked in Redis and delivered later, exactly once, or given
-up loudly (docs/ARCHITECTURE.md, "Delivery").
-"""
+up loudly (docs/ARCHITECTURE.md, "Delivery")."""
 
 from __future__ import annotations
 
@@ -103,8 +102,6 @@ class Outbox:
         self.metrics = metrics or Metrics(client)
         self.queue = queue(QUEUE, client)
 
-    # -------------------------------------------------------------------------------------- state
-
     def get(self, persona: str, message_id: str) -> Parked | None:
         raw = self.client.hgetall(Keys.reply(persona, message_id))
         if not raw:
@@ -201,8 +198,6 @@ class Outbox:
         finally:
             if lock is not None:
                 lock.release()
-
-    # -------------------------------------------------------------------------------------- sending
 
     def _try(self, sender: FeishuSender, p: Parked) -> str:
         """One attempt at `p` (its lock held): delivered, failed (parked still) or dropped."""
@@ -341,17 +336,10 @@ class Outbox:
             pipe.execute()
 
 
-# ------------------------------------------------------------------------------------------ entry points
-
-
 def send_reply(
     runtime: Runtime, sender: FeishuSender, inbound: Inbound, text: str
 ) -> Literal["delivered", "parked"]:
-    """A turn's reply: the chat's parked replies first (oldest first, once each), then this one.
-
-    "parked": Feishu did not take it now, it is delivered later. Raises FeishuError when it is not delivered
-    at all (a refusal no retry cures, or no Redis to park it in).
-    """
+    """A turn's reply: the chat's parked replies first (oldest first, once each), then this one."""
     started = time.time()
     outbox = Outbox(runtime.redis) if runtime.redis is not None else None
     order = inbound.create_time or int(started * 1000)

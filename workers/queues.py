@@ -16,12 +16,8 @@ log = logging.getLogger(__name__)
 
 
 class JSONOnly:
-    """The serializer of every Lucid queue (RQ's serializer protocol: `dumps`, `loads`).
-
-    RQ's default, pickle, lets whoever can write to Redis make a worker run any code (docs/RELIABILITY.md).
-    Here jobs are data: arguments and results are JSON (a non-JSON argument fails at enqueue, loudly), and a
-    payload that is not JSON is refused with an error in the log saying why — the job fails, nothing runs.
-    """
+    """The serializer of every Lucid queue: JSON only, since RQ's default (pickle) lets whoever can write to
+    Redis make a worker run any code (docs/RELIABILITY.md)."""
 
     @staticmethod
     def dumps(obj: Any) -> bytes:

@@ -1,6 +1,5 @@
 """Redis for every part: its Lua scripts, the one lock (`take`), the writer's op queue (key names:
-`redis_keys`).
-"""
+`redis_keys`)."""
 
 from __future__ import annotations
 
@@ -26,8 +25,6 @@ log = logging.getLogger(__name__)
 
 WRITES = "lucid_memory_writes_total"  # counted in the batch's own transaction: no extra round trip
 
-
-# ------------------------------------------------------------------------------------------ Lua scripts
 
 # The lock. KEYS: the lock[, its fencing counter[, the writer's op queue]]. ARGV: the owner, the ttl (ms), the
 # lowest token allowed[, how many queued ops to return, then ops to queue if the lock is taken].
@@ -99,8 +96,7 @@ return 1
 # The sweep's claim on one inbox mark, atomic so two sweepers never both hand it out. KEYS: the marks, the
 # inbox, the turn lease. ARGV: the namespace key, the recheck delay (ms), how many members to return.
 # Returns the inbox's oldest members when nobody holds its lease (the mark is pushed RECHECK_MS ahead),
-# else nil: not due; empty (unmarked); leased (a turn runs: the mark stays due, so the next sweep after the
-# lease expired sees it — at most one leased inbox per worker, so that costs little).
+# else nil: not due, empty (unmarked) or leased (the mark stays due for the sweep after the lease expires).
 CLAIM = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -116,12 +112,10 @@ return redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[3]) - 1)
 """
 
 # Feishu's send pacing (`feishu_send.Pacer`): one GCRA cell per key. KEYS: the app's buckets, then the chat's
-# (when the send has a chat). ARGV: per bucket its interval and burst tolerance (ms), then the horizon (ms),
-# whether the chat's slot is already held (1: taken by an earlier call of this send, which slept until it)
-# and whether there is a chat bucket. Returns {ms until the slot, 1 if every bucket is taken / 0 if only the
-# chat's}: a chat whose slot is further off than the horizon gets its slot alone, and the app's buckets are
-# taken only when the send is about to go, so one chat's pacing never pushes the app's next slot (and with
-# it every other chat's reply) into the future.
+# (if any). ARGV: per bucket its interval and burst tolerance (ms), the horizon (ms), whether the chat's slot
+# is already held (by an earlier call of this send) and whether there is a chat bucket. Returns {ms until the
+# slot, 1 if every bucket is taken / 0 if only the chat's}: the app's buckets are taken only when the send is
+# about to go, so one chat's pacing never pushes every other chat's reply into the future.
 PACE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -183,10 +177,9 @@ return redis.call('ZCARD', KEYS[1])
 
 # The writer's op queue: a batch's outcomes. KEYS: the queue, the metrics hash, the writer's lease, the result
 # list of each queued op. ARGV: the results' ttl, how many queued ops to return, the lease's owner to release
-# it if nothing is queued ('' to keep it), per queued op (its queued form, its outcome, its metric field),
-# then the metric fields of the batch's ops that were never queued. An op's outcome is published and counted
-# only if the op is still queued, and the op dropped with it: publishing a batch twice (recovery after a
-# crash) publishes and counts nothing twice. Returns the oldest ops still queued, or nil: lease released.
+# it if nothing is queued ('' to keep it), per queued op (its queued form, outcome, metric field), then the
+# metric fields of the never-queued ops. An outcome is published and counted only while its op is queued,
+# dropping it, so a batch published twice counts nothing twice. Returns the oldest queued, or nil: released.
 FINISH = """
 local n = #KEYS - 3
 for i = 1, n do
@@ -207,8 +200,6 @@ end
 if tonumber(ARGV[2]) == 0 then return {} end
 return redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
 """
-
-# ------------------------------------------------------------------------------------------------ lock
 
 
 class Heartbeat:
@@ -260,9 +251,8 @@ class Heartbeat:
 
 
 class RedisLease:
-    """A held lock. With a `heartbeat`, its thread renews it every ttl/3 and any failure marks it lost at
-    once; without, it simply expires after its ttl unless released first. `pending`: the writer's queued
-    ops read with the lease (None: not read)."""
+    """A held lock: with a `heartbeat` renewed every ttl/3 (a failure marks it lost at once), else it
+    expires after its ttl. `pending`: the writer's queued ops read with the lease (None: not read)."""
 
     def __init__(
         self,
@@ -345,15 +335,8 @@ def take(
     peek: int = 0,
     push: Sequence[str] = (),
 ) -> RedisLease | None:
-    """The lock on `key` if nobody holds it (one attempt), else None. With `fence_key`, its token is the next
-    value of that counter and above `floor`; with `queue_key` (the writer's), the lease also holds the oldest
-    `peek` ops of that queue, and if the lock is taken, `push` is queued instead (the same round trip).
-
-    The lock (`take`) is a `SET NX PX` with a random owner, released only by its owner (compare-and-delete),
-    renewed by `heartbeat` while held (None: it expires after its ttl), and — for the writer — fenced: a
-    token from a counter that only grows, which the store checks on disk (`memory_core.store.Store.fenced`),
-    so a paused holder cannot write.
-    """
+    """The lock on `key` if free (`SET NX PX`, released only by its owner), else None; `fence_key` gives a
+    growing token above `floor`, `queue_key` reads `peek` queued ops or queues `push` (ARCHITECTURE.md)."""
     owner = secrets.token_hex(12)
     keys = [key] if fence_key is None else [key, fence_key]
     args: list[str | int] = [owner, ttl_ms, floor]
@@ -398,9 +381,6 @@ class RedisLocker:
                 return held
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
-
-
-# ------------------------------------------------------------------------------------ the writer's ops
 
 
 class RedisOpQueue:

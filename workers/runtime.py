@@ -164,10 +164,7 @@ def build(
     clock: Callable[[], datetime] | None = None,
 ) -> Runtime:
     """A runtime on `redis_url` (or settings.redis_url, or an embedded server already running), on `clock`
-    (default: `make_clock`), which the writer and the memory service share.
-
-    With no Redis at all, the writer falls back to a host-local lock: one machine, same guarantees.
-    """
+    (default: `make_clock`), which the writer and the memory service share."""
     store = Store(settings.data_dir, git=git)
     clock = clock or make_clock(settings)
     vault = derive_key(settings.vault_key) if settings.vault_key else None

@@ -1,6 +1,5 @@
 """`lucid cron`: one rq CronScheduler with one `tick` job that queues the dream phases each namespace is due
-for (`due_phases`; docs/ARCHITECTURE.md, "Dreaming").
-"""
+for (`due_phases`; docs/ARCHITECTURE.md, "Dreaming")."""
 
 from __future__ import annotations
 
@@ -135,8 +134,5 @@ def make_cron(rt: Runtime, interval: int = TICK_SECONDS) -> CronScheduler:
 
 def run_cron(rt: Runtime, interval: int = TICK_SECONDS) -> None:
     """`lucid cron`: run the scheduler in the foreground (main thread: it installs signal handlers).
-
-    Run exactly one per deployment: rq's cron has no leader election, and two would tick twice (harmless,
-    since jobs are unique per namespace and phase, but wasteful).
-    """
+    Run one per deployment: rq's cron has no leader election (two would tick twice)."""
     make_cron(rt, interval).start()  # type: ignore[no-untyped-call]

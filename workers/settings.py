@@ -124,8 +124,7 @@ def parse_dream_switches(env: Mapping[str, str]) -> dict[str, timedelta]:
 @dataclass(frozen=True)
 class Settings:
     """Nothing reads the environment at import time. Secrets (app secrets, the vault key, the admin token) are
-    kept out of `repr` so they never reach a log line.
-    """
+    kept out of `repr` so they never reach a log line."""
 
     data_dir: Path = Path("./lucid-data")
     config_path: Path = Path("./lucid.toml")

@@ -1,6 +1,5 @@
 """One chat turn, the same for Feishu (an RQ job) and `lucid chat`: a command or a conversation, the reply,
-then what is kept of it; without a model it answers from memory and says so (docs/ARCHITECTURE.md).
-"""
+then what is kept of it; without a model it answers from memory and says so (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
@@ -58,9 +57,6 @@ log = logging.getLogger(__name__)
 THINKING_TTL = 24 * 3600  # a turn's reaction id, kept so a redo can remove a killed attempt's
 
 
-# --------------------------------------------------------------------------------------------- the turn
-
-
 def run_turn(
     runtime: Runtime,
     inbound: Inbound,
@@ -69,11 +65,7 @@ def run_turn(
     stream: Callable[[str], None] | None = None,
     card_fn: Callable[[dict[str, Any]], Any] | None = None,
 ) -> TurnResult:
-    """Answer one message. Never raises for a person's input or a backend failure: the reply says so.
-
-    `stream`: shown the model's text as it grows (a streaming card); `reply_fn` still gets the final text
-    (and returns "parked" when Feishu did not take it now but will be given it later).
-    `card_fn`: sends an interactive card (the /memory card) instead of the text, where the chat has cards."""
+    """Answer one message. Never raises for a person's input or a backend failure: the reply says so."""
     limits = limits or TurnLimits()
     started = time.monotonic()
     result = TurnResult()
@@ -177,10 +169,7 @@ def _converse(
     memory: TurnMemory,
     stream: Callable[[str], None] | None = None,
 ) -> Callable[[], None]:
-    """Record, recall, answer; returns the steps that run once the answer is delivered.
-
-    Every memory step asks `memory` first: a quiet message (per-message switch) reads and writes
-    nothing, a chat whose memory is off reads but learns nothing (see workers.memory_switch)."""
+    """Record, recall, answer; returns the steps that run once the answer is delivered."""
     ns, now = inbound.ns, runtime.clock()
     session = scratch.session(f"{ns.key}:{inbound.conversation}", inbound.message_id)
     if memory.learns:
@@ -326,8 +315,6 @@ def _raw(
     )
 
 
-# --------------------------------------------------------------------------------------------- the model
-
 MANAGE_MEMORY: dict[str, Any] = {
     "type": "function",
     "function": {
@@ -456,9 +443,6 @@ def _safety_net(mem: MemoryService, inbound: Inbound, result: TurnResult) -> Non
     result.outcomes.extend(mem.apply(inbound.ns, [remember_op(payload, inbound)]))
 
 
-# --------------------------------------------------------------------------------------------- extraction
-
-
 def _enqueue_extraction(runtime: Runtime, inbound: Inbound, reply: str, generation: int) -> None:
     """Background extraction on "memory" (never trust the model alone to save); text is redacted first.
     It carries the chat and the memory switch's generation, re-checked before it writes."""
@@ -496,9 +480,8 @@ def chat_pace(runtime: Runtime, inbound: Inbound) -> float:
 
 
 def busy_notice(runtime: Runtime, newest: Inbound, backlog: int) -> None:
-    """Tell a person, once per backlog, that they write faster than the bot answers and that every message
-    will be answered in order: a new message in the chat (a group's @mentions them), not a reply, so each
-    message keeps exactly one reply. Posted once per `uuid` even when a redone job sends it again."""
+    """Tell a person once per backlog that every message will be answered in order: a new message, not a
+    reply, so each message keeps one reply; posted once per `uuid` even when a redone job resends it."""
     sender = _sender(runtime, newest)
     if sender is None:
         return
@@ -578,11 +561,8 @@ def _thinking_key(inbound: Inbound) -> str:
 
 
 def _show_thinking(runtime: Runtime, sender: FeishuSender, inbound: Inbound) -> str | None:
-    """Add the "thinking" reaction, or take over the one a killed attempt of this turn left showing.
-
-    The reaction id is kept in Redis for the turn's life: a worker SIGKILLed mid-turn cannot remove its
-    reaction, so the attempt that redoes the turn removes it when it answers (otherwise the message would
-    show "thinking" forever beside its answer)."""
+    """Add the "thinking" reaction, or take over the one a killed attempt of this turn left showing
+    (its id is kept in Redis, so a SIGKILLed attempt's reaction does not show "thinking" forever)."""
     client, key = runtime.redis, _thinking_key(inbound)
     if client is not None:
         try:

@@ -1,6 +1,5 @@
 """`lucid worker`: an RQ SimpleWorker on the chat, memory and dream queues in that order, with the inbox and
-outbox sweeper in a thread.
-"""
+outbox sweeper in a thread."""
 
 from __future__ import annotations
 
@@ -39,9 +38,8 @@ class Worker(SimpleWorker):
 def run_worker(runtime: Runtime, burst: bool = False) -> bool:
     """Work the queues until stopped (or, with `burst`, until they are empty); True if it ran any job."""
     worker = Worker(runtime)
-    # SimpleWorker runs each job in this process instead of a fork: the memory service's parsed books,
-    # relevance and raw-archive indexes and the Feishu token stay warm between turns (a fork would
-    # reload a 200k-message index from disk for every message). Scale out with more worker processes.
+    # SimpleWorker runs jobs in this process, not a fork: the parsed books, indexes and Feishu token stay
+    # warm between turns (a fork would reload a 200k-message index per message). Scale out with processes.
     gc.freeze()  # lark-oapi and friends leave ~400k long-lived objects; keep full collections short
     assert runtime.redis is not None
     stop = threading.Event()
