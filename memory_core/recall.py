@@ -65,6 +65,9 @@ HINTS = (
 RESIDENT_BUDGET = 800
 #: Queries up to this many characters need word-level evidence (see RelevanceIndex.relevance).
 EVIDENCE_RULE_MAX_CHARS = 40
+#: The conversation read with a message is its last lines, at most this many characters (MADial's longest is
+#: 343): a run of pasted pages must not make every later turn of that chat score 100,000 characters.
+CONTEXT_CHARS = 2000
 SHARE_KEY = "share"
 
 
@@ -274,7 +277,8 @@ class RelevanceIndex:
         slots, values = self._lexical(evidence_query(query), strict)
         if not context:
             return slots, values
-        more, also = self._lexical(" ".join(map(evidence_query, [*context, query])), strict)  # each its floor
+        lines = [*_last_chars(context, CONTEXT_CHARS), query]
+        more, also = self._lexical(" ".join(map(evidence_query, lines)), strict)  # each line its floor
         best = np.zeros(len(self._slot_entry))
         np.maximum.at(best, more, also)
         np.maximum.at(best, slots, values)
@@ -528,6 +532,17 @@ def recall(
         e = index.entry_at(s)
         scored.append(Scored(e, recency(e, now), importance(e), r))
     return heapq.nsmallest(k, scored, key=lambda s: (-s.score, -s.importance, s.entry.id))
+
+
+def _last_chars(lines: Sequence[str], limit: int) -> list[str]:
+    """The last of `lines` that fit in `limit` characters, the oldest one kept cut to its end."""
+    kept: list[str] = []
+    for line in reversed(lines):
+        if limit <= 0:
+            break
+        kept.append(line[-limit:])
+        limit -= len(line)
+    return kept[::-1]
 
 
 #: How far below the k-th approximate score a candidate may sit and still be scored exactly: far above the

@@ -193,3 +193,22 @@ def test_the_conversation_never_lowers_what_the_message_itself_finds() -> None:
     alone = index.relevance("豆豆最近不爱吃饭")
     after = index.relevance("豆豆最近不爱吃饭", ["元旦晚会我要表演魔术", "我还要准备服装和道具呢"])
     assert alone == {"cat": alone["cat"]} and after["cat"] == alone["cat"] and after["dance"] > 0
+
+
+def test_the_conversation_read_with_a_message_is_its_last_two_thousand_characters() -> None:
+    from memory_core.recall import CONTEXT_CHARS, RelevanceIndex
+
+    index = RelevanceIndex()
+    index.sync(
+        [Entry(id="dance", text="去年圣诞晚会上我跳了一支舞"), Entry(id="cat", text="我养了一只叫豆豆的猫")]
+    )
+    pasted = "文" * (CONTEXT_CHARS - len("元旦晚会我要表演魔术"))
+    assert set(index.relevance("我有点紧张", ["元旦晚会我要表演魔术", pasted])) == {"dance"}
+    assert (
+        index.relevance("我有点紧张", ["元旦晚会我要表演魔术", "文" * CONTEXT_CHARS]) == {}
+    )  # past the limit
+    assert set(index.relevance("我有点紧张", ["元旦晚会", "文" * (CONTEXT_CHARS - 2)])) == {
+        "dance"
+    }  # cut: 晚会
+    assert set(index.relevance("我有点紧张", ["豆豆", "a" * 100_000, "元旦晚会我要表演魔术"])) == {"dance"}
+    assert index.relevance("我有点紧张", ["豆豆" + "文" * CONTEXT_CHARS]) == {}  # a long line: its end
