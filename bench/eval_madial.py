@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -96,8 +97,9 @@ def evaluate(
 
 
 def user_lines(dialogue: dict[str, Any]) -> list[str]:
-    """The user's lines before the test turn (not the assistant's, not the <BOD> marker), tags stripped."""
-    lines = dialogue["dialogue"][: dialogue["test-turn"][0]]
+    """The user's lines before the test turn (not the assistant's, not the <BOD> marker), tags stripped.
+    Some dialogues indent every line by a space: the speaker tag is read after it."""
+    lines = [ln.strip() for ln in dialogue["dialogue"][: dialogue["test-turn"][0]]]
     return [
         TAG.sub(" ", ln).strip()
         for ln in lines
@@ -139,6 +141,24 @@ HYBRID_CANDIDATES = {
 HYBRID_CANDIDATES = dict(sorted(HYBRID_CANDIDATES.items(), key=lambda kv: "(shipped)" not in kv[0]))
 
 
+def relevance_indexes(pools: dict[int, list[tuple[int, str]]]) -> dict[int, Any]:
+    """user-id -> the product's `RelevanceIndex` over that user's memories."""
+    from memory_core.entry import Entry
+    from memory_core.recall import RelevanceIndex
+
+    indexes = {}
+    for user, pool in pools.items():
+        indexes[user] = RelevanceIndex()
+        indexes[user].sync([Entry(id=str(mid), text=text) for mid, text in pool])
+    return indexes
+
+
+def recall_at(rel: dict[str, float], gold: set[int], ks: list[int]) -> dict[int, float]:
+    """Recall@k of the gold memory ids in `rel` ranked best first (ties to the lower id)."""
+    ranked = [int(m) for m in sorted((m for m in rel if rel[m] > 0), key=lambda m: (-rel[m], int(m)))]
+    return {k: len(gold & set(ranked[:k])) / len(gold) for k in ks}
+
+
 def cross_validated(
     dialogues: list[dict[str, Any]],
     pools: dict[int, list[tuple[int, str]]],
@@ -149,16 +169,12 @@ def cross_validated(
     """`folds`-fold cross-validation over dialogues (dialogue i in fold i mod folds): each arm chooses its
     candidate (query builder, fusion) on the other folds by R@max(k), scored on the held-out fold."""
     from bench.folds import cross_validate
-    from memory_core.entry import Entry
-    from memory_core.recall import RelevanceIndex, fuse
+    from memory_core.recall import fuse
 
     cands = dict(LEXICAL_CANDIDATES)
     if embedder is not None:
         cands.update(HYBRID_CANDIDATES)
-    indexes: dict[int, RelevanceIndex] = {}
-    for user, pool in pools.items():
-        indexes[user] = RelevanceIndex()
-        indexes[user].sync([Entry(id=str(mid), text=text) for mid, text in pool])
+    indexes = relevance_indexes(pools)
     vectors = {}
     if embedder is not None:
         vectors = {user: embedder([text for _, text in pool], "passage") for user, pool in pools.items()}
@@ -178,10 +194,7 @@ def cross_validated(
                 cos = np.asarray(vectors[user]) @ np.asarray(qvec)
                 dense = {str(mid): float(c) for (mid, _), c in zip(pool, cos, strict=True) if c > 0}
                 rel = fuse(lexical, dense, fusion, w)
-            ranked = [int(m) for m in sorted((m for m in rel if rel[m] > 0), key=lambda m: (-rel[m], int(m)))]
-            rows[name][f"fold {i % folds + 1}"].append(
-                (0, {k: len(gold & set(ranked[:k])) / len(gold) for k in ks})
-            )
+            rows[name][f"fold {i % folds + 1}"].append((0, recall_at(rel, gold, ks)))
     out: dict[str, Any] = {
         "lexical": cross_validate({n: rows[n] for n in LEXICAL_CANDIDATES}, ks, max(ks), None)
     }
@@ -193,13 +206,13 @@ def cross_validated(
 
 def split_turn(dialogue: dict[str, Any]) -> tuple[list[str], list[str], str]:
     """(the user's lines before the last one, every line before it, the last user line): a chat turn's
-    message and the conversation before it, as `workers.turn` hands them to entry recall."""
-    lines = [ln for ln in dialogue["dialogue"][: dialogue["test-turn"][0]] if not ln.startswith("<BOD>")]
-    last = max((i for i, ln in enumerate(lines) if not ln.startswith("<Assistant>")), default=None)
-    if last is None:
+    conversation and message, as `workers.turn` hands them to entry recall."""
+    users = user_lines(dialogue)
+    if not users:
         return [], [], ""
-    users = [TAG.sub(" ", ln).strip() for ln in lines[:last] if not ln.startswith("<Assistant>")]
-    return users, [TAG.sub(" ", ln).strip() for ln in lines[:last]], TAG.sub(" ", lines[last]).strip()
+    lines = [TAG.sub(" ", ln).strip() for ln in dialogue["dialogue"][: dialogue["test-turn"][0]]]
+    before = lines[: len(lines) - 1 - lines[::-1].index(users[-1])]
+    return users[:-1], [ln for ln in before if ln], users[-1]
 
 
 def turn_queries(
@@ -208,13 +221,9 @@ def turn_queries(
     """R@10 per fold of the product's entry recall (`RelevanceIndex.relevance(message, context)`) for
     the message alone (before), with the user's earlier lines (shipped), with every earlier line, and
     after a change of topic (the earlier lines of another user's dialogue)."""
-    from memory_core.entry import Entry
-    from memory_core.recall import RelevanceIndex
+    from bench.folds import mean_recall
 
-    indexes = {}
-    for user, pool in pools.items():
-        indexes[user] = RelevanceIndex()
-        indexes[user].sync([Entry(id=str(mid), text=text) for mid, text in pool])
+    indexes = relevance_indexes(pools)
     n = len(dialogues)
 
     def other(i: int) -> dict[str, Any]:
@@ -229,16 +238,16 @@ def turn_queries(
     }
     out: dict[str, Any] = {}
     for name, context in arms.items():
-        per: list[list[float]] = [[] for _ in range(folds)]
+        per: list[list[tuple[int, dict[int, float]]]] = [[] for _ in range(folds)]
         for i, dia in enumerate(dialogues):
             rel = indexes[int(dia["user-id"])].relevance(split_turn(dia)[2], context(i))
-            ranked = [int(m) for m in sorted((m for m in rel if rel[m] > 0), key=lambda m: (-rel[m], int(m)))]
-            gold = set(dia["relevant-id"])
-            per[i % folds].append(len(gold & set(ranked[:10])) / len(gold))
-        scores = [100 * sum(p) / len(p) for p in per]
-        mean = sum(scores) / folds
-        sd = (sum((x - mean) ** 2 for x in scores) / (folds - 1)) ** 0.5
-        out[name] = {"R@10": round(mean, 1), "sd": round(sd, 1), "folds": [round(x, 1) for x in scores]}
+            per[i % folds].append((0, recall_at(rel, set(dia["relevant-id"]), [10])))
+        scores = [100 * sum(r[10] for _, r in p) / len(p) for p in per]
+        out[name] = {
+            "R@10": round(statistics.fmean(scores), 1),
+            "sd": round(statistics.stdev(scores), 1),
+            "folds": [mean_recall(p, 10) for p in per],
+        }
     return out
 
 
