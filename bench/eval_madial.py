@@ -216,12 +216,17 @@ def split_turn(dialogue: dict[str, Any]) -> tuple[list[str], list[str], str]:
 
 
 def turn_queries(
-    dialogues: list[dict[str, Any]], pools: dict[int, list[tuple[int, str]]], folds: int = 5
+    dialogues: list[dict[str, Any]],
+    pools: dict[int, list[tuple[int, str]]],
+    embedder: Embedder | None = None,
+    folds: int = 5,
 ) -> dict[str, Any]:
     """R@10 per fold of the product's entry recall (`RelevanceIndex.relevance(message, context)`) for
     the message alone (before), with the user's earlier lines (shipped), with every earlier line, and
-    after a change of topic (the earlier lines of another user's dialogue)."""
+    after a change of topic (the earlier lines of another user's dialogue). With `embedder`, hybrid arms
+    too (the product's fusion over all positive cosines), on topic and after a change of topic."""
     from bench.folds import mean_recall
+    from memory_core.recall import fuse
 
     indexes = relevance_indexes(pools)
     n = len(dialogues)
@@ -236,12 +241,50 @@ def turn_queries(
         "message + every earlier line": lambda i: split_turn(dialogues[i])[1],
         "change of topic: another user's earlier lines": lambda i: split_turn(other(i))[0],
     }
-    out: dict[str, Any] = {}
+    rows: dict[str, list[list[tuple[int, dict[int, float]]]]] = {}
+
+    def score(name: str, i: int, rel: dict[str, float]) -> None:
+        per = rows.setdefault(name, [[] for _ in range(folds)])
+        per[i % folds].append((0, recall_at(rel, set(dialogues[i]["relevant-id"]), [10])))
+
     for name, context in arms.items():
-        per: list[list[tuple[int, dict[int, float]]]] = [[] for _ in range(folds)]
         for i, dia in enumerate(dialogues):
-            rel = indexes[int(dia["user-id"])].relevance(split_turn(dia)[2], context(i))
-            per[i % folds].append((0, recall_at(rel, set(dia["relevant-id"]), [10])))
+            score(name, i, indexes[int(dia["user-id"])].relevance(split_turn(dia)[2], context(i)))
+    if embedder is not None:
+        vectors = {
+            user: np.asarray(embedder([t for _, t in pool], "passage")) for user, pool in pools.items()
+        }
+        for topic, context in (
+            ("", arms["message + the user's earlier lines (shipped)"]),
+            (", change of topic", arms["change of topic: another user's earlier lines"]),
+        ):
+            for i, dia in enumerate(dialogues):
+                user, message, ctx = int(dia["user-id"]), split_turn(dia)[2], context(i)
+                conversation = " ".join([*ctx, message])
+                dense = [
+                    {
+                        str(m): float(c)
+                        for (m, _), c in zip(pools[user], vectors[user] @ q, strict=True)
+                        if c > 0
+                    }
+                    for q in np.asarray(embedder([message, conversation], "query"))
+                ]
+                index = indexes[user]
+                both = index.relevance(message, ctx)
+                passes = (
+                    fuse(index.relevance(message), dense[0]),
+                    fuse(index.relevance(conversation), dense[1]),
+                )
+                score(f"hybrid: the message's vector (shipped){topic}", i, fuse(both, dense[0]))
+                score(f"hybrid: the conversation's vector{topic}", i, fuse(both, dense[1]))
+                score(f"hybrid: max of a message and a conversation pass{topic}", i, _best(*passes))
+                score(
+                    f"hybrid: max of the two vectors' fusions{topic}",
+                    i,
+                    _best(fuse(both, dense[0]), fuse(both, dense[1])),
+                )
+    out: dict[str, Any] = {}
+    for name, per in rows.items():
         scores = [100 * sum(r[10] for _, r in p) / len(p) for p in per]
         out[name] = {
             "R@10": round(statistics.fmean(scores), 1),
@@ -249,6 +292,11 @@ def turn_queries(
             "folds": [mean_recall(p, 10) for p in per],
         }
     return out
+
+
+def _best(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    """The better of two relevances per id."""
+    return {k: max(a.get(k, 0.0), b.get(k, 0.0)) for k in {*a, *b}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,7 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     ap.add_argument("--folds", type=int, default=0, help="k-fold cross-validation over dialogues (e.g. 5)")
     ap.add_argument("--cache", type=Path, help="an .npz embedding cache (created if missing)")
-    ap.add_argument("--turn", action="store_true", help="entry recall as a chat turn queries it (lexical)")
+    ap.add_argument(
+        "--turn",
+        action="store_true",
+        help="entry recall as a chat turn queries it (with --embed: hybrid arms too)",
+    )
     args = ap.parse_args(argv)
     ks = sorted({int(k) for k in args.k.split(",")})
     user_ids = None
@@ -278,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         embedder = cached = CachedEmbedder(local_embedder(), args.cache)
     dialogues, pools = read_jsonl(args.dialogues), load_memories(args.memories, user_ids)
     if args.turn:
-        result = turn_queries(dialogues, pools)
+        result = turn_queries(dialogues, pools, embedder)
     elif args.folds:
         result = cross_validated(dialogues, pools, embedder, ks, args.folds)
     else:
