@@ -189,20 +189,15 @@ class RelevanceIndex:
         self._refresh_terms()
 
     def _bulk_add(self, fresh: list[Entry]) -> None:
-        for index, bag in ((self._index, _bag), (self._strong, _strong_bag)):
-            docs: list[int] = []
-            terms: list[int] = []
-            weights: list[float] = []
-            for n, e in enumerate(fresh):
-                for term, count in bag(e.text).items():
-                    docs.append(n)
-                    terms.append(index.term_id(term))
-                    weights.append(float(count))
+        tokens = [tokenize(e.text) for e in fresh]  # once for both indexes
+        lexical = [_bag(e.text, t) for e, t in zip(fresh, tokens, strict=True)]
+        strong = [dict.fromkeys(_strong(e.text, t), 1.0) for e, t in zip(fresh, tokens, strict=True)]
+        for index, bags in ((self._index, lexical), (self._strong, strong)):
             index.add_flat(
                 [e.id for e in fresh],
-                np.asarray(docs, dtype=np.int64),
-                np.asarray(terms, dtype=np.int64),
-                np.asarray(weights, dtype=np.float64),
+                np.repeat(np.arange(len(bags), dtype=np.int64), [len(b) for b in bags]),
+                index.term_ids([t for b in bags for t in b]),
+                np.fromiter((c for b in bags for c in b.values()), dtype=np.float64),
             )
         assert self._strong.slots == self._index.slots  # the two indexes number entries alike
 
@@ -331,8 +326,8 @@ def _tokens(text: str) -> tuple[str, ...]:
     return tuple(tokenize(text))
 
 
-def _bag(text: str) -> Counter[str]:
-    return Counter(tokenize(text)) or Counter({"\x00empty": 1})
+def _bag(text: str, tokens: Iterable[str] | None = None) -> Counter[str]:
+    return Counter(tokenize(text) if tokens is None else tokens) or Counter({"\x00empty": 1})
 
 
 def _strong_bag(text: str) -> dict[str, float]:
@@ -345,9 +340,12 @@ _CJK_RUN = re.compile(f"[{HAN}]+")
 @lru_cache(maxsize=100_000)
 def strong_terms(text: str) -> frozenset[str]:
     """Evidence-grade terms: adjacent CJK character pairs as written, and Latin/digit words."""
+    return _strong(text, tokenize(text))
+
+
+def _strong(text: str, tokens: Iterable[str]) -> frozenset[str]:
     pairs = {run[i : i + 2] for run in _CJK_RUN.findall(text) for i in range(len(run) - 1)}
-    words = {t for t in tokenize(text) if t.isascii() and len(t) > 1}
-    return frozenset(pairs | words)
+    return frozenset(pairs.union(t for t in tokens if t.isascii() and len(t) > 1))
 
 
 #: Deterministic query expansion (the reference system's dictionary, extended): a key found in the query

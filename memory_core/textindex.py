@@ -64,7 +64,9 @@ def _stem(word: str) -> str:
     hit = _stem_cache.get(word)
     if hit is not None:
         return hit
-    stemmed = word if len(word) > _MAX_STEM_LEN else None
+    stemmed = (
+        word if len(word) > _MAX_STEM_LEN or word.isdigit() else None
+    )  # Snowball keeps digits as they are
     if stemmed is None:
         with _stem_lock:
             stemmed = str(_stemmer.stemWord(word))
@@ -286,6 +288,13 @@ class BM25Index:
                 self._df = np.concatenate([self._df, np.zeros(self._df.size, dtype=np.int64)])
         return t
 
+    def term_ids(self, terms: Sequence[str]) -> npt.NDArray[np.int64]:
+        """`term_id` of each of `terms` (one dict lookup each, in C; new terms interned once)."""
+        vocab = self._vocab
+        for term in dict.fromkeys(terms).keys() - vocab.keys():
+            self.term_id(term)
+        return np.fromiter(map(vocab.__getitem__, terms), dtype=np.int64, count=len(terms))
+
     def _new_slot(self, key: Hashable) -> int:
         if key in self._slot:
             raise KeyError(f"document {key!r} is already indexed")
@@ -398,10 +407,17 @@ class BM25Index:
         """Bulk-index new documents given as (doc, term id, weight) rows, summed per (doc, term); returns the
         first slot. ~10× faster than `add`: a 200,000-message archive rebuilds in seconds."""
         first = len(self._keys)
-        for key in keys:
-            self._new_slot(key)
         if not keys:
             return first
+        slot = dict(zip(keys, range(first, first + len(keys)), strict=True))
+        if len(slot) < len(keys) or not slot.keys().isdisjoint(self._slot):
+            raise KeyError("a document is already indexed, or given twice")
+        self._slot.update(slot)
+        self._keys.extend(keys)
+        self._doc_terms.extend([None] * len(keys))  # each set below
+        self._doc_pos.extend([None] * len(keys))
+        if len(self._keys) > self._dl.size:
+            self._dl = np.concatenate([self._dl, np.zeros(max(self._dl.size, len(keys)), dtype=np.float64)])
         order = np.lexsort((doc, term))
         d = np.asarray(doc, dtype=np.int64)[order]
         t = np.asarray(term, dtype=np.int64)[order]

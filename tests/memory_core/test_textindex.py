@@ -258,3 +258,26 @@ def test_bulk_insert_and_array_round_trip_score_like_single_adds(
     single.remove(0)
     np.testing.assert_allclose(restored.score_array(query), single.score_array(query))
     assert bulk.problems() == [] and restored.problems() == []
+
+
+def test_bulk_insert_refuses_a_document_indexed_twice_and_changes_nothing() -> None:
+    index = BM25Index()
+    index.add("a", Counter(["x", "y"]))
+    before = index.score_array(["x", "y"]).tolist()
+    one = np.zeros(1, dtype=np.int64)
+    for keys in (["a"], ["b", "b"]):
+        with pytest.raises(KeyError):
+            index.add_flat(
+                keys, np.zeros(len(keys), dtype=np.int64), one.repeat(len(keys)), np.ones(len(keys))
+            )
+        assert len(index) == 1 and index.slot_of("b") is None
+        assert index.score_array(["x", "y"]).tolist() == before and index.problems() == []
+
+
+def test_term_ids_intern_new_terms_once_and_agree_with_term_id() -> None:
+    index = BM25Index()
+    known = index.term_id("x")
+    ids = index.term_ids(["y", "x", "y", "z"]).tolist()
+    assert ids[1] == known and ids[0] == ids[2] and len(set(ids)) == 3
+    assert [index.term_id(t) for t in ("y", "x", "y", "z")] == ids
+    assert index.vocabulary_size == 3
