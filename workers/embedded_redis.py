@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import secrets
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -83,6 +85,26 @@ def _private_file(path: Path, content: str) -> None:
         fh.write(content)
 
 
+def _reusable(url: str | None, directory: Path) -> tuple[str, Path] | None:
+    """(password, socket) of the last URL of `directory`'s server, if both can serve again: a password as
+    `start` makes them, and a socket in `directory` or in a private directory (0700, this user's) still there."""
+    found = _URL.fullmatch(url or "")
+    if found is None:
+        return None
+    sock = Path(found["sock"])
+    try:
+        held = sock.parent.lstat()
+    except OSError:
+        return None
+    private = (
+        stat.S_ISDIR(held.st_mode) and held.st_uid == os.getuid() and stat.S_IMODE(held.st_mode) == 0o700
+    )
+    return (found["password"], sock) if sock.parent == directory or private else None
+
+
+_URL = re.compile(r"unix://:(?P<password>[0-9a-f]{48})@(?P<sock>/[^\s]+/redis\.sock)")
+
+
 def _socket_dir(directory: Path) -> tuple[Path, bool]:
     """(where the socket goes, whether that is a private directory made for it outside the data dir)."""
     if len(str(directory / "redis.sock")) < _SOCKET_LIMIT:
@@ -102,15 +124,17 @@ def start(data_dir: Path, persist: bool = True, timeout: float = 10.0) -> Embedd
     lock_fd = os.open(directory / ".spawn.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        if url_file.exists():
-            url = url_file.read_text().strip()
-            if _ping(url):
-                return EmbeddedRedis(url, directory)
-        sock_dir, private = _socket_dir(directory)
-        sock = sock_dir / "redis.sock"
+        last = url_file.read_text().strip() if url_file.exists() else None
+        if last is not None and _ping(last):
+            return EmbeddedRedis(last, directory)
+        # A server that died is started again on its URL: the processes still holding it reconnect.
+        password, sock = _reusable(last, directory) or (secrets.token_hex(24), None)
+        private = sock is not None and sock.parent != directory
+        if sock is None:
+            sock_dir, private = _socket_dir(directory)
+            sock = sock_dir / "redis.sock"
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()
-        password = secrets.token_hex(24)
         conf = directory / "redis.conf"
         _private_file(conf, f"requirepass {password}\n")
         args = [find_redis_server(), str(conf), "--dir", str(directory), "--daemonize", "no", "--save", ""]
@@ -135,7 +159,7 @@ def start(data_dir: Path, persist: bool = True, timeout: float = 10.0) -> Embedd
                 raise LucidError(f"redis-server did not answer within {timeout:.0f}s")
             time.sleep(0.02)
         _private_file(url_file, url)
-        return EmbeddedRedis(url, directory, proc, sock_dir if private else None)
+        return EmbeddedRedis(url, directory, proc, sock.parent if private else None)
     finally:
         fcntl.flock(lock_fd, fcntl.LOCK_UN)
         os.close(lock_fd)

@@ -48,3 +48,30 @@ def test_embedded_redis_never_listens_on_tcp_and_needs_its_password(tmp_path: Pa
         server.stop()
     if depth > 1:
         assert not sock.parent.exists()
+
+
+@pytest.mark.parametrize("depth", [0, 12])
+def test_a_server_that_died_comes_back_on_the_url_its_clients_hold(tmp_path: Path, depth: int) -> None:
+    """Killed (OOM, SIGKILL) and started again for the same data dir, it keeps its password and socket
+    (in the data dir, or in its private directory): the processes still holding the URL reconnect, with
+    what the AOF kept."""
+    data = tmp_path.joinpath(*["a-long-directory-name"] * depth) / "d"
+    data.mkdir(parents=True)
+    server = embedded_redis.start(data, persist=True)
+    short = len(str(data.resolve() / ".redis" / "redis.sock")) < 100  # AF_UNIX's limit, with margin
+    assert (data in Path(server.url.split("@", 1)[1]).parents) == short
+    again = None
+    try:
+        held = redis.Redis.from_url(server.url)  # a process that keeps its client across the outage
+        held.set("lucid:test", "kept")
+        assert server.process is not None
+        server.process.kill()
+        server.process.wait()
+        with pytest.raises(redis.ConnectionError):
+            held.ping()
+        again = embedded_redis.start(data, persist=True)
+        assert again.process is not None and again.url == server.url
+        assert held.get("lucid:test") == b"kept"
+        held.close()
+    finally:
+        (again or server).stop()
