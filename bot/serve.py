@@ -115,6 +115,7 @@ def _serve_webhook(
     sock: socket.socket,
     started: Callable[[], list[subprocess.Popen[bytes]]],
     banner: str,
+    tend: Callable[[], None] = lambda: None,
 ) -> list[subprocess.Popen[bytes]]:
     """Serve on the bound `sock`: start the children, print the banner once requests are answered, and
     run until a stop signal or a child dies."""
@@ -131,6 +132,7 @@ def _serve_webhook(
                 if child.poll() is not None:
                     log.error("child process %s exited with %s; stopping", child.args, child.returncode)
                     stop.set()
+            await loop.run_in_executor(None, tend)
             await asyncio.sleep(0.5)
 
     async def run() -> None:
@@ -198,7 +200,15 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             children.extend(started)
             return started
 
-        _serve_webhook(runtime, sock, start_children, _banner(settings, args.host))
+        def tend() -> None:  # an OOM-killed Redis comes back on the URL every child holds
+            nonlocal server
+            if server is not None and server.process is not None and server.process.poll() is not None:
+                log.error(
+                    "the embedded redis-server exited with %s; starting it again", server.process.returncode
+                )
+                server = embedded_redis.start(settings.data_dir)
+
+        _serve_webhook(runtime, sock, start_children, _banner(settings, args.host), tend)
     finally:
         sock.close()
         _stop_children(children)

@@ -98,10 +98,9 @@ def test_the_docker_build_context_leaves_out_venvs_memories_and_secrets() -> Non
     assert {".venv", "lucid-data", ".env", "lucid.toml", ".git"} <= ignored
 
 
-def test_serve_runs_everything_and_leaves_no_orphans(tmp_path: Path) -> None:
-    port = _free_port()
-    data = tmp_path / "data"
-    proc = subprocess.Popen(
+def _serve_default(tmp_path: Path, data: Path, port: int) -> subprocess.Popen[str]:
+    """`lucid serve` with the built-in default persona (no Feishu app)."""
+    return subprocess.Popen(
         [sys.executable, "-m", "bot.cli", "serve", "--data", str(data)],
         cwd=ROOT,
         env=_env(LUCID_PORT=str(port), LUCID_CONFIG=str(_personas(tmp_path))),
@@ -109,6 +108,12 @@ def test_serve_runs_everything_and_leaves_no_orphans(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def test_serve_runs_everything_and_leaves_no_orphans(tmp_path: Path) -> None:
+    port = _free_port()
+    data = tmp_path / "data"
+    proc = _serve_default(tmp_path, data, port)
     try:
         body = _wait_http(f"http://127.0.0.1:{port}/healthz")
         assert b"ok" in body
@@ -318,6 +323,53 @@ def test_healthchecks_tell_a_live_worker_and_cron_from_a_dead_one(tmp_path: Path
     dead = _health("worker", env)
     assert dead.returncode == 1 and "no live RQ worker" in dead.stdout
     assert _health("cron", env).returncode == 1
+
+
+def test_serve_starts_its_redis_again_when_it_dies_and_keeps_what_it_held(tmp_path: Path) -> None:
+    """An OOM kill of the embedded redis-server: `lucid serve` starts it again on the same socket and
+    password, its worker and cron reconnect (nothing restarts them), the AOF kept the data, and SIGTERM
+    then stops the new server too."""
+    port = _free_port()
+    data = tmp_path / "data"
+    proc = _serve_default(tmp_path, data, port)
+    ready = f"http://127.0.0.1:{port}/readyz"
+    try:
+        _wait_ready(ready)
+        url = (data / ".redis" / "url").read_text().strip()
+        with redis.Redis.from_url(url) as client:
+            client.set("lucid:deploy-test", "kept")
+        family = _family(proc)
+        [server] = [p for p in family if "redis-server" in " ".join(p.cmdline())]
+        others = [p for p in family if p.pid != server.pid]
+        server.kill()
+        server.wait(timeout=10)
+        _wait_ready(ready)
+        [again] = [p for p in _family(proc) if "redis-server" in " ".join(p.cmdline())]
+        assert again.pid != server.pid and (data / ".redis" / "url").read_text().strip() == url
+        assert all(p.is_running() for p in others) and proc.poll() is None  # nobody else restarted
+        with redis.Redis.from_url(url) as client:
+            assert client.get("lucid:deploy-test") == b"kept"
+        family = _family(proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "starting it again" in out
+    psutil.wait_procs(family, timeout=10)
+    assert _gone(family)
+
+
+def _wait_ready(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{url} not ready within {timeout:.0f} s"
+        time.sleep(0.2)
 
 
 def test_serve_with_no_personas_file_keeps_its_worker_and_cron(tmp_path: Path) -> None:
