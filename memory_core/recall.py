@@ -191,7 +191,7 @@ class RelevanceIndex:
     def _bulk_add(self, fresh: list[Entry]) -> None:
         tokens = [tokenize(e.text) for e in fresh]  # once for both indexes
         lexical = [_bag(e.text, t) for e, t in zip(fresh, tokens, strict=True)]
-        strong = [dict.fromkeys(_strong(e.text, t), 1.0) for e, t in zip(fresh, tokens, strict=True)]
+        strong = [_strong_bag(e.text, t) for e, t in zip(fresh, tokens, strict=True)]
         for index, bags in ((self._index, lexical), (self._strong, strong)):
             index.add_flat(
                 [e.id for e in fresh],
@@ -330,8 +330,8 @@ def _bag(text: str, tokens: Iterable[str] | None = None) -> Counter[str]:
     return Counter(tokenize(text) if tokens is None else tokens) or Counter({"\x00empty": 1})
 
 
-def _strong_bag(text: str) -> dict[str, float]:
-    return dict.fromkeys(strong_terms(text), 1.0)
+def _strong_bag(text: str, tokens: Iterable[str] | None = None) -> dict[str, float]:
+    return dict.fromkeys(strong_terms(text) if tokens is None else _strong(text, tokens), 1.0)
 
 
 _CJK_RUN = re.compile(f"[{HAN}]+")

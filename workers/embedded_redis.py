@@ -85,6 +85,9 @@ def _private_file(path: Path, content: str) -> None:
         fh.write(content)
 
 
+_URL = re.compile(r"unix://:(?P<password>[0-9a-f]{48})@(?P<sock>/[^\s]+/redis\.sock)")
+
+
 def _reusable(url: str | None, directory: Path) -> tuple[str, Path] | None:
     """(password, socket) of the last URL of `directory`'s server, if both can serve again: a password as
     `start` makes them, and a socket in `directory` or in a private directory (0700, this user's) still there."""
@@ -100,9 +103,6 @@ def _reusable(url: str | None, directory: Path) -> tuple[str, Path] | None:
         stat.S_ISDIR(held.st_mode) and held.st_uid == os.getuid() and stat.S_IMODE(held.st_mode) == 0o700
     )
     return (found["password"], sock) if sock.parent == directory or private else None
-
-
-_URL = re.compile(r"unix://:(?P<password>[0-9a-f]{48})@(?P<sock>/[^\s]+/redis\.sock)")
 
 
 def _socket_dir(directory: Path) -> tuple[Path, bool]:
