@@ -26,7 +26,7 @@ import pytest
 import redis
 
 from memory_core.policy import canonical_subject
-from tests.fakes.feishu import FakeFeishu
+from tests.fakes.feishu import APP_LIMITS, FakeFeishu
 from tests.fakes.feishu_events import deliver
 from tests.reliability.conftest import Figures
 from tests.reliability.harness import (
@@ -169,8 +169,7 @@ async def load_run(
     msgs = traffic(n)
     for m in msgs:
         feishu.note_message(m.message_id, m.chat_id)
-    if feishu_quota:
-        feishu.app_limits = ((50, 1.0), (1000, 60.0))
+    feishu.app_limits = APP_LIMITS if feishu_quota else ()
     extra = {} if feishu_quota else {"LUCID_FEISHU_SEND_RATE": "100000"}
     with Stack(tmp_path, redis_url, feishu, bots=2, workers=2, extra_env=extra) as stack:
         started = time.time()
