@@ -246,6 +246,13 @@ def _progress(done: int, total: int) -> None:
     sys.stderr.flush()
 
 
+def _count(text: str) -> int:
+    """A count option: a whole number from 1 to 100,000 (0 or -1 used to reach numpy or islice as is)."""
+    if not (text.strip().isascii() and text.strip().isdigit()) or not 1 <= int(text) <= 100_000:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 100000, got {text!r}")
+    return int(text)
+
+
 def parse_as_of(value: str, now: datetime) -> datetime:
     """`--as-of`: an ISO time or date, `now`, `today`, `yesterday`, or a time ago (`3d`, `12h`, `3d ago`)."""
     v = value.strip().lower()
@@ -253,12 +260,12 @@ def parse_as_of(value: str, now: datetime) -> datetime:
     named = {"now": now, "today": midnight, "yesterday": midnight - timedelta(days=1)}
     if v in named:
         return named[v]
-    ago = duration_seconds(v.removesuffix("ago").strip())
-    if ago is not None:
-        return now - timedelta(seconds=ago)
     try:
+        ago = duration_seconds(v.removesuffix("ago").strip())
+        if ago is not None:
+            return now - timedelta(seconds=ago)
         return parse_time(value)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: 99999999d is before year 1
         raise InvalidInput(
             f"--as-of {value!r} is not a time: use an ISO time (2026-06-01 or 2026-06-01T09:00:00Z), "
             "now, today, yesterday, or a time ago such as 3d or 12h"
@@ -440,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("recall", help="scored memories for a query (recency, importance, relevance)")
     p.add_argument("query")
-    p.add_argument("--k", type=int, default=5, help="how many (default 5)")
+    p.add_argument("--k", type=_count, default=5, help="how many (default 5)")
     p.add_argument(
         "--as-of", help="what was current at this time: ISO 8601, now, today, yesterday, or 3d / 12h ago"
     )
@@ -453,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("search", help="full-text search of the raw message archive")
     p.add_argument("query")
-    p.add_argument("--k", type=int, default=10, help="how many (default 10)")
+    p.add_argument("--k", type=_count, default=10, help="how many (default 10)")
     _common(p)
 
     p = sub.add_parser("dream", help="run one dream phase now and print its report")
@@ -463,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
 
     p = sub.add_parser("history", help="what changed in memory, in words, newest first (revisions for undo)")
-    p.add_argument("--limit", type=int, default=50, help="how many rows (default 50)")
+    p.add_argument("--limit", type=_count, default=50, help="how many rows (default 50)")
     p.add_argument(
         "--all", action="store_true", help="also commits that only recorded messages or hit counts"
     )
@@ -478,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("import", help="bulk-load JSON Lines of messages and facts")
     p.add_argument("file", help="a .jsonl file, or - for standard input")
     p.add_argument("--upsert", action="store_true", help="send facts through the upsert rules")
-    p.add_argument("--batch", type=int, default=2000, help="ops per write batch")
+    p.add_argument("--batch", type=_count, default=2000, help="ops per write batch")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _common(p)
 

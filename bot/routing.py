@@ -69,7 +69,7 @@ def route(
     try:
         raw_time = message.get("create_time") or header.get("create_time") or 0
         created = int(raw_time) if len(str(raw_time)) <= 20 else -1  # int() of 4,300+ digits raises
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON number like 1e999 is infinity
         return Ignored("malformed create_time", message_id)
     if not 0 <= created < MAX_CREATE_TIME_MS:  # epoch milliseconds, before the year 2286
         return Ignored("malformed create_time", message_id)

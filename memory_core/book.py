@@ -17,15 +17,17 @@ from functools import cache
 from typing import NamedTuple
 
 from . import meaning, policy, similarity
-from .entry import MAX_TEXT_CHARS, PROMOTED, TYPES, Entry, new_id
+from .entry import MAX_SUBJECT_CHARS, MAX_TEXT_CHARS, PROMOTED, TYPES, Entry, new_id
 from .injection import carries_instruction
 from .lineformat import (
+    MAX_LINE_CHARS,
     Item,
     MemoryFile,
     Section,
     Unparsed,
     empty_archive_file,
     empty_memory_file,
+    escape,
     parse_time,
     render_entry,
 )
@@ -512,7 +514,8 @@ class Book:
     def _reject_text(self, op_id: str, text: str) -> Outcome | None:
         if not text.strip():
             return Outcome(op_id, "rejected:empty", detail="nothing to remember")
-        if len(text) > MAX_TEXT_CHARS:
+        # Control characters are written as escapes (\\u{1}): the line must still be one a reader reads.
+        if len(text) > MAX_TEXT_CHARS or len(escape(text)) > MAX_LINE_CHARS // 2:
             return Outcome(op_id, "rejected:too_long", detail=f"over {MAX_TEXT_CHARS} characters")
         if contains_secret(text):
             return Outcome(op_id, "rejected:secret", detail="looks like a secret; not stored")
@@ -527,6 +530,10 @@ class Book:
             return rejected
         if op.type not in TYPES:
             return Outcome(op.op_id, "rejected:bad_type", detail=f"type must be one of {', '.join(TYPES)}")
+        if op.subject and len(op.subject) > MAX_SUBJECT_CHARS:
+            return Outcome(
+                op.op_id, "rejected:too_long", detail=f"a subject of over {MAX_SUBJECT_CHARS} characters"
+            )
         subject = subject_key(op.subject)
         if subject is None:
             found = recognise(text)
@@ -737,6 +744,10 @@ class Book:
             return rejected
         if entry.type not in TYPES:
             return Outcome(op.op_id, "rejected:bad_type", detail=f"type must be one of {', '.join(TYPES)}")
+        if len(render_entry(entry)) > MAX_LINE_CHARS:  # else written, then never read back
+            return Outcome(
+                op.op_id, "rejected:too_long", detail=f"its line is over {MAX_LINE_CHARS} characters"
+            )
         existing = self.get(entry.id)
         if existing is not None:
             if existing == entry:

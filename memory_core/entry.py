@@ -17,6 +17,7 @@ DEMOTED = "demo"
 
 #: An entry's text may not be longer than this (characters); longer input is rejected, not cut.
 MAX_TEXT_CHARS = 2000
+MAX_SUBJECT_CHARS = 64  # an attribute's name (所在地), not a statement
 
 
 def utcnow() -> datetime:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from .entry import MAX_TEXT_CHARS, TYPES, new_id
+from .entry import MAX_SUBJECT_CHARS, MAX_TEXT_CHARS, TYPES, new_id
 from .errors import ImportFormatError
 from .lineformat import parse_time
 from .namespace import Namespace
 from .ops import Op, Put, Record, Remember
 
+MAX_SUPERSEDES = 20  # ids a fact may end: more would make its line longer than a line may be
+MAX_HITS = 10**9
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _FACT_FIELDS = {
     "kind",
     "id",
@@ -63,6 +67,7 @@ class ImportPlan:
 def parse_import(data: bytes, default: Namespace, upsert: bool = False) -> ImportPlan:
     """Validate every line of a JSON Lines import and turn it into ops, grouped by namespace."""
     ops: dict[Namespace, list[Op]] = {}
+    ids: dict[tuple[Namespace, str], int] = {}  # a fact's id → its line: one id is one fact
     messages = facts = 0
     for line_no, raw in enumerate(data.split(b"\n"), start=1):
         if not raw.strip():
@@ -75,6 +80,8 @@ def parse_import(data: bytes, default: Namespace, upsert: bool = False) -> Impor
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ImportFormatError(line_no, f"not valid JSON: {exc.msg} (column {exc.colno})") from exc
+        except (ValueError, RecursionError) as exc:  # a 5,000-digit number, arrays nested 100,000 deep
+            raise ImportFormatError(line_no, f"not JSON this importer reads: {exc}") from None
         if not isinstance(obj, dict):
             raise ImportFormatError(line_no, "each line must be a JSON object")
         try:
@@ -88,8 +95,13 @@ def parse_import(data: bytes, default: Namespace, upsert: bool = False) -> Impor
                 facts += 1
             else:
                 raise ValueError(f"kind must be 'message' or 'fact', got {kind!r}")
+            ident = _fact_id(op)
+            if ident is not None and (ns, ident) in ids:
+                raise ValueError(f"duplicate id {ident!r} (also on line {ids[ns, ident]})")
         except (ValueError, TypeError) as exc:
             raise ImportFormatError(line_no, str(exc)) from exc
+        if ident is not None:
+            ids[ns, ident] = line_no
         ops.setdefault(ns, []).append(op)
     return ImportPlan({ns: _superseded_first(batch) for ns, batch in ops.items()}, messages, facts)
 
@@ -98,17 +110,28 @@ def _superseded_first(ops: list[Op]) -> list[Op]:
     """The ops with every fact after the facts of this file it supersedes (stable otherwise), so that an
     entry the file ends exists by the time its successor is written."""
     ids = {_fact_id(op): i for i, op in enumerate(ops) if _fact_id(op)}
+    below = {
+        i: [ids[s] for s in op.entry.get("supersedes", []) if s in ids and ids[s] != i]
+        for i, op in enumerate(ops)
+        if isinstance(op, Put)
+    }
     depth: dict[int, int] = {}
-
-    def level(i: int, seen: frozenset[int] = frozenset()) -> int:
-        if i not in depth:
-            op = ops[i]
-            named = op.entry.get("supersedes", []) if isinstance(op, Put) else []
-            below = [ids[s] for s in named if s in ids and ids[s] not in seen and ids[s] != i]
-            depth[i] = 1 + max((level(j, seen | {i}) for j in below), default=-1)
-        return depth[i]
-
-    return [ops[i] for i in sorted(range(len(ops)), key=lambda i: (level(i), i))]
+    for start in range(len(ops)):  # iterative depth-first: a chain 100,000 long is no deeper a stack
+        stack, path = [start], set()
+        while stack:
+            i = stack[-1]
+            if i in depth:
+                stack.pop()
+                continue
+            path.add(i)
+            todo = [j for j in below.get(i, ()) if j not in depth and j not in path]  # a cycle: cut
+            if todo:
+                stack.extend(todo)
+                continue
+            depth[i] = 1 + max((depth.get(j, -1) for j in below.get(i, ())), default=-1)
+            path.discard(i)
+            stack.pop()
+    return [ops[i] for i in sorted(range(len(ops)), key=lambda i: (depth[i], i))]
 
 
 def _fact_id(op: Op) -> str | None:
@@ -139,6 +162,8 @@ def _str(obj: dict[str, Any], key: str, required: bool = False, limit: int = 500
         raise ValueError(f"{key!r} must be a string")
     if len(value) > limit:
         raise ValueError(f"{key!r} is longer than {limit} characters")
+    if _SURROGATE.search(value):
+        raise ValueError(f"{key!r} holds a lone surrogate (\\ud800-\\udfff), which is no character")
     return value
 
 
@@ -197,14 +222,16 @@ def _fact(obj: dict[str, Any], upsert: bool) -> Op:
     ):
         raise ValueError("confidence must be a number within 0..1")
     hits = obj.get("hits", 0)
-    if not isinstance(hits, int) or isinstance(hits, bool) or hits < 0:
-        raise ValueError("hits must be a non-negative integer")
+    if not isinstance(hits, int) or isinstance(hits, bool) or not 0 <= hits <= MAX_HITS:
+        raise ValueError(f"hits must be a whole number from 0 to {MAX_HITS}")
     pinned = obj.get("pinned", False)
     if not isinstance(pinned, bool):
         raise ValueError("pinned must be true or false")
     supersedes = obj.get("supersedes") or []
     if not isinstance(supersedes, list) or not all(isinstance(s, str) for s in supersedes):
         raise ValueError("supersedes must be a list of ids")
+    if len(supersedes) > MAX_SUPERSEDES or any(len(s) > 64 for s in supersedes):
+        raise ValueError(f"supersedes may list at most {MAX_SUPERSEDES} ids of at most 64 characters")
     scope = _str(obj, "scope")
     ident = _str(obj, "id", limit=64)
     if ident is not None and not all(ch.isalnum() or ch in "_.:-" for ch in ident):
@@ -213,7 +240,7 @@ def _fact(obj: dict[str, Any], upsert: bool) -> Op:
         return Remember(
             text=text,
             type=kind,
-            subject=_str(obj, "subject"),
+            subject=_str(obj, "subject", limit=MAX_SUBJECT_CHARS),
             source=_str(obj, "source") or "import",
             origin=_str(obj, "from"),
             scope=scope,
@@ -227,7 +254,7 @@ def _fact(obj: dict[str, Any], upsert: bool) -> Op:
         "id": ident or new_id(),
         "text": text,
         "type": kind,
-        "subject": _str(obj, "subject"),
+        "subject": _str(obj, "subject", limit=MAX_SUBJECT_CHARS),
         "valid_from": _time(obj, "valid_from"),
         "valid_to": _time(obj, "valid_to"),
         "at": _time(obj, "at"),

@@ -65,7 +65,8 @@ def unescape(text: str) -> str:
     def sub(m: re.Match[str]) -> str:
         if m.group(1) is not None:
             cp = int(m.group(1), 16)
-            return chr(cp) if cp <= 0x10FFFF else m.group(0)
+            # a lone surrogate is no character: it could not be encoded, so every read of the file would fail
+            return chr(cp) if cp <= 0x10FFFF and not 0xD800 <= cp <= 0xDFFF else m.group(0)
         return m.group(2)
 
     return _ESCAPE_RE.sub(sub, text)
@@ -89,7 +90,10 @@ def parse_time(value: str) -> datetime:
     if v.endswith(("Z", "z")):
         v = v[:-1] + "+00:00"
     parsed = datetime.fromisoformat(v)
-    return as_utc(parsed)
+    try:
+        return as_utc(parsed)
+    except OverflowError:  # 9999-12-31T23:59:59-14:00 is past year 9999 in UTC
+        raise ValueError(f"time out of range: {value!r}") from None
 
 
 _QV_PLAIN = re.compile(r"[0-9A-Za-z_.:,+/@!*()'\[\]-]*\Z")

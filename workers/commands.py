@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from memory_core.dream import PHASES
-from memory_core.entry import TYPES, Entry
+from memory_core.entry import MAX_SUBJECT_CHARS, TYPES, Entry
 from memory_core.errors import LucidError
 from memory_core.injection import carries_instruction
 from memory_core.intents import (
@@ -581,7 +581,7 @@ def tool_call(
         kind, subject = args.get("type"), args.get("subject")
         if isinstance(kind, str) and kind in TYPES and kind != "rule":
             op = replace(op, type=kind)
-        if isinstance(subject, str) and 0 < len(subject.strip()) <= 64:
+        if isinstance(subject, str) and 0 < len(subject.strip()) <= MAX_SUBJECT_CHARS:
             op = replace(op, subject=subject.strip())
     elif action == "share":
         found = _share_target(runtime, mem, inbound, target or text, "share")

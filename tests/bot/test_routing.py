@@ -102,6 +102,10 @@ IGNORED: dict[str, tuple[Callable[[], dict[str, Any]], Ignored]] = {
         lambda: _with(lambda e: _msg(e).update(create_time="9" * 5000)),
         Ignored("malformed create_time", MID),
     ),
+    "create_time of infinity (a JSON 1e999)": (
+        lambda: _with(lambda e: _msg(e).update(create_time=float("inf"))),
+        Ignored("malformed create_time", MID),
+    ),
     "create_time before 1970": (
         lambda: _with(lambda e: _msg(e).update(create_time="-5")),
         Ignored("malformed create_time", MID),

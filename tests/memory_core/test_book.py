@@ -109,6 +109,16 @@ def test_pin_edit_and_put() -> None:
     assert put.status == "added" and book.get("f1").hits == 3  # type: ignore[union-attr]
 
 
+def test_a_put_whose_line_could_not_be_read_back_is_refused_and_changes_nothing() -> None:
+    """A line over MAX_LINE_CHARS is set aside unread on the next read: an entry whose metadata makes one
+    (2,000 superseded ids) would be reported added, then lost."""
+    book = Book()
+    sup = [f"{i:016x}" for i in range(2000)]
+    put = book.apply(Put(entry={"id": "f1", "text": "imported fact", "supersedes": sup}), T0)
+    assert put.status == "rejected:too_long" and book.get("f1") is None and not book.changed
+    assert book.apply(Put(entry={"id": "f1", "text": "imported fact", "supersedes": sup[:20]}), T0).ok
+
+
 def test_hand_moved_line_under_resident_counts_as_pinned() -> None:
     from memory_core.lineformat import parse_file
 
