@@ -33,6 +33,7 @@ from .lineformat import (
 )
 from .ops import Edit, Forget, Op, Outcome, Pin, Put, Remember, Touch, entry_from_json
 from .policy import CANONICAL, HAN, subject_key
+from .recall import is_shared
 from .secretscan import contains_secret, holds_redaction
 from .subjects import recognise
 
@@ -360,6 +361,9 @@ class Book:
                 self.memory.section_order.insert(0 if name == "resident" else 1, name)
         self._normalise_hand_moves()
         self._dedup_index: _DedupIndex | None = None  # built on the first write that needs it
+        # Messages whose entries were forgotten (the writer loads and keeps them): what an extraction or a
+        # dream planned from one before the forget may not bring back.
+        self.forgotten_from: set[str] = set()
         self._known: dict[str, _Keys] | None = None  # keys by text from a saved cache (`index_from`)
         self.changed = False
 
@@ -540,6 +544,8 @@ class Book:
             if found is not None:
                 subject = subject_key(found.subject)
         automatic = policy.automatic(op.source)
+        if automatic and op.origin in self.forgotten_from:
+            return Outcome(op.op_id, "rejected:forgotten", detail="its message's memory was forgotten since")
         if automatic and (op.type in policy.RESIDENT_TYPES or op.pinned) and carries_instruction(text):
             # a model's tool call or an extraction may not put "ignore previous instructions…" in every prompt
             op = replace(op, type="fact", pinned=False)
@@ -591,7 +597,14 @@ class Book:
             why = ",".join(dict.fromkeys(ended.values()))
             return Outcome(op.op_id, f"superseded:{why}", id=entry.id, superseded=tuple(ended))
 
-        # 3. A same-meaning rewording (best match): update in place, keeping metadata.
+        # 3. A same-meaning rewording (best match): update in place, keeping metadata. Only within the place it
+        # was learned, and not what the person shared: a fuller wording said in private must not take a group's
+        # scope or a share (and show in groups), and a group keeps what it was told; else it is a new entry.
+        alike = [
+            a
+            for a in alike
+            if policy.scope_key(a[1].scope) == policy.scope_key(scope) and not is_shared(a[1])
+        ]
         if alike:
             _score, old, relation = max(alike, key=lambda t: (t[0], t[1].at or _EPOCH))
             if relation == "contained":  # the new text says less than what is stored
@@ -688,6 +701,8 @@ class Book:
             removed = self.archive.remove(op.id)
         if removed is None:
             return Outcome(op.op_id, "rejected:not_found", detail=f"no entry {op.id}")
+        if removed.origin:
+            self.forgotten_from.add(removed.origin)
         self.changed = True
         return Outcome(op.op_id, "forgotten", id=op.id)
 
@@ -717,7 +732,11 @@ class Book:
             return rejected
         if text == entry.text:
             return Outcome(op.op_id, "unchanged", id=op.id)
-        self._set(entry.with_changes(text=text))
+        if op.scope is not None and policy.scope_key(op.scope) != policy.scope_key(entry.scope):
+            # rewritten elsewhere (a group's line in private): the new words are shown where they were said
+            self._set(entry.with_changes(text=text, scope=op.scope))
+        else:
+            self._set(entry.with_changes(text=text))
         return Outcome(op.op_id, "updated", id=op.id)
 
     def _touch(self, op: Touch) -> Outcome:

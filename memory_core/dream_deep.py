@@ -19,11 +19,11 @@ from .dream_guard import (
     missing_terms,
     one_line,
 )
-from .dream_light import scope_key, stamp
+from .dream_light import stamp
 from .dream_pairs import similar_pairs
 from .entry import MAX_TEXT_CHARS, Entry, new_id
 from .injection import carries_instruction, instructions
-from .policy import protected, subject_key
+from .policy import protected, scope_key, subject_key
 from .recall import recency
 from .secretscan import contains_secret
 from .similarity import RELATED, bigrams
@@ -66,7 +66,7 @@ class Cluster:
 def _links(pool: Sequence[Entry]) -> dict[int, set[int]]:
     """Adjacency over `pool`: same scope and (same subject or Jaccard ≥ RELATED)."""
     adj: dict[int, set[int]] = defaultdict(set)
-    scopes = [scope_key(e) for e in pool]
+    scopes = [scope_key(e.scope) for e in pool]
     for i, j, _ in similar_pairs([bigrams(e.text) for e in pool], RELATED):
         if scopes[i] == scopes[j]:
             adj[i].add(j)

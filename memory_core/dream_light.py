@@ -13,7 +13,7 @@ from .book import Book
 from .dream_pairs import similar_pairs
 from .entry import DEMOTED, PROMOTED, Entry
 from .injection import carries_instruction
-from .policy import protected, subject_key
+from .policy import protected, scope_key, subject_key
 from .recall import importance, recency
 from .similarity import DUPLICATE, bigrams, numbers_agree
 
@@ -24,11 +24,6 @@ COLD_IMPORTANCE = 0.55
 STALE_RECENCY = 0.02
 UNUSED_DAYS = 90  # a promotion lapses after this long without a recall, and is not granted after it
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def scope_key(e: Entry) -> str:
-    """Entries learned in a group never mix with private ones (p2p and unscoped are the same)."""
-    return e.scope if e.scope and e.scope != "p2p" else "p2p"
 
 
 def stamp(e: Entry) -> datetime:
@@ -125,7 +120,7 @@ def merge_duplicates(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
     groups: dict[tuple[frozenset[str], str, str | None], list[Entry]] = defaultdict(list)
     for e in entries:
         if e.current(now) and not protected(e):
-            groups[(bigrams(e.text), scope_key(e), subject_key(e.subject))].append(e)
+            groups[(bigrams(e.text), scope_key(e.scope), subject_key(e.subject))].append(e)
     ops: list[LightOp] = []
     pool: list[Entry] = []
     sets: list[frozenset[str]] = []
@@ -139,7 +134,7 @@ def merge_duplicates(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
     dead: set[str] = set()
     for i, j, _score in pairs:
         a, b = pool[i], pool[j]
-        if a.id in dead or b.id in dead or scope_key(a) != scope_key(b):
+        if a.id in dead or b.id in dead or scope_key(a.scope) != scope_key(b.scope):
             continue
         sa, sb = subject[a.id], subject[b.id]
         if (sa and sb and sa != sb) or not numbers_agree(a.text, b.text):

@@ -60,13 +60,15 @@ class Pin:
 
 @dataclass(frozen=True)
 class Edit:
-    """The user's (or the model tool's) explicit rewrite of one entry's text, keeping its metadata."""
+    """The user's (or the model tool's) explicit rewrite of one entry's text, keeping its metadata.
+    `scope`: the chat it is rewritten in (None: anywhere, the CLI); another place's entry takes it."""
 
     kind: ClassVar[str] = "edit"
     id: str
     text: str
     source: str = "user"
     op_id: str = field(default_factory=new_op_id)
+    scope: str | None = None
 
 
 @dataclass(frozen=True)

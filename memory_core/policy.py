@@ -32,6 +32,12 @@ def protected(e: Entry) -> bool:
     return e.pinned or e.type in PROTECTED_TYPES
 
 
+def scope_key(scope: str | None) -> str:
+    """Where a statement was learned: `g:<chat>` for a group, else "p2p" (unscoped is private). What was
+    learned in one never merges with, updates or rewords what was learned in another."""
+    return scope if scope and scope != "p2p" else "p2p"
+
+
 def automatic(source: str | None) -> bool:
     return source not in USER_SOURCES
 

@@ -46,6 +46,7 @@ from .ops import (
     op_from_json,
     op_to_json,
 )
+from .policy import automatic
 from .secretscan import contains_secret, redact, redact_long
 from .sharing import share
 from .store import (
@@ -67,6 +68,9 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 500
 #: state.json key: how many times raw lines were rewritten in place (a forget); readers' indexes rebuild.
 RAW_REWRITES = "raw_rewrites"
+#: The messages whose entries were forgotten (their raw lines are marked), newest last: what an extraction job
+#: or a dream planned from such a message before the forget may not bring back. Ids only, at most this many.
+FORGOTTEN_FROM, FORGOTTEN_FROM_KEPT = "forgotten_from", 1000
 FOLD_WINDOW = 600.0  # seconds: messages and hit counts fold into one commit (a turn) within this window
 COMMIT_EVERY = 1.0  # seconds: a leader commits the batches it applied at least this often
 TENURE = 10.0  # seconds a leader keeps the lease at most while others' ops keep arriving (then it lets go)
@@ -456,6 +460,9 @@ class Writer:
             if report.manual_edit:
                 _stamp_hand_lines(book, now)
             forgotten = _deleted_by_hand(before, book)
+            relearns = change is not None or forgotten or any(_forgets_or_relearns(op) for _, op in ops)
+            held_from = list(self.store.state_value(ns, FORGOTTEN_FROM) or ()) if relearns else []
+            book.forgotten_from = {*held_from, *(f.origin for f in forgotten if f.origin)}
             report.outcomes, raw = self._apply(ns, book, [op for _, op in ops], now, forgotten)
             extra = change(book, snap) if change is not None else None
             files: dict[str, str | bytes] = {}
@@ -492,6 +499,10 @@ class Writer:
                 self.store.clear_journal(ns)
                 log.info("namespace %s changed under the batch (hand edit); re-reading", ns.key)
                 continue
+            if book.forgotten_from != set(held_from):  # after the files: a crash before leaves the raw marks
+                kept = [o for o in held_from if o in book.forgotten_from]
+                kept += [o for o in book.forgotten_from if o not in held_from]
+                self.store.set_state_value(ns, FORGOTTEN_FROM, kept[-FORGOTTEN_FROM_KEPT:])
             if rewritten:  # raw lines changed in place: every process's search index must rebuild
                 self.store.set_state_value(
                     ns, RAW_REWRITES, int(self.store.state_value(ns, RAW_REWRITES) or 0) + 1
@@ -769,6 +780,12 @@ def _deleted_by_hand(before: Book | None, book: Book) -> list[Forgotten]:
     ids, texts = {e.id for e in now}, {e.text for e in now}
     gone = [e for e in [*before.entries(), *before.archived()] if e.id not in ids and e.text not in texts]
     return [Forgotten.of(e) for e in gone]
+
+
+def _forgets_or_relearns(op: Op) -> bool:
+    """Does `op` need the messages whose memories were forgotten (a forget adds one; an automatic remember
+    from a message may not bring one back)? The rest of a chat's batches skip reading them."""
+    return isinstance(op, Forget) or (isinstance(op, Remember) and bool(op.origin) and automatic(op.source))
 
 
 def _decode(raw_ops: Sequence[str]) -> list[tuple[str | None, Op]]:

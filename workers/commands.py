@@ -607,7 +607,7 @@ def tool_call(
         if action == "pin" and (why := _pin_refusal(runtime, mem, inbound, entries[0])):
             return {"error": why}
         op = (
-            Edit(ident, text, "tool")
+            Edit(ident, text, "tool", scope=inbound.scope)
             if action == "update"
             else Forget(ident, source="tool")
             if action == "forget"

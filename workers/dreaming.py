@@ -28,6 +28,7 @@ from memory_core.dream_deep import Merge, apply_deep, merge_messages, plan_clust
 from memory_core.dream_light import LightOp, apply_light, plan_light
 from memory_core.dream_replay import extraction_messages, replay_chunks, replay_ops, worth_a_call
 from memory_core.errors import InvalidInput
+from memory_core.forgetting import checked_profile
 from memory_core.lineformat import format_time, parse_time, render_file
 from memory_core.namespace import Namespace
 from memory_core.ops import Kind, Remember
@@ -322,11 +323,15 @@ class _Profile:
             self.text = render_profile(verdict.lines, digest, now, len(inputs))
 
     def apply(self, book: Book, snap: Snapshot, now: datetime) -> dict[str, str]:
-        if self.text is None or self.text == snap.text(PROFILE):
+        text = self.text
+        if text is not None and stored_digest(text) != profile_digest(profile_inputs(book.entries(), now)):
+            # the facts changed while the model wrote (a forget): only the lines they still support
+            text = checked_profile(text, book.entries(), now)
+        if text is None or text == snap.text(PROFILE):
             self.report.counts["profile"] = 0
             return {}
         self.report.counts["profile"] = 1
-        return {PROFILE: self.text}
+        return {PROFILE: text}
 
     def state(self) -> dict[str, Any]:
         return {}

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis
+from rq.exceptions import NoSuchJobError
 
 from memory_core.errors import InvalidInput, LucidError, StoreError
 from memory_core.forgetting import Forgotten
 from memory_core.namespace import Namespace, safe_component
 from memory_core.ops import Forget, Outcome
 
-from .queues import fetch
+from .queues import extraction_job_id, fetch
 from .redis_keys import Keys
 
 if TYPE_CHECKING:
@@ -75,6 +76,20 @@ def drop_short_history(runtime: Runtime, ns: Namespace) -> None:
             runtime.redis.delete(*keys)
     except redis.RedisError as exc:
         log.warning("could not drop the short history of %s: %s", ns.key, type(exc).__name__)
+
+
+def drop_pending_extractions(runtime: Runtime, ns: Namespace, message_ids: Sequence[str]) -> None:
+    """A forgotten entry's message may still wait for its extraction on the memory queue, its text in the
+    job's arguments: the job is deleted (the writer refuses what it would learn anyway)."""
+    if runtime.redis is None or not message_ids:
+        return
+    for message_id in message_ids:
+        try:
+            fetch(extraction_job_id(ns.persona, message_id), runtime.redis).delete()
+        except NoSuchJobError:
+            continue
+        except redis.RedisError as exc:
+            log.warning("could not drop the extraction of a forgotten message: %s", type(exc).__name__)
 
 
 def rewrite_history(root: Path, targets: Sequence[Forgotten]) -> None:

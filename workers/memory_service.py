@@ -28,7 +28,7 @@ from memory_core.ids import pin_refusal, successor_of
 from memory_core.intents import classify_type
 from memory_core.lineformat import RawMessage, format_time, parse_file, parse_raw
 from memory_core.namespace import Namespace
-from memory_core.ops import Kind, Op, Outcome, Record, Remember, Touch, message_to_json
+from memory_core.ops import Forget, Kind, Op, Outcome, Record, Remember, Touch, message_to_json
 from memory_core.rawindex import RawHit, RawIndex
 from memory_core.recall import (
     RESIDENT_BUDGET,
@@ -48,7 +48,7 @@ from memory_core.textindex import STOP_CHARS
 from memory_core.writer import RAW_REWRITES
 
 from .embedding import Embeddings, from_settings
-from .erasure import drop_short_history, purge
+from .erasure import drop_pending_extractions, drop_short_history, purge
 from .metrics import Metrics
 from .redis_backend import WRITES
 from .redis_keys import Keys
@@ -555,9 +555,12 @@ class MemoryService:
     def apply(self, ns: Namespace, ops: Sequence[Op], timeout: float = 60.0) -> list[Outcome]:
         """Every write of a chat turn, a card, a tool and the CLI: the writer's rules, then what follows
         from them (a forget drops the short history; new or changed entries get vectors)."""
+        forgetting = [op.id for op in ops if isinstance(op, Forget)]
+        origins = [e.origin for i in forgetting if (e := self.book(ns).get(i)) is not None and e.origin]
         outcomes = self.runtime.writer.submit(ns, ops, timeout=timeout)
         if any(o.status == "forgotten" for o in outcomes):
             drop_short_history(self.runtime, ns)
+            drop_pending_extractions(self.runtime, ns, origins)
         if self.embeddings is not None and any(
             o.kind in (Kind.ADDED, Kind.UPDATED, Kind.SUPERSEDED) for o in outcomes
         ):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from typing import Any
@@ -44,6 +45,11 @@ SERIALIZER = JSONOnly
 def queue(name: str, client: redis.Redis) -> Queue:
     """The RQ queue `name` ("chat", "memory", "dream") on `client`, JSON only."""
     return Queue(name, connection=client, serializer=SERIALIZER)
+
+
+def extraction_job_id(persona: str, message_id: str) -> str:
+    """The RQ job of one message's extraction: one per message, and found again by a forget."""
+    return "extract-" + hashlib.sha1(f"{persona}:{message_id}".encode()).hexdigest()[:24]
 
 
 def fetch(job_id: str, client: redis.Redis) -> Job:

@@ -4,7 +4,6 @@ then what is kept of it; without a model it answers from memory and says so (doc
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import time
@@ -46,6 +45,7 @@ from .memory_service import Assembly, MemoryService
 from .memory_switch import TurnMemory, per_message_off
 from .metrics import Metrics
 from .outbox import send_reply
+from .queues import extraction_job_id
 from .redis_backend import text
 from .redis_keys import Keys
 from .runtime import Runtime
@@ -455,7 +455,7 @@ def _enqueue_extraction(runtime: Runtime, inbound: Inbound, reply: str, generati
     if runtime.redis is None:  # the terminal chat without Redis: after the reply was printed
         extract(runtime, *args)
         return
-    job_id = "extract-" + hashlib.sha1(f"{inbound.persona}:{inbound.message_id}".encode()).hexdigest()[:24]
+    job_id = extraction_job_id(inbound.persona, inbound.message_id)
     try:
         runtime.queue("memory").enqueue_call(
             extract_turn, args=args, job_id=job_id, timeout=600, result_ttl=3600, failure_ttl=86400

@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 import redis
+from rq.exceptions import NoSuchJobError
 
 from bot.app import create_app
 from bot.cli import main as lucid
 from memory_core.forgetting import FORGOTTEN
+from memory_core.ops import Forget
 from tests.fakes.ollama import FakeOllama
 from tests.trust.turns import (
     entry_id,
@@ -26,11 +28,14 @@ from tests.trust.turns import (
     new_session,
     ns,
     raw_text,
+    run_jobs,
     say,
     system_prompt,
 )
 from workers.dreaming import run_phase
+from workers.extraction import extract
 from workers.mailbox import Intake
+from workers.queues import extraction_job_id, fetch
 from workers.runtime import Runtime
 
 OLLAMA_REPLY = "好的。"  # what the model answers when a test scripts nothing
@@ -301,3 +306,75 @@ async def test_the_admin_api_erases_a_person(
     assert not (data_dir / "t1" / "ou_carol_0123456789").exists()
     assert (data_dir / "t1" / "ou_dave_0123456789" / "default" / "MEMORY.md").exists()
     assert (await client.post("/admin/erase", json=body, headers=auth)).status == 404
+
+
+def test_an_extraction_queued_before_a_forget_does_not_bring_the_fact_back(
+    rt: Runtime, ollama: FakeOllama
+) -> None:
+    """Found by a privacy review: the chat queue is served before the memory queue, so a person can forget a
+    fact before the extraction of the message it came from runs; the extraction wrote it back, and until
+    then the job's arguments held the forgotten text in Redis. Now the forget deletes the queued job, and
+    an extraction already under way (called here as the job would) is refused by the writer."""
+    ollama.script("好的，我知道了。", "好的。")
+    say(rt, "我对花生过敏，吃了会起疹子")
+    say(rt, "我对猫毛过敏，一碰就打喷嚏")
+    origins = {
+        word: next(x for x in memory_file(rt).splitlines() if word in x).split("from=")[1].split(";")[0]
+        for word in ("花生", "猫毛")
+    }
+    jobs = [extraction_job_id("default", o) for o in origins.values()]
+    assert all(fetch(job, rt.redis).args for job in jobs)  # queued, each message's text in its arguments
+    say(rt, f"/forget {entry_id(rt, '花生')[:8]}")
+    say(rt, f"/forget {entry_id(rt, '猫毛')[:8]}")  # a later forget keeps the earlier one's message
+    assert "花生" not in memory_file(rt) and "猫毛" not in memory_file(rt)
+    for job in jobs:
+        with pytest.raises(NoSuchJobError):
+            fetch(job, rt.redis)
+
+    ollama.responder = lambda body: next(
+        reply
+        for word, reply in (
+            ("花生", "[健康] 我对花生过敏"),
+            ("猫毛", "[健康] 我对猫毛过敏"),
+            ("杭州", "[事实] 我在杭州西湖区工作"),
+        )
+        if word in json.dumps(body, ensure_ascii=False)
+    )
+    for word, origin in origins.items():
+        done = extract(rt, str(ns()), f"我对{word}过敏", "", origin, "p2p")
+        assert [o["status"] for o in done["outcomes"]] == ["rejected:forgotten"], done
+    say(rt, "我在杭州工作")  # positive control: another message's extraction still writes
+    run_jobs(rt, "memory")
+    memory = memory_file(rt)
+    assert "花生" not in memory and "猫毛" not in memory and "西湖区" in memory, memory
+
+
+@pytest.mark.parametrize("phase", ["replay", "profile"])
+def test_a_dream_planned_before_a_forget_does_not_write_the_fact_back(
+    rt: Runtime, ollama: FakeOllama, phase: str
+) -> None:
+    """Found by a privacy review: the person forgets while the dream model is answering; the phase's re-plan
+    applied what it had planned from the old snapshot — the forgotten fact back in MEMORY.md (replay) or in
+    PROFILE.md and a new git commit (profile)."""
+    say(rt, "记住我对花生过敏")
+    say(rt, "记住我住在余杭区")
+    ident = entry_id(rt, "花生")
+
+    def forget_while_thinking(body: dict[str, Any]) -> str:
+        if ident in memory_file(rt):
+            assert rt.memory.apply(ns(), [Forget(ident, source="user")])[0].status == "forgotten"
+        return "[健康] 我对花生过敏" if phase == "replay" else "- 我对花生过敏\n- 我住在余杭区"
+
+    ollama.responder = forget_while_thinking
+    run_phase(rt, ns(), phase)
+    root = rt.store.path(ns())
+    written = memory_file(rt) + "".join(p.read_text() for p in root.glob("PROFILE.md"))
+    assert "花生" not in written, written
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
+
+    forgot = next(line.split()[0] for line in git("log", "--format=%H %s").splitlines() if "forgot" in line)
+    assert "+- 我对花生过敏" not in git("log", "-p", f"{forgot}..HEAD")  # no commit since brings it back
+    if phase == "profile":
+        assert "余杭区" in (root / "PROFILE.md").read_text()  # what the facts still support is written

@@ -145,3 +145,51 @@ def test_a_sensitive_instruction_stays_private(rt: Runtime, ollama: FakeOllama) 
     assert "简洁" in system_prompt(ollama) and "糖尿病" not in system_prompt(ollama)
     say(rt, "帮我看看这个方案")
     assert "糖尿病" in system_prompt(ollama)
+
+
+@pytest.mark.parametrize(
+    ("in_group", "in_private", "private_words"),
+    [
+        ("我在字节跳动工作", "我在字节跳动工作，年薪80万，正在偷偷找下家", "年薪80万"),
+        ("记住我喜欢爬山", "记住我喜欢爬山，每周六早上一个人去九溪", "九溪"),
+    ],
+)
+def test_a_fuller_wording_said_in_private_never_reaches_the_group_that_heard_the_short_one(
+    rt: Runtime, ollama: FakeOllama, in_group: str, in_private: str, private_words: str
+) -> None:
+    """Found by a privacy review: the private wording was taken as the same meaning and updated the group's
+    line in place, keeping its group scope, so the salary was in that group's prompt and `/memory`."""
+    say(rt, in_group, group=True)
+    say(rt, in_private)
+    new_session(rt)
+    say(rt, "我在哪工作？我喜欢什么？", group=True)
+    group_prompt, listing = system_prompt(ollama), say(rt, "/memory", group=True)
+    assert private_words not in group_prompt and private_words not in listing
+    short = in_group.removeprefix("记住")
+    assert short in group_prompt  # the group keeps what it was told
+    say(rt, "我在哪工作？我喜欢什么？")
+    assert private_words in system_prompt(ollama)  # and the private chat has the fuller wording
+
+
+def test_a_shared_memory_reworded_in_private_shares_only_what_was_shared(
+    rt: Runtime, ollama: FakeOllama
+) -> None:
+    say(rt, "记住我喜欢喝咖啡")
+    say(rt, f"/share {entry_id(rt, '咖啡')[:8]}")
+    say(rt, "记住我喜欢喝咖啡，因为失眠每天只敢喝一杯")
+    new_session(rt)
+    say(rt, "我喜欢喝什么？", group=True)
+    assert "喝咖啡" in system_prompt(ollama) and "失眠" not in system_prompt(ollama)
+
+
+def test_the_model_rewriting_a_group_memory_in_private_moves_it_out_of_the_group(
+    rt: Runtime, ollama: FakeOllama
+) -> None:
+    say(rt, "记住我在字节跳动工作", group=True)
+    ident = entry_id(rt, "字节跳动")
+    ollama.script(tool(action="update", target=ident, text="我在字节跳动工作，年薪80万"), "好的")
+    say(rt, "帮我把工作那条记忆补上年薪80万")
+    assert "年薪80万" in memory_file(rt)
+    new_session(rt)
+    say(rt, "我在哪工作？", group=True)
+    assert "年薪" not in system_prompt(ollama) and "年薪" not in say(rt, "/memory", group=True)
