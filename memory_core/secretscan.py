@@ -336,7 +336,11 @@ def _value_ok(kind: str, v: str, how: str, after: str) -> bool:
         if _WORDY.fullmatch(v):  # a word after "is" or with no separator is prose ("password is incorrect")
             # …but words joined by hyphens after a separator are a passphrase (correct-horse-battery)
             joined = v.count("-") >= (1 if how == "assign" else 2) and v.lower() not in _HYPHEN_PROSE
-            return (how in ("assign", "word") and joined) or (how == "assign" and v.isalpha())
+            return (
+                (how in ("assign", "word") and joined)
+                or (how == "assign" and v.isalpha())
+                or (how == "word" and _a_word_password(v, after))
+            )
         if how.startswith("bare"):  # "密码 123456", "password hunter2" -- but not "password 2 times"
             return any(c.isdigit() for c in v) and (how == "bare-cjk" or len(v) >= 6)
         return True
@@ -347,6 +351,27 @@ def _value_ok(kind: str, v: str, how: str, after: str) -> bool:
     if how not in ("quoted", "assign", "word"):
         return _random_enough(v, 10)
     return _random_enough(v, 16, allow_hex=True) if kind == "weak_key" else _machine_made(v)
+
+
+# "my password is dragon": one word after is/was that ends the sentence is the password, unless it describes
+# one (incorrect, expired, weak) — a listed word or the shape of an English adjective or participle.
+_ADJECTIVE_END = re.compile(r"(?:ed|ing|able|ible|ful|less|ous|ive|ent|ant|ish|al|ic|ary|ory|ly)\Z")
+_PREDICATES = _words(
+    "right real fake fine mine yours his hers ours theirs gone lost known unknown private public secret "
+    "safe unsafe easy hard simple good bad great ok okay new old long short weird same done over back off "
+    "ready set clear obvious unique generic common standard basic strange funny stupid silly dumb smart "
+    "clever nice cool awesome terrible horrible lame boring alright stronger weaker longer shorter better "
+    "worse safer easier harder simpler newer older "
+    "expire change reset update remember protect access unlock enter login logon type use keep work"
+)
+_CLAUSE_END = re.compile(r"[ \t]*+(?:[.!?,;，。！？；\n]|\Z)")
+
+
+def _a_word_password(v: str, after: str) -> bool:
+    w = v.lower()
+    if not v.isalpha() or not _CLAUSE_END.match(after) or _ADJECTIVE_END.search(w):
+        return False
+    return not (w in _DESCRIBING or w in _FUNCTION_WORDS or w in _PREDICATES or w in _UNIT_WORDS)
 
 
 def _contextual(
@@ -412,7 +437,12 @@ def _phrase_value(text: str, pos: int, kind: str, how: str, cjk_word: bool) -> t
         return None if len(v) < 2 or _CJK_PROSE.search(v) else cv.span()
     if cjk_word and how == "assign" and (sv := _SPACED.match(text, pos)) is not None:
         words = [w.lower() for w in sv.group().split()]
-        if not any(w in _STOPWORDS or w in _SELF_NAMES or w in _UNIT_WORDS for w in words):
+        # a passphrase may hold a describing word (correct horse battery staple), not be made of them
+        if not any(w in _SELF_NAMES or w in _UNIT_WORDS for w in words) and (
+            3 * sum(w in _DESCRIBING for w in words) <= len(words)
+            if len(words) >= 3
+            else not set(words) & _DESCRIBING
+        ):
             s, e = sv.span()
             return s, e - (text[e - 1] == ".")
     if not cjk_word and (ev := _EN_SPACED.match(text, pos)) is not None and _passphrase(ev.group().split()):

@@ -172,7 +172,17 @@ RULES = [
     ("passphrase-after-is", "password is correct-horse-battery", "password is [REDACTED:password]"),
     ("hyphenated-prose", "password: case-sensitive", "password: case-sensitive"),
     ("word-assigned", "password: hunter", "password: [REDACTED:password]"),
-    ("word-after-is", "password is hunter", "password is hunter"),
+    ("word-after-is", "password is hunter", "password is [REDACTED:password]"),  # one word ending the clause
+    ("word-after-is-goes-on", "my password is dragon and more", "my password is dragon and more"),
+    ("describing-word-after-is", "my password is incorrect.", "my password is incorrect."),
+    ("participle-after-is", "my password was compromised", "my password was compromised"),
+    ("adjective-after-is", "the password is ready", "the password is ready"),
+    ("verb-after-to", "set the password to expire.", "set the password to expire."),
+    (
+        "spaced-after-chinese-with-a-describing-word",
+        "我的ssh私钥密码是 correct horse battery staple",
+        "我的ssh私钥密码是 [REDACTED:password]",
+    ),
     ("word-bare", "password hunter", "password hunter"),
     ("bare-with-digit", "password hunter2", "password [REDACTED:password]"),
     ("bare-5-chars", "password hunt2", "password hunt2"),
