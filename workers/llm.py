@@ -50,6 +50,17 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
+def _options(temperature: float | None, max_chars: int | None) -> dict[str, Any] | None:
+    """Ollama's options: a temperature, and `num_predict` so a model asked for `max_chars` stops near them
+    (a token is a character or more of text)."""
+    options: dict[str, Any] = {}
+    if temperature is not None:
+        options["temperature"] = temperature
+    if max_chars is not None:
+        options["num_predict"] = max_chars
+    return options or None
+
+
 class LLM:
     """The chat and embedding calls Lucid makes. Callers see `LLMUnavailable` (server down, timeout, 5xx after retries), `LLMError` (the server refused:
     unknown model, bad request) and plain results; no `ollama` or `httpx` exception leaks past this module."""
@@ -144,8 +155,10 @@ class LLM:
         format: str | dict[str, Any] | None = None,
         temperature: float | None = None,
         timeout: float | None = None,
+        max_chars: int | None = None,
     ) -> ChatResult:
-        options = {"temperature": temperature} if temperature is not None else None
+        """One answer; `max_chars`: at most that much text is kept (and asked for: `num_predict`)."""
+        options = _options(temperature, max_chars)
 
         def run(client: ollama.Client) -> Any:
             return client.chat(
@@ -168,7 +181,7 @@ class LLM:
             args = tc.function.arguments
             calls.append(ToolCall(tc.function.name, dict(args) if isinstance(args, dict) else {}))
         result = ChatResult(
-            content=strip_reasoning(msg.content or ""),  # `msg.thinking` is never read
+            content=strip_reasoning(msg.content or "")[:max_chars],  # `msg.thinking` is never read
             tool_calls=tuple(calls),
             prompt_tokens=int(resp.prompt_eval_count or 0),
             completion_tokens=int(resp.eval_count or 0),
@@ -184,9 +197,11 @@ class LLM:
         *,
         tools: Sequence[dict[str, Any]] | None = None,
         timeout: float | None = None,
+        max_chars: int | None = None,
     ) -> ChatResult:
         """`chat`, streamed: `on_text` gets the whole text so far after each chunk. A failure before the first
-        chunk is retried; one mid-stream is not (the person saw part), and it must end within `timeout`."""
+        chunk is retried; one mid-stream is not (the person saw part), and it must end within `timeout`.
+        With `max_chars`, the stream is left once that much text has come."""
         budget = timeout or self.timeout
         deadline = time.monotonic() + budget
 
@@ -196,7 +211,11 @@ class LLM:
             prompt = completion = 0
             shown = ""
             for chunk in client.chat(
-                model=model, messages=list(messages), tools=list(tools) if tools else None, stream=True
+                model=model,
+                messages=list(messages),
+                tools=list(tools) if tools else None,
+                options=_options(None, max_chars),
+                stream=True,
             ):
                 if time.monotonic() > deadline:
                     raise TimeoutError("the model's stream outran the turn's budget")
@@ -215,7 +234,10 @@ class LLM:
                     calls.append(ToolCall(tc.function.name, dict(args) if isinstance(args, dict) else {}))
                 if chunk.done:
                     prompt, completion = int(chunk.prompt_eval_count or 0), int(chunk.eval_count or 0)
-            return ChatResult(strip_reasoning("".join(parts)), tuple(calls), prompt, completion, model)
+                if max_chars is not None and len(shown) >= max_chars:
+                    break  # a model that does not stop: what came is the answer
+            text = strip_reasoning("".join(parts))[:max_chars]
+            return ChatResult(text, tuple(calls), prompt, completion, model)
 
         try:
             result: ChatResult = self._call(f"chat with {model}", budget, run)

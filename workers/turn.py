@@ -54,6 +54,9 @@ from .settings import Persona
 
 log = logging.getLogger(__name__)
 
+#: The longest answer a turn sends (four Feishu messages): a model that never stops, or is made to run on,
+#: cannot flood a chat or the app's send quota.
+MAX_REPLY_CHARS = 12_000
 THINKING_TTL = 24 * 3600  # a turn's reaction id, kept so a redo can remove a killed attempt's
 
 
@@ -411,9 +414,11 @@ def _model_reply(
         tools = offered if round_no < limits.tool_rounds and memory.reads else None
         timeout = min(llm.timeout, left)
         if stream is not None:
-            answer = llm.chat_stream(model, messages, stream, tools=tools, timeout=timeout)
+            answer = llm.chat_stream(
+                model, messages, stream, tools=tools, timeout=timeout, max_chars=MAX_REPLY_CHARS
+            )
         else:
-            answer = llm.chat(model, messages, tools=tools, timeout=timeout)
+            answer = llm.chat(model, messages, tools=tools, timeout=timeout, max_chars=MAX_REPLY_CHARS)
         if not answer.tool_calls or tools is None:
             return answer.content.strip() or confirm(inbound, result.outcomes)
         calls = answer.tool_calls[:5]

@@ -351,6 +351,7 @@ class FakeOllama(BackgroundServer):
         self.refused: list[str] = []  # why the fake refused a request as Ollama would (4xx)
         self.chat_requests: list[dict[str, Any]] = []
         self.streamed_at: list[float] = []  # when each streamed answer finished (epoch seconds)
+        self.streams_left = 0  # streamed answers the client stopped reading before their end
         self.embed_requests: list[dict[str, Any]] = []
         self.errors: list[str] = []  # why the fake answered 5xx on its own (e.g. nothing scripted)
         self._script: collections.deque[Reply] = collections.deque()
@@ -579,10 +580,14 @@ class FakeOllama(BackgroundServer):
             if pace
             else [content[i : i + _STREAM_CHUNK_CHARS] for i in range(0, len(content), _STREAM_CHUNK_CHARS)]
         )
-        for chunk in chunks:
-            if pace:
-                await asyncio.sleep(pace)
-            await send({"message": {"role": message["role"], "content": chunk}, "done": False})
+        try:
+            for chunk in chunks:
+                if pace:
+                    await asyncio.sleep(pace)
+                await send({"message": {"role": message["role"], "content": chunk}, "done": False})
+        except ConnectionResetError:  # the client stopped reading (as Ollama, the generation just ends)
+            self.streams_left += 1
+            return resp
         self.streamed_at.append(time.time())
         extra = {k: v for k, v in message.items() if k not in ("role", "content", "thinking")}
         if extra:

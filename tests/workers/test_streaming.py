@@ -21,7 +21,7 @@ from workers.inbound import Inbound
 from workers.llm import LLM
 from workers.runtime import Runtime, build
 from workers.settings import Persona, Settings
-from workers.turn import feishu_turn
+from workers.turn import MAX_REPLY_CHARS, feishu_turn
 
 MODEL = "qwen3:4b"
 ANSWER = "西湖在杭州的西边，春天去最好：苏堤的桃花和柳树都很好看，记得早点出发避开人群。" * 2
@@ -145,6 +145,19 @@ def test_a_message_in_a_thread_is_answered_in_that_thread(
     feishu_turn(rt, message)
     (sent,) = [m for m in feishu.sent if m.parent_id == message.message_id]
     assert sent.reply_in_thread
+
+
+def test_a_streamed_answer_that_does_not_stop_ends_at_the_cap(
+    rt: Runtime, feishu: FakeFeishuCards, ollama: FakeOllama
+) -> None:
+    ollama.script(Paced(("x" * 60 + " ") * 250, tokens_per_second=100_000))  # 15,250 characters
+    message = _note(feishu, inbound())
+    feishu_turn(rt, message)
+    (sent,) = [m for m in feishu.sent if m.parent_id == message.message_id]
+    card = feishu.card_of(sent.message_id)
+    assert card is not None and not card.streaming
+    assert set(card.text) <= {"x", " ", "…"} and len(card.text) <= MAX_REPLY_CHARS
+    assert ollama.streams_left == 1 and not ollama.streamed_at  # the stream was left, not read to its end
 
 
 def test_visible_text_hides_an_open_think_block() -> None:

@@ -31,7 +31,7 @@ from workers.mailbox import Intake, Mailbox
 from workers.queues import fetch, queue
 from workers.runtime import Runtime, TurnTime, build
 from workers.settings import Persona, Settings
-from workers.turn import run_turn
+from workers.turn import MAX_REPLY_CHARS, run_turn
 
 MODEL = "qwen3:4b"
 GROUP = "oc_team_group"
@@ -189,6 +189,18 @@ def test_the_model_saves_through_its_tool_and_sees_memory_next_time(
         {"role": "user", "content": "我平时喜欢喝美式"},
         {"role": "assistant", "content": "好的，记住了！"},
     ]
+
+
+def test_a_model_that_does_not_stop_cannot_flood_the_chat(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama
+) -> None:
+    """Found by a hostile review: a 2,000,000-character answer was sent whole (~670 Feishu messages against
+    the app's quota). The model is asked to stop (`num_predict`) and what comes past the cap is not sent."""
+    rt = make_runtime(data_dir, redis_url, ollama=ollama)
+    ollama.script("好" * 2_000_000)
+    reply = say(rt, "写一篇很长的文章")
+    assert reply == "好" * MAX_REPLY_CHARS
+    assert ollama.chat_requests[-1]["options"]["num_predict"] == MAX_REPLY_CHARS
 
 
 def test_recall_follows_the_conversation_not_only_the_last_message(
