@@ -10,7 +10,7 @@ from datetime import datetime
 from .dream_guard import coverage, key_terms
 from .entry import Entry
 from .errors import LineError
-from .lineformat import parse_raw, render_raw
+from .lineformat import USED_KEY, parse_raw, render_raw
 from .profile import profile_digest, profile_inputs, split_lines, stored_digest, supported
 from .similarity import normalise
 
@@ -52,19 +52,28 @@ def redact_raw(day_text: str, targets: Sequence[Forgotten]) -> tuple[str, int]:
     sources = {t.origin: t.id for t in targets if t.origin}
     sources.update({f"{o}:reply": i for o, i in list(sources.items())})
     spans = _spans(targets)
+    ids = {t.id for t in targets}
     out: list[str] = []
     touched = 0
     for line in day_text.split("\n"):
-        new = _redact_line(line, sources, spans)
+        new = _redact_line(line, sources, spans, ids)
         touched += new != line
         out.append(new)
     return "\n".join(out), touched
 
 
-def _redact_line(line: str, sources: dict[str, str], spans: list[tuple[re.Pattern[str], str]]) -> str:
+def _redact_line(
+    line: str, sources: dict[str, str], spans: list[tuple[re.Pattern[str], str]], ids: set[str]
+) -> str:
+    """`line` with its text forgotten if it is a target's message or its reply, or a reply that used a target
+    (`used=`: its words may paraphrase the fact), else with the targets' texts cut out."""
     if not line.startswith("- "):
         return line
-    if not any(source in line for source in sources) and not any(p.search(line) for p, _ in spans):
+    if (
+        not any(source in line for source in sources)
+        and not any(p.search(line) for p, _ in spans)
+        and not any(i in line for i in ids)
+    ):
         return line  # the common case, without parsing the line
     try:
         msg = parse_raw(line)
@@ -73,6 +82,8 @@ def _redact_line(line: str, sources: dict[str, str], spans: list[tuple[re.Patter
             line = pattern.sub(FORGOTTEN, line)
         return line
     ident = sources.get(msg.id)
+    if ident is None:  # a reply that drew on a target says it in its own words
+        ident = next((i for i in dict(msg.extra).get(USED_KEY, "").split(",") if i in ids), None)
     text = FORGOTTEN if ident is not None else msg.text
     if ident is None:
         for pattern, target in spans:
@@ -83,8 +94,8 @@ def _redact_line(line: str, sources: dict[str, str], spans: list[tuple[re.Patter
         return line
     marks = [i for k, v in msg.extra if k == FORGOT_KEY for i in v.split(",") if i]
     extra = tuple((k, v) for k, v in msg.extra if k != FORGOT_KEY)
-    ids = ",".join(dict.fromkeys([*marks, ident]))
-    return render_raw(replace(msg, text=text, extra=(*extra, (FORGOT_KEY, ids))))
+    marked = ",".join(dict.fromkeys([*marks, ident]))
+    return render_raw(replace(msg, text=text, extra=(*extra, (FORGOT_KEY, marked))))
 
 
 def _drew_on(line: str, forgotten: Sequence[str], remaining: Sequence[str]) -> bool:
@@ -179,7 +190,7 @@ def purge_blob(data: bytes, targets: Sequence[Forgotten]) -> bytes:
         if profile and line.lstrip().startswith(("-", "*")) and _drew_on(line, gone, []):
             continue
         if line.startswith("- ") and "<!--r:" in line:
-            line = _redact_line(line, sources, spans)
+            line = _redact_line(line, sources, spans, ids)
         else:
             for pattern, _ in spans:
                 line = pattern.sub(FORGOTTEN, line)

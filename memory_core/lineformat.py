@@ -432,6 +432,11 @@ def empty_archive_file() -> MemoryFile:
     return MemoryFile(ARCHIVE_PREAMBLE, (Section("archived", "## Archived", ()),))
 
 
+#: A reply's raw metadata: the entries the reply used, comma-separated ids (a forget then forgets the reply).
+USED_KEY = "used"
+USED_IDS = re.compile(r"[0-9A-Za-z_.:-]{1,64}(?:,[0-9A-Za-z_.:-]{1,64}){0,49}")
+
+
 @dataclass(frozen=True)
 class RawMessage:
     """One message of the raw archive (secrets already redacted)."""

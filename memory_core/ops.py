@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from .entry import Entry
 from .errors import InvalidInput
-from .lineformat import RawMessage, format_time, parse_time
+from .lineformat import USED_IDS, USED_KEY, RawMessage, format_time, parse_time
 
 
 def new_op_id() -> str:
@@ -251,6 +251,7 @@ def message_to_json(m: RawMessage) -> dict[str, Any]:
         "chat_type": m.chat_type,
         "role": m.role,
         "session": m.session,
+        **({USED_KEY: used} if (used := dict(m.extra).get(USED_KEY)) else {}),
     }
 
 
@@ -264,4 +265,7 @@ def message_from_json(data: dict[str, Any]) -> RawMessage:
         chat_type=str(data.get("chat_type") or "p2p"),
         role=str(data.get("role") or "user"),
         session=str(data.get("session") or ""),
+        extra=((USED_KEY, used),)
+        if isinstance(used := data.get(USED_KEY), str) and USED_IDS.fullmatch(used)
+        else (),
     )

@@ -378,3 +378,22 @@ def test_a_dream_planned_before_a_forget_does_not_write_the_fact_back(
     assert "+- 我对花生过敏" not in git("log", "-p", f"{forgot}..HEAD")  # no commit since brings it back
     if phase == "profile":
         assert "余杭区" in (root / "PROFILE.md").read_text()  # what the facts still support is written
+
+
+def test_a_reply_that_used_a_forgotten_fact_in_its_own_words_is_forgotten_too(
+    rt: Runtime, ollama: FakeOllama
+) -> None:
+    """Found by a privacy review: the reply paraphrased the fact (你 for 我), so no exact span matched and
+    the raw archive kept it in clear, for active recall and `session_search` to show again."""
+    say(rt, "记住我对花生过敏")
+    new_session(rt)  # a later day: nothing of the reply's line names the message the fact came from
+    ollama.script("考虑到你对花生过敏，推荐你吃海苔或者酸奶当零食。", "西湖边的知味观不错。")
+    say(rt, "帮我推荐个零食吧")
+    say(rt, "杭州哪里吃饭好")  # a reply that used nothing: kept as it was
+    assert "used=" in raw_text(rt)
+    say(rt, f"/forget {entry_id(rt, '花生')[:8]}")
+    raw = raw_text(rt)
+    assert "花生" not in raw and "知味观" in raw and "帮我推荐个零食吧" in raw, raw
+    new_session(rt)
+    say(rt, "上次你推荐的零食是什么来着")
+    assert "花生" not in system_prompt(ollama)
