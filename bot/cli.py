@@ -248,9 +248,10 @@ def _progress(done: int, total: int) -> None:
 
 def _count(text: str) -> int:
     """A count option: a whole number from 1 to 100,000 (0 or -1 used to reach numpy or islice as is)."""
-    if not (text.strip().isascii() and text.strip().isdigit()) or not 1 <= int(text) <= 100_000:
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or not 1 <= int(digits) <= 100_000:
         raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 100000, got {text!r}")
-    return int(text)
+    return int(digits)
 
 
 def parse_as_of(value: str, now: datetime) -> datetime:

@@ -732,11 +732,9 @@ class Book:
             return rejected
         if text == entry.text:
             return Outcome(op.op_id, "unchanged", id=op.id)
-        if op.scope is not None and policy.scope_key(op.scope) != policy.scope_key(entry.scope):
-            # rewritten elsewhere (a group's line in private): the new words are shown where they were said
-            self._set(entry.with_changes(text=text, scope=op.scope))
-        else:
-            self._set(entry.with_changes(text=text))
+        # rewritten elsewhere (a group's line in private): the new words are shown where they were said
+        moved = op.scope is not None and policy.scope_key(op.scope) != policy.scope_key(entry.scope)
+        self._set(entry.with_changes(text=text, scope=op.scope if moved else entry.scope))
         return Outcome(op.op_id, "updated", id=op.id)
 
     def _touch(self, op: Touch) -> Outcome:

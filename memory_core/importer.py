@@ -14,6 +14,7 @@ from .namespace import Namespace
 from .ops import Op, Put, Record, Remember
 
 MAX_SUPERSEDES = 20  # ids a fact may end: more would make its line longer than a line may be
+MAX_ID_CHARS = 64
 MAX_HITS = 10**9
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _FACT_FIELDS = {
@@ -230,10 +231,12 @@ def _fact(obj: dict[str, Any], upsert: bool) -> Op:
     supersedes = obj.get("supersedes") or []
     if not isinstance(supersedes, list) or not all(isinstance(s, str) for s in supersedes):
         raise ValueError("supersedes must be a list of ids")
-    if len(supersedes) > MAX_SUPERSEDES or any(len(s) > 64 for s in supersedes):
-        raise ValueError(f"supersedes may list at most {MAX_SUPERSEDES} ids of at most 64 characters")
+    if len(supersedes) > MAX_SUPERSEDES or any(len(s) > MAX_ID_CHARS for s in supersedes):
+        raise ValueError(
+            f"supersedes may list at most {MAX_SUPERSEDES} ids of at most {MAX_ID_CHARS} characters"
+        )
     scope = _str(obj, "scope")
-    ident = _str(obj, "id", limit=64)
+    ident = _str(obj, "id", limit=MAX_ID_CHARS)
     if ident is not None and not all(ch.isalnum() or ch in "_.:-" for ch in ident):
         raise ValueError("id may hold letters, digits and _.:- only")
     if upsert and not supersedes and _time(obj, "valid_to") is None:

@@ -433,8 +433,8 @@ def empty_archive_file() -> MemoryFile:
 
 
 #: A reply's raw metadata: the entries the reply used, comma-separated ids (a forget then forgets the reply).
-USED_KEY = "used"
-USED_IDS = re.compile(r"[0-9A-Za-z_.:-]{1,64}(?:,[0-9A-Za-z_.:-]{1,64}){0,49}")
+USED_KEY, USED_MAX = "used", 50
+USED_IDS = re.compile(rf"[0-9A-Za-z_.:-]{{1,64}}(?:,[0-9A-Za-z_.:-]{{1,64}}){{0,{USED_MAX - 1}}}")
 
 
 @dataclass(frozen=True)

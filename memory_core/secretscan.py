@@ -438,11 +438,7 @@ def _phrase_value(text: str, pos: int, kind: str, how: str, cjk_word: bool) -> t
     if cjk_word and how == "assign" and (sv := _SPACED.match(text, pos)) is not None:
         words = [w.lower() for w in sv.group().split()]
         # a passphrase may hold a describing word (correct horse battery staple), not be made of them
-        if not any(w in _SELF_NAMES or w in _UNIT_WORDS for w in words) and (
-            3 * sum(w in _DESCRIBING for w in words) <= len(words)
-            if len(words) >= 3
-            else not set(words) & _DESCRIBING
-        ):
+        if not any(w in _SELF_NAMES or w in _UNIT_WORDS for w in words) and not _describes(words):
             s, e = sv.span()
             return s, e - (text[e - 1] == ".")
     if not cjk_word and (ev := _EN_SPACED.match(text, pos)) is not None and _passphrase(ev.group().split()):
@@ -493,7 +489,12 @@ def _passphrase(words: list[str]) -> bool:
         return False
     if any(w.isdigit() for w in lowered) and all(w.isdigit() or w in _DESCRIBING for w in lowered):
         return False  # "8 characters", "12 or more": counts (digits alone are the ASCII value's)
-    return 3 * sum(w in _DESCRIBING for w in lowered) <= len(lowered) and len("".join(lowered)) >= 6
+    return not _describes(lowered) and len("".join(lowered)) >= 6
+
+
+def _describes(words: list[str]) -> bool:
+    """More than a third of `words` describe a password (case sensitive, very strong): prose, not one."""
+    return 3 * sum(w in _DESCRIBING for w in words) > len(words)
 
 
 def _classify_phrase(m: re.Match[str]) -> tuple[str, str] | None:

@@ -500,8 +500,7 @@ class Writer:
                 log.info("namespace %s changed under the batch (hand edit); re-reading", ns.key)
                 continue
             if book.forgotten_from != set(held_from):  # after the files: a crash before leaves the raw marks
-                kept = [o for o in held_from if o in book.forgotten_from]
-                kept += [o for o in book.forgotten_from if o not in held_from]
+                kept = [*held_from, *(book.forgotten_from - set(held_from))]  # it only grows
                 self.store.set_state_value(ns, FORGOTTEN_FROM, kept[-FORGOTTEN_FROM_KEPT:])
             if rewritten:  # raw lines changed in place: every process's search index must rebuild
                 self.store.set_state_value(

@@ -17,7 +17,7 @@ import redis
 from memory_core.errors import LucidError
 from memory_core.forgetting import FORGOTTEN
 from memory_core.intents import asks_about_me, is_memorable
-from memory_core.lineformat import USED_KEY, RawMessage
+from memory_core.lineformat import USED_KEY, USED_MAX, RawMessage
 from memory_core.recall import used_by_reply
 from memory_core.secretscan import redact
 
@@ -243,7 +243,7 @@ def _converse(
             session,
         )
         if result.used and not forgot:  # a later forget of one of them forgets this reply too
-            said = replace(said, extra=((USED_KEY, ",".join(result.used[:50])),))
+            said = replace(said, extra=((USED_KEY, ",".join(result.used[:USED_MAX])),))
         mem.record(ns, said, wait=False)
         if forgot:
             scratch.drop_history(history_key)
