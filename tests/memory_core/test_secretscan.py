@@ -178,6 +178,7 @@ RULES = [
     ("participle-after-is", "my password was compromised", "my password was compromised"),
     ("adjective-after-is", "the password is ready", "the password is ready"),
     ("verb-after-to", "set the password to expire.", "set the password to expire."),
+    ("spaced-after-chinese-describing-words", "密码是 required field", "密码是 required field"),
     (
         "spaced-after-chinese-with-a-describing-word",
         "我的ssh私钥密码是 correct horse battery staple",
