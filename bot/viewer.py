@@ -232,7 +232,7 @@ async def namespace(request: web.Request) -> web.Response:
     await _guard(request)
     runtime = request.app[RUNTIME]
     service = request.app[SERVICE]
-    ns = Namespace.of(request.match_info["tenant"], request.match_info["user"], request.match_info["persona"])
+    ns = Namespace.at(request.match_info["tenant"], request.match_info["user"], request.match_info["persona"])
     if not runtime.store.path(ns).is_dir():
         raise web.HTTPNotFound(text="no such namespace")
     try:

@@ -20,7 +20,7 @@ from rq.exceptions import NoSuchJobError
 
 from memory_core.errors import InvalidInput, LucidError, StoreError
 from memory_core.forgetting import Forgotten
-from memory_core.namespace import Namespace, safe_component
+from memory_core.namespace import Namespace, safe_component, stored_component
 from memory_core.ops import Forget, Outcome
 
 from .queues import extraction_job_id, fetch
@@ -139,14 +139,16 @@ def erase_user(runtime: Runtime, user: str, tenant: str | None = None) -> Erasur
     if not user.strip():
         raise InvalidInput("erase needs a user id")
     data = runtime.store.data_dir
-    safe_user = safe_component(user)
     tenants = [safe_component(tenant)] if tenant else sorted(p.name for p in data.iterdir() if p.is_dir())
     report = Erasure()
     for t in tenants:
+        safe_user = safe_component(user)
+        if not (data / t / safe_user).is_dir():  # the folder's own name, as the viewer and `ls` show it
+            safe_user = stored_component(user)
         home = data / t / safe_user
         if not home.is_dir() or home.is_symlink():
             continue
-        namespaces = [Namespace.of(t, safe_user, p.name) for p in sorted(home.iterdir()) if p.is_dir()]
+        namespaces = [Namespace.at(t, safe_user, p.name) for p in sorted(home.iterdir()) if p.is_dir()]
         needles = _needles(runtime, t, user, safe_user, namespaces)
         leases = []
         try:

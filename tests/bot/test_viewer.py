@@ -3,6 +3,7 @@ the supersede chain 余杭区 → 西湖区 → 余杭区 (a screenshot is saved
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -70,6 +71,20 @@ async def test_api_needs_the_token_and_shows_the_chain(aiohttp_client, data_dir:
         "/admin/api/ns/t1/nobody/default", headers={"Authorization": f"Bearer {TOKEN}"}
     )
     assert missing.status == 404
+
+
+async def test_a_person_whose_id_was_hashed_opens_from_the_list(aiohttp_client, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    """The list gives the folder names; a hashed one (`h-…`) must open that folder, not a hash of it."""
+    app = _story(data_dir)
+    hashed = Namespace.of("t1", "张三", "default")
+    app[viewer.RUNTIME].writer.submit(hashed, [Remember(text="我对花生过敏")])
+    client = await aiohttp_client(app)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    rows = (await (await client.get("/admin/api/namespaces", headers=auth)).json())["namespaces"]
+    row = next(r for r in rows if r["user"].startswith("h-"))
+    page = await client.get(f"/admin/api/ns/{row['tenant']}/{row['user']}/{row['persona']}", headers=auth)
+    assert page.status == 200
+    assert "我对花生过敏" in json.dumps(await page.json(), ensure_ascii=False)
 
 
 async def test_namespace_api_and_page_refuse_every_request_without_the_admin_token(

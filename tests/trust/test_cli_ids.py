@@ -226,3 +226,24 @@ def test_active_recall_stops_waiting_at_its_budget(
     holder.join()
     asker.join()
     assert answered_while_busy and got == []
+
+
+def test_an_id_shaped_like_a_hashed_one_gets_its_own_folder(
+    data_dir: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An id that is not a safe path component lands in `h-<hash>`; another id that reads exactly like that
+    hash must not land in the same folder and read the first person's memories (`erase` takes the folder's
+    name too, as an operator reads it off the disk)."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    base = ["--data", str(data_dir), "--tenant", TENANT]
+    assert cli.main(["remember", "我对花生过敏", *base, "--user", "张三"]) == 0
+    folder = next(p.name for p in (data_dir / TENANT).iterdir())
+    assert folder.startswith("h-")
+    capsys.readouterr()
+
+    assert cli.main(["show", *base, "--user", folder]) == 0
+    assert "花生" not in capsys.readouterr().out
+    assert cli.main(["show", *base, "--user", "张三"]) == 0
+    assert "花生" in capsys.readouterr().out
+    assert cli.main(["erase", *base, "--user", folder]) == 0  # the name `ls` shows erases that folder
+    assert not (data_dir / TENANT / folder).exists()

@@ -172,6 +172,17 @@ def test_light_phase_end_to_end_through_rq(env: Env) -> None:
     assert status.stdout.strip() == ""  # everything the run wrote is in its one commit
 
 
+def test_a_namespace_whose_id_was_hashed_dreams_through_rq(env: Env) -> None:
+    """A user id that is not a safe path component lives in `h-<hash>`; the job carries the namespace as
+    text, and the worker must dream that folder, not a hash of the hash."""
+    ns = Namespace.of("t1", "张三", "default")
+    seed(env, LIGHT_SEED, ns)
+    assert enqueue_phase(env.rt, ns, "light")["status"] == "queued"
+    env.drain()
+    assert env.dream_commits(ns) == ["dream light: 1 merged, 1 superseded, 3 archived, 1 promoted"]
+    assert [p.name for p in (env.rt.store.data_dir / "t1").iterdir()] == [ns.user]
+
+
 def test_a_run_with_nothing_to_do_is_journaled_and_committed(env: Env) -> None:
     seed(env, [{"id": "a", "text": "我住在西湖区", "at": days_ago(3)}])
     report = run_phase(env.rt, str(NS), "light")
