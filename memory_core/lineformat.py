@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from urllib.parse import quote, unquote
 
-from .entry import Entry, as_utc
+from .entry import Entry, as_utc, new_id
 from .errors import LineError
 
 META_OPEN = "<!--m:"
@@ -335,6 +335,41 @@ SET_ASIDE = "<!-- lucid:set-aside "
 def set_aside_note(chars: int, where: str) -> str:
     """The line left in a file where the writer took out a line over `MAX_LINE_CHARS`."""
     return f"{SET_ASIDE}a hand-edited line of {chars:,} characters (over {MAX_LINE_CHARS:,}) is kept in {where} -->"
+
+
+def distinct_ids(text: str, committed: str | None = None) -> tuple[str, int]:
+    """`text` with each line that repeats an earlier line's id (a hand edit copied a line and changed it)
+    given a new id, so no line is left unreadable; the copy that still reads as the committed entry keeps
+    the id (`committed`: its text), else the first. Returns the text and how many lines got a new id."""
+    lines = text.split("\n")
+    copies: dict[str, list[tuple[int, Entry]]] = {}
+    in_section = False
+    for i, raw in enumerate(lines):
+        line = raw.rstrip("\r")
+        m = _HEADING.match(line)
+        if m and len(m.group(1)) == 2:
+            in_section = True
+        if not in_section or not line.startswith("- ") or META_OPEN not in line or len(line) > MAX_LINE_CHARS:
+            continue
+        try:
+            entry = parse_entry(line)
+        except LineError:
+            continue
+        if f"id={entry.id}" in line:
+            copies.setdefault(entry.id, []).append((i, entry))
+    repeated = {ident: found for ident, found in copies.items() if len(found) > 1}
+    if not repeated:
+        return text, 0
+    before = {e.id: e.text for e in parse_file(committed).entries()} if committed else {}
+    renamed = 0
+    for ident, found in repeated.items():
+        keep = next((c for c in found if c[1].text == before.get(ident)), found[0])
+        for i, entry in found:
+            if i != keep[0]:
+                ending = "\r" if lines[i].endswith("\r") else ""
+                lines[i] = render_entry(entry.with_changes(id=new_id())) + ending
+                renamed += 1
+    return "\n".join(lines), renamed
 
 
 def parse_file(text: str) -> MemoryFile:

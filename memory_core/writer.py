@@ -25,6 +25,7 @@ from .lineformat import (
     META_OPEN,
     RawMessage,
     Unparsed,
+    distinct_ids,
     format_time,
     parse_file,
     parse_time,
@@ -719,13 +720,17 @@ class Writer:
     def _commit_hand_edit(self, ns: Namespace, lease: Lease, snap: Snapshot) -> tuple[Snapshot, int]:
         """Commit a person's edit as `manual edit` before anything is applied on top of it."""
         files: dict[str, str] = {}
-        redacted = aside = 0
+        redacted = aside = renamed = 0
         for name in snap.hand_edited():
             text, moved, hidden = self._set_aside(ns, name, snap.text(name) or "")
+            copied = 0
+            if name in (MEMORY, ARCHIVE):
+                text, copied = distinct_ids(text, self.store.committed_text(ns, name))
             clean, n = _scrub(text) if name in (MEMORY, ARCHIVE) else _scrub_plain(text)
             redacted += n + hidden
             aside += moved
-            if n or moved:
+            renamed += copied
+            if n or moved or copied:
                 files[name] = clean
         if files:
             with self.store.fenced(ns, lease.token, lease.held):
@@ -734,6 +739,7 @@ class Writer:
         self.store.record_written(ns, hashes=snap.hashes)
         note = f" ({redacted} secret(s) redacted)" if redacted else ""
         note += f" ({aside} oversized line(s) set aside)" if aside else ""
+        note += f" ({renamed} copied line(s) given a new id)" if renamed else ""
         self.store.commit(ns, f"manual edit{note}")
         log.info("committed a manual edit of %s%s", ns.key, note)
         return self.store.snapshot(ns), redacted

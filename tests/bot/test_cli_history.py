@@ -79,3 +79,24 @@ def test_all_shows_the_commits_that_only_recorded_messages(lucid: Lucid) -> None
 def test_an_empty_history_says_so(lucid: Lucid) -> None:
     assert lucid.ok("history").out.strip() == "(no change to memory yet)"
     assert lucid.ok("history", "--json").json() == {"results": []}
+
+
+def test_a_line_copied_by_hand_is_a_new_memory_and_undo_takes_only_it_back(lucid: Lucid) -> None:
+    """A person copies a line (its id comes along) and changes the copy, above or below the original: the
+    copy is a new memory with an id of its own, not an unreadable duplicate, and undoing the hand edit
+    removes the copy and keeps the original as it was."""
+    lucid.ok("remember", "我在余杭区", now=at(-3))
+    original = lucid.line_of("我在余杭区")
+    memory = lucid.read("MEMORY.md")
+    lucid.write("MEMORY.md", memory.replace(original, original.replace("余杭区", "西湖区") + "\n" + original))
+    lucid.ok("remember", "我养了一只猫", now=at(-2))
+
+    assert lucid.line_of("我在余杭区") == original  # the original keeps its id and everything else
+    assert sorted(lucid.current_texts()) == ["我养了一只猫", "我在余杭区", "我在西湖区"]
+    assert "unreadable" not in lucid.ok("show").out
+    rows = shown(lucid)
+    assert rows[1][1] == "hand edit: 1 added"
+
+    lucid.ok("undo", rows[1][0])
+    assert sorted(lucid.current_texts()) == ["我养了一只猫", "我在余杭区"]
+    assert lucid.line_of("我在余杭区") == original
