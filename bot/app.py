@@ -10,7 +10,6 @@ import gc
 import hashlib
 import hmac
 import ipaddress
-import json
 import logging
 import re
 import time
@@ -26,7 +25,7 @@ from lark_oapi.core.utils import AESCipher
 from bot import admin, viewer
 from bot.headers import text_header
 from bot.longconn import LongConnections
-from bot.routing import Ignored, route
+from bot.routing import Ignored, event_time, loads_event, route
 from memory_core.errors import LucidError
 from memory_core.secretscan import redact
 from workers.errors import BadHeader, Rejected
@@ -42,8 +41,6 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 1024 * 1024
 CARD_ACTION = "card.action.trigger"
-MAX_DEPTH = 32
-MAX_NODES = 20_000
 
 
 @dataclass(frozen=True)
@@ -53,35 +50,12 @@ class WebhookConfig:
     threads: int = 8
 
 
-def _loads(raw: bytes | str) -> dict[str, Any]:
-    """JSON with a depth and node budget: a 1 MiB body can hold a million-deep nest or 250 k nodes."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise Rejected(400, "malformed JSON") from exc
-    if not isinstance(data, dict):
-        raise Rejected(400, "JSON body is not an object")
-    stack: list[tuple[Any, int]] = [(data, 1)]
-    nodes = 0
-    while stack:
-        value, depth = stack.pop()
-        nodes += 1
-        if depth > MAX_DEPTH or nodes > MAX_NODES:
-            raise Rejected(400, "JSON too deep or too large")
-        if isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in value.values())
-        elif isinstance(value, list):
-            stack.extend((v, depth + 1) for v in value)
-    return data
-
-
 def _printable(text: str) -> str:
     """Strangers choose the persona path and event types: keep them from forging log lines."""
     return _UNPRINTABLE.sub("?", text)[:96]
 
 
 _UNPRINTABLE = re.compile(r"[^\w .:/@()-]")
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _same(a: str, b: str) -> bool:
@@ -105,7 +79,7 @@ def open_event(
         expected = hashlib.sha256((ts + nonce + persona.encrypt_key).encode() + body).hexdigest()
         if not _same(expected, signature):
             raise Rejected(401, "bad signature")
-    outer = _loads(body)
+    outer = loads_event(body)
     if "encrypt" in outer:
         if cipher is None:
             raise Rejected(400, "encrypted body but no encrypt_key configured")
@@ -116,7 +90,7 @@ def open_event(
             plaintext = cipher.decrypt_str(blob)
         except (ValueError, TypeError) as exc:  # bad base64, length, padding or UTF-8
             raise Rejected(400, "undecryptable body") from exc
-        event = _loads(plaintext)
+        event = loads_event(plaintext)
     elif cipher is not None:
         raise Rejected(401, "plaintext body but an encrypt_key is configured")
     else:
@@ -234,10 +208,8 @@ class Webhook:
             return self._done(
                 status, f"ignored: {inbound.reason}", name, started, event_id, inbound.message_id
             )
-        # Secrets never reach Redis (the inbox and its AOF): the turn sees the redacted text. Lone
-        # surrogates (valid in JSON escapes, not in UTF-8) become U+FFFD so they cannot poison a batch.
-        text = _LONE_SURROGATE.sub("\ufffd", redact(inbound.text))
-        inbound = dataclasses.replace(inbound, text=text)
+        # Secrets never reach Redis (the inbox and its AOF): the turn sees the redacted text.
+        inbound = dataclasses.replace(inbound, text=redact(inbound.text))
         try:
             fresh = await self.batcher.accept(inbound)
         except redis.RedisError as exc:
@@ -251,6 +223,10 @@ class Webhook:
     ) -> web.Response:
         """A button on a /memory card: queued for a worker (the bot never writes memory); Feishu shows the
         toast at once and the worker updates the card in place."""
+        created = (event.get("header") or {}).get("create_time")
+        _, late = event_time(created, int(time.time() * 1000), int(self.config.stale_after * 1000))
+        if late:  # a replayed press acts no more than a replayed message
+            return self._done(200, f"ignored: {late}", name, started, event_id)
         action = parse_action(event, name)
         if action is None:
             return self._done(200, "ignored: not a lucid card action", name, started, event_id)
@@ -288,7 +264,7 @@ class Webhook:
         log.log(
             level,
             "event persona=%s event_id=%s message_id=%s chat_type=%s status=%d outcome=%s ms=%.1f",
-            _printable(persona), event_id or "-", message_id or "-", chat_type or "-", status,
+            *(_printable(v or "-") for v in (persona, event_id, message_id, chat_type)), status,
             _printable(outcome), (time.perf_counter() - started) * 1000,
         )  # fmt: skip
 

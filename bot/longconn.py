@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http
-import json
 import logging
 import random
 import threading
@@ -25,6 +24,8 @@ from lark_oapi.ws.const import GEN_ENDPOINT_URI, INTERNAL_ERROR, OK, SYSTEM_BUSY
 from lark_oapi.ws.exception import ClientException, ServerException
 from lark_oapi.ws.model import EndpointResp
 
+from bot.routing import loads_event
+from workers.errors import Rejected
 from workers.settings import Persona
 
 log = logging.getLogger(__name__)
@@ -216,11 +217,11 @@ class LongConnections:
     def _deliverer(self, persona: str) -> Callable[[bytes], None]:
         def deliver(payload: bytes) -> None:
             try:
-                event = json.loads(payload)
-            except ValueError:
-                log.warning("persona %s: unreadable long-connection frame ignored", persona)
+                event = loads_event(payload)
+            except Rejected as exc:
+                log.warning("persona %s: long-connection frame ignored (%s)", persona, exc.reason)
                 return  # acknowledged: a re-push of the same bytes would not read any better
-            if not isinstance(event, dict) or self._app_loop is None:
+            if self._app_loop is None:
                 return
             future = asyncio.run_coroutine_threadsafe(self.accept(persona, event), self._app_loop)
             try:

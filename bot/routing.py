@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from workers.errors import Rejected
 from workers.inbound import Inbound, Mention
 
 MESSAGE_EVENT = "im.message.receive_v1"
@@ -37,8 +38,62 @@ def _id(value: Any) -> str:
     return value if isinstance(value, str) and _ID.match(value) else ""
 
 
+MAX_DEPTH = 32
+MAX_NODES = 20_000
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def loads_event(raw: bytes | str) -> dict[str, Any]:
+    """An event's JSON, webhook or long connection, with a depth and node budget (a 1 MiB body can hold a
+    million-deep nest or 250 k nodes); lone surrogates, valid in JSON escapes and not in UTF-8, become
+    U+FFFD in every string, so no field of it can fail a Redis write or a batch of other people's."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise Rejected(400, "malformed JSON") from exc
+    if not isinstance(data, dict):
+        raise Rejected(400, "JSON body is not an object")
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if depth > MAX_DEPTH or nodes > MAX_NODES:
+            raise Rejected(400, "JSON too deep or too large")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    cleaned: dict[str, Any] = _valid_text(data)
+    return cleaned
+
+
+def _valid_text(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_valid_text(v) for v in value]
+    return value
+
+
 #: A create_time past this is no Feishu timestamp (epoch ms, year 2286): the event is ignored, not queued.
 MAX_CREATE_TIME_MS = 10**13
+
+
+def event_time(raw_time: Any, now_ms: int, stale_ms: int) -> tuple[int, str | None]:
+    """An event's `create_time` (epoch ms, 0: none) and why it makes the event one to ignore (malformed,
+    stale), if it does."""
+    try:
+        created = int(raw_time or 0) if len(str(raw_time)) <= 20 else -1  # int() of 4,300+ digits raises
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON number like 1e999 is infinity
+        return 0, "malformed create_time"
+    if not 0 <= created < MAX_CREATE_TIME_MS:  # epoch milliseconds, before the year 2286
+        return 0, "malformed create_time"
+    if created and now_ms - created > stale_ms:
+        return created, "stale"
+    return created, None
 
 
 def route(
@@ -66,15 +121,9 @@ def route(
     tenant = _id(header.get("tenant_key") or sender.get("tenant_key")) or "default"
     if not open_id or not chat_id:
         return Ignored("malformed sender or chat", message_id)
-    try:
-        raw_time = message.get("create_time") or header.get("create_time") or 0
-        created = int(raw_time) if len(str(raw_time)) <= 20 else -1  # int() of 4,300+ digits raises
-    except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON number like 1e999 is infinity
-        return Ignored("malformed create_time", message_id)
-    if not 0 <= created < MAX_CREATE_TIME_MS:  # epoch milliseconds, before the year 2286
-        return Ignored("malformed create_time", message_id)
-    if created and now_ms - created > stale_ms:
-        return Ignored("stale", message_id)
+    created, late = event_time(message.get("create_time") or header.get("create_time"), now_ms, stale_ms)
+    if late:
+        return Ignored(late, message_id)
     chat_type = "p2p" if message.get("chat_type") == "p2p" else "group"
     kind = "text"
     raw_text = _text(message)  # a post's images are skipped: its text is what is read
@@ -97,6 +146,7 @@ def route(
         chat_type=chat_type,
         message_id=message_id,
         text=text[:MAX_TEXT],
+        cut_from=len(text) if len(text) > MAX_TEXT else 0,
         mentioned_bot=mentioned_bot,
         create_time=created,
         event_id=_id(header.get("event_id")),
@@ -111,14 +161,22 @@ def _text(message: dict[str, Any]) -> str | None:
     kind = message.get("message_type")
     if kind not in ("text", "post"):
         return None
-    try:
-        content = json.loads(message.get("content") or "")
-    except (ValueError, TypeError, RecursionError):
+    content = _content(message)
+    if content is None:
         return None
     if kind == "text":
         text = content.get("text") if isinstance(content, dict) else None
         return text if isinstance(text, str) else None
     return _post_text(content)
+
+
+def _content(message: dict[str, Any]) -> Any:
+    """A message's `content` (a JSON string inside the event's JSON: its escapes are read only here, so
+    its lone surrogates are made valid here too); None if it is not JSON."""
+    try:
+        return _valid_text(json.loads(message.get("content") or ""))
+    except (ValueError, TypeError, RecursionError):
+        return None
 
 
 # What each message type carries worth keeping in the raw archive (research/feishu.md §1.4).
@@ -148,10 +206,7 @@ def _kind(message: dict[str, Any]) -> str:
 def placeholder(message: dict[str, Any]) -> str:
     """`[image image_key=img_…]`: the type and its keys, values squeezed to safe one-word tokens."""
     kind = _kind(message)
-    try:
-        content = json.loads(message.get("content") or "{}")
-    except (ValueError, TypeError, RecursionError):
-        content = {}
+    content = _content(message) or {}
     parts = [kind]
     for key in ATTACHMENT_KEYS.get(kind, ()):
         value = content.get(key) if isinstance(content, dict) else None

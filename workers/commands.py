@@ -172,6 +172,11 @@ _T = {
         "（提示：还没有配置对话模型，我现在只能帮你记住、忘掉和查询记忆。）",
         "(No chat model is configured, so for now I can only remember, forget and look things up.)",
     ),
+    "cut": (
+        "（你的消息有 {sent} 个字，太长了：我只读了前 {read} 个字，后面的没有读到，也没有记下。）",
+        "(Your message was {sent} characters long, too long: I read only the first {read}; the rest was not"
+        " read or kept.)",
+    ),
     "model_down": (
         "（对话模型暂时不可用，这是根据记忆给出的回答。）",
         "(The chat model is unavailable right now; this answer comes from memory only.)",
@@ -381,10 +386,13 @@ def _share_target(
     runtime: Runtime, mem: MemoryService, inbound: Inbound, target: str, verb: str
 ) -> Entry | str:
     """What /share names: in a private chat any entry (id or text); in a group only an exact id, so
-    that probing by words never reveals a private memory there."""
+    that probing by words never reveals a private memory there, and /unshare only what this group sees
+    (its answer quotes the entry)."""
     if not inbound.group:
         return _resolve(runtime, mem, inbound, target, verb)
     found = [e for e in mem.find(inbound.ns, target) if target.strip() and e.id.startswith(target.strip())]
+    if verb == "unshare":
+        found = [e for e in found if visible_in(e, inbound.chat_type, inbound.chat_id)]
     if len(found) != 1:
         return say(inbound, "usage", verb=verb)
     return found[0]

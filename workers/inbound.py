@@ -43,6 +43,7 @@ class Inbound:
     kind: str = "text"  # "text" (text and rich text); else a type the bot cannot read: image, file, audio…
     thread_id: str = ""  # the topic thread the message is in: the reply goes there, one session per thread
     lang: str = ""  # the conversation's language ("zh"/"en") when the message itself shows none (/memory)
+    cut_from: int = 0  # the text's length as sent, when routing cut it to what a turn reads (else 0)
 
     @property
     def ns(self) -> Namespace:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -239,11 +240,16 @@ def visible_entries(runtime: Runtime, ns: Namespace, chat_type: str, chat_id: st
 def enqueue_action(runtime: Runtime, action: CardAction) -> bool:
     """From the bot: claim the event (replicas and re-pushes act once) and queue the job; False = repeat."""
     assert runtime.redis is not None
-    if action.event_id and not runtime.redis.set(
-        Keys.seen_card(action.persona, action.event_id), "1", nx=True, ex=SEEN_TTL
-    ):
+    seen = Keys.seen_card(action.persona, action.event_id)
+    if action.event_id and not runtime.redis.set(seen, "1", nx=True, ex=SEEN_TTL):
         return False
-    runtime.queue("chat").enqueue(handle_action, asdict(action), result_ttl=600, failure_ttl=86400)
+    try:
+        runtime.queue("chat").enqueue(handle_action, asdict(action), result_ttl=600, failure_ttl=86400)
+    except Exception:  # not queued: Feishu's retry must not be taken for a repeat
+        if action.event_id:
+            with contextlib.suppress(redis.RedisError):
+                runtime.redis.delete(seen)
+        raise
     return True
 
 

@@ -102,6 +102,8 @@ def run_turn(
         log.exception("turn failed: ns=%s message=%s", inbound.ns.key, inbound.message_id)
         result.mode = "error"
         result.reply = say(inbound, "error")
+    if inbound.cut_from and result.reply:
+        result.reply += "\n" + say(inbound, "cut", sent=inbound.cut_from, read=len(inbound.text))
     parked = False
     try:
         if result.card is not None and card_fn is not None and _card_sent(card_fn, result.card, inbound):

@@ -144,6 +144,18 @@ async def test_every_message_gets_exactly_one_reply_in_order_per_person(harness:
     assert all(r.deleted for r in harness.feishu.reactions) and len(harness.feishu.reactions) == 6
 
 
+async def test_a_message_too_long_to_read_whole_says_so(harness: Harness) -> None:
+    """A turn reads the first 8,000 characters: a longer message is answered with what was read, and the
+    reply says the rest was not read, so a `记住…` at its end is not silently lost."""
+    long = harness.event("会议记录：" + "讨论了很多事情。" * 1000 + "记住我对花生过敏")
+    short = harness.event("记住我喜欢咖啡")
+    await harness.send([long, short])
+    harness.work()
+    cut, plain = harness.replies_to([long, short])
+    assert "8013" in cut and "8000" in cut and "没有读到" in cut
+    assert "没有读到" not in plain
+
+
 async def test_the_seed_story_over_feishu(harness: Harness) -> None:
     story = [harness.event(t) for t in ("我住在余杭区", "我现在在西湖区", "我在哪")]
     await harness.send(story)

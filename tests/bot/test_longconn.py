@@ -5,6 +5,7 @@ socket, re-pushes, Redis down, bad credentials."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -17,7 +18,15 @@ from aiohttp.test_utils import TestClient
 from bot.app import create_app
 from memory_core.namespace import Namespace
 from tests.fakes.feishu import FakeFeishu
-from tests.fakes.feishu_events import ALICE, BOB, TENANT_KEY, VERIFICATION_TOKEN, deliver, message_event
+from tests.fakes.feishu_events import (
+    ALICE,
+    BOB,
+    TENANT_KEY,
+    VERIFICATION_TOKEN,
+    deliver,
+    message_event,
+    user,
+)
 from tests.fakes.feishu_ws import FakeFeishuWS
 from workers import embedded_redis
 from workers.runtime import Runtime, build
@@ -114,6 +123,27 @@ async def test_a_split_event_and_a_repush_are_answered_once(
     again = await asyncio.to_thread(ws.push, event)  # Feishu re-pushes it (no ack seen in time)
     assert await _ack(ws, first) == 200 and await _ack(ws, again) == 200
     _work(runtime, redis_client)  # in the main thread: RQ installs signal handlers
+    assert len([m for m in feishu.sent if m.parent_id == message_id]) == 1
+
+
+async def test_a_frame_too_deep_or_with_lone_surrogates_is_acked_not_pushed_forever(
+    bot: tuple[TestClient, Runtime], ws: FakeFeishuWS, feishu: FakeFeishu, redis_client: redis.Redis
+) -> None:
+    """A 500 ack makes Feishu push the frame again and again: a frame no push can make readable (nested
+    5,000 deep) is acked 200 and dropped; one whose mention name escapes a lone surrogate is answered."""
+    _, runtime = bot
+    raw = json.dumps(message_event("hi", sender=ALICE, app_id=APP))
+    deep = (raw[:-1] + ', "x": ' + "[" * 5000 + "]" * 5000 + "}").encode()
+    assert await _ack(ws, await asyncio.to_thread(ws.push_raw, deep)) == 200
+    event = message_event(
+        "看 @_user_1 记住我喜欢喝乌龙茶", sender=BOB, mentions=[user("Mallory")], app_id=APP
+    )
+    event["event"]["message"]["mentions"][0]["name"] = "M\ud800"
+    message_id = event["event"]["message"]["message_id"]
+    feishu.note_message(message_id, event["event"]["message"]["chat_id"])
+    frame = await asyncio.to_thread(ws.push_raw, json.dumps(event).encode())
+    assert await _ack(ws, frame) == 200
+    _work(runtime, redis_client)
     assert len([m for m in feishu.sent if m.parent_id == message_id]) == 1
 
 

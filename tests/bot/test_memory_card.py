@@ -176,6 +176,55 @@ async def test_a_repushed_button_press_acts_once(chat: Chat) -> None:
     assert len(chat.feishu.patches[card_msg]) == 1
 
 
+async def test_a_button_press_redis_could_not_queue_is_acted_on_when_feishu_retries(
+    chat: Chat, redis_url: str, redis_client: redis.Redis, aiohttp_client: Callable[..., Any]
+) -> None:
+    """The webhook answers 503 when the job cannot be queued, so Feishu retries: the retry must be queued,
+    not taken for a repeat of a press that was claimed but never queued."""
+    await chat.say("记住我每天早上七点起床")
+    card_msg = chat.card_reply(await chat.say("/memory"))
+    press = card_action_event(
+        _button(chat.feishu.card_shown(card_msg), "pin", "七点"),
+        operator=ALICE,
+        message_id=card_msg,
+        chat_id="oc_x",
+    )
+    name = f"no-queue-{uuid.uuid4().hex[:8]}"  # a Redis user that may claim but not queue
+    redis_client.acl_setuser(
+        name, enabled=True, nopass=True, keys=["*"], channels=["*"], commands=["+@all", "-rpush", "-lpush"]
+    )
+    try:
+        scheme, _, rest = redis_url.partition("://")  # the same server as user `name` (any password)
+        limited = build(chat.runtime.settings, f"{scheme}://{name}:x@{rest.rpartition('@')[2]}")
+        client = await aiohttp_client(create_app(limited))
+        d = deliver(press, encrypt_key=KEY)
+        resp = await client.post("/feishu/p/events", data=d.body, headers=d.headers)
+        assert resp.status == 503, await resp.text()
+    finally:
+        redis_client.acl_deluser(name)
+    assert "toast" in await chat.post(press)  # Feishu's retry
+    chat.work()
+    assert "pin=1" in next(x for x in chat.memory().splitlines() if "七点" in x)
+
+
+async def test_an_old_button_press_is_stale_like_an_old_message(chat: Chat) -> None:
+    """A captured press replayed after its seen-key expired acts no more than a replayed message."""
+    await chat.say("记住我每天早上七点起床")
+    card_msg = chat.card_reply(await chat.say("/memory"))
+    old = int(time.time() * 1000) - 13 * 3600 * 1000
+    assert (await chat.post(message_event("hi", sender=ALICE, create_time_ms=old)))["msg"] == "ignored: stale"
+    press = card_action_event(
+        _button(chat.feishu.card_shown(card_msg), "pin", "七点"),
+        operator=ALICE,
+        message_id=card_msg,
+        chat_id="oc_x",
+    )
+    press["header"]["create_time"] = str(old)
+    assert (await chat.post(press)) == {"msg": "ignored: stale"}
+    chat.work()
+    assert "pin=1" not in next(x for x in chat.memory().splitlines() if "七点" in x)
+
+
 async def test_pin_over_the_long_connection_then_unpin(chat: Chat, ws: FakeFeishuWS) -> None:
     for _ in range(200):
         if ws.live:

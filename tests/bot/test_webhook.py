@@ -35,6 +35,7 @@ from tests.fakes.feishu_events import (
     message_event,
     sign,
     url_verification,
+    user,
 )
 from workers.inbound import Inbound
 from workers.mailbox import INBOXES, Intake, turn_job_id
@@ -259,6 +260,41 @@ async def test_logs_carry_ids_never_text_or_secrets(
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert event["event"]["message"]["message_id"] in text
     assert "swordfish" not in text and KEY not in text and VERIFICATION_TOKEN not in text
+
+
+async def test_an_event_id_cannot_forge_a_log_line(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    event = message_event("x", sender=ALICE)
+    event["header"]["event_type"] = "im.chat.updated_v1"
+    event["header"]["event_id"] = "e1\nevent persona=enc event_id=forged status=200 outcome=queued"
+    with caplog.at_level(logging.INFO, logger="bot.app"):
+        await post(client, deliver(event, encrypt_key=KEY))
+    lines = "\n".join(r.getMessage() for r in caplog.records).splitlines()
+    assert not any(line.startswith("event persona=enc event_id=forged") for line in lines), lines
+
+
+def _with_lone_surrogates(event: dict[str, Any]) -> bytes:
+    """A signed-less plain delivery whose mention name and text carry `\\ud800` escapes (valid JSON)."""
+    event["event"]["message"]["mentions"][0]["name"] = "M\ud800"
+    event["event"]["message"]["content"] = json.dumps({"text": "看 @_user_1 \udfff 这个"})
+    return json.dumps(event).encode()
+
+
+async def test_lone_surrogates_in_any_field_are_answered_and_fail_no_one_else(
+    client: TestClient, redis_client: redis.Redis
+) -> None:
+    """JSON may escape a lone surrogate, which UTF-8 (and so Redis) cannot hold: a mention's name with one
+    got a 500 on every redelivery and failed every delivery batched with it."""
+    headers = {"Content-Type": "application/json"}
+    hostile = message_event("", sender=BOB, mentions=[user("Mallory")])
+    innocent = [deliver(message_event(f"我住在{i}号", sender=user(f"u{i}"))) for i in range(6)]
+    sent = [client.post("/feishu/plain/events", data=d.body, headers=d.headers) for d in innocent]
+    sent.insert(3, client.post("/feishu/plain/events", data=_with_lone_surrogates(hostile), headers=headers))
+    statuses = [r.status for r in await asyncio.gather(*sent)]
+    assert statuses == [200] * 7, statuses
+    texts = {i.text for i in queued(redis_client)}
+    assert "看 @M\ufffd \ufffd 这个" in texts and {f"我住在{i}号" for i in range(6)} <= texts
 
 
 # ------------------------------------------------------------------------------------------- agrees with the SDK

@@ -79,8 +79,11 @@ class FakeFeishuWS(BackgroundServer):
         message = (event.get("event") or {}).get("message") or {}
         if self.api is not None and message.get("message_id"):
             self.api.note_message(message["message_id"], message.get("chat_id", ""))
+        return self.push_raw(json.dumps(event, ensure_ascii=False).encode(), parts)
+
+    def push_raw(self, payload: bytes, parts: int = 1) -> str:
+        """Send bytes as one event's payload, whatever they hold (a hostile or broken frame)."""
         message_id = f"frame_{uuid.uuid4().hex[:12]}"
-        payload = json.dumps(event, ensure_ascii=False).encode()
         self._call(self._push(message_id, payload, parts))
         return message_id
 

@@ -107,6 +107,18 @@ def test_a_group_cannot_probe_private_memory_by_words(rt: Runtime) -> None:
     assert "美式" not in answer and "share=1" not in memory_file(rt)
 
 
+def test_unshare_in_a_group_never_quotes_a_memory_the_group_cannot_see(rt: Runtime) -> None:
+    """/unshare answers with the entry's text: in a group, for an entry it never saw (here a sensitive
+    one said in private), it must answer as if there were no such entry."""
+    say(rt, "记住我是糖尿病患者")
+    ident = entry_id(rt, "糖尿病")
+    answer = say(rt, f"/unshare {ident[:8]}", group=True)
+    assert "糖尿病" not in answer and "取消分享" not in answer
+    say(rt, "记住我喜欢喝美式咖啡")
+    assert "已分享" in say(rt, f"/share {entry_id(rt, '美式')[:8]}")
+    assert "美式" in say(rt, f"/unshare {entry_id(rt, '美式')[:8]}", group=True)  # shared there: it sees it
+
+
 def test_the_model_shares_on_request_but_never_a_sensitive_memory(rt: Runtime, ollama: FakeOllama) -> None:
     say(rt, "记住我喜欢喝美式咖啡")
     say(rt, "记住我是糖尿病患者")
