@@ -769,6 +769,13 @@ class Book:
         if existing is not None:
             if existing == entry:
                 return Outcome(op.op_id, "unchanged", id=entry.id)
+            if existing.text != entry.text:  # another text under a known id: a change, never an overwrite
+                if not policy.may_change(existing, entry.source):
+                    return Outcome(op.op_id, "rejected:protected", id=existing.id, detail=policy.REFUSAL)
+                entry = entry.with_changes(id=new_id(), supersedes=(*entry.supersedes, existing.id))
+                self.add_entry(entry)
+                self._end_superseded(entry, now)
+                return Outcome(op.op_id, "superseded:id", id=entry.id, superseded=(existing.id,))
             self.replace_entry(entry)
             self._end_superseded(entry, now)
             return Outcome(op.op_id, "updated", id=entry.id)

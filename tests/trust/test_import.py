@@ -66,3 +66,26 @@ class TestUpsertKeepsIdsAndDates:
         lucid.import_lines([fact("x1", "My cat is called Mimi")], "--upsert")
         e = lucid.entry("My cat is called Mimi")
         assert e["id"] != "x1" and lucid.entry("I like tea")["id"] == "x1"
+
+
+class TestAnImportNeverOverwrites:
+    """A fact whose id is already taken by another text is a change, not an overwrite: the old text stays
+    as history, and a pinned one is not the import's to change."""
+
+    def test_another_text_under_a_known_id_supersedes_it(self, lucid: Lucid) -> None:
+        ident = lucid.ok("remember", "我住在余杭区", "--json").json()["id"]
+        lucid.import_lines([fact(ident, "我住在西湖区")])
+        assert lucid.current_texts() == ["我住在西湖区"]
+        assert lucid.entry("我住在余杭区")["valid_to"]  # kept, as history
+
+    def test_a_pinned_line_is_not_the_imports_to_change(self, lucid: Lucid) -> None:
+        ident = lucid.ok("remember", "我对花生过敏", "--pin", "--json").json()["id"]
+        ran = lucid.import_lines([fact(ident, "我喜欢花生")])
+        assert lucid.current_texts() == ["我对花生过敏"]
+        assert "rejected" in ran.out + ran.err or "protected" in ran.out + ran.err
+        assert "pin=1" in lucid.line_of("我对花生过敏")
+
+    def test_the_same_fact_imported_again_changes_nothing(self, lucid: Lucid) -> None:
+        lucid.import_lines([fact("same", "我住在余杭区", at=at(-3))])
+        lucid.import_lines([fact("same", "我住在余杭区", at=at(-3))])
+        assert lucid.current_texts() == ["我住在余杭区"] and not lucid.archived_texts()
