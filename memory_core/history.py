@@ -141,14 +141,19 @@ class RevertPlan:
     order: list[str] = field(default_factory=list)  # MEMORY.md ids before the commit, for placement
 
 
-def plan_revert(before: Files, after: Files, current: Files) -> RevertPlan:
+def plan_revert(before: Files, after: Files, current: Files, bring_back: bool = False) -> RevertPlan:
     """The undo of the change `before` → `after`, applied on `current`. Raises UndoRefused if a later
-    change touched one of the same entries (or PROFILE.md), or if there is nothing to undo."""
+    change touched one of the same entries (or PROFILE.md), or if there is nothing to undo. An entry the
+    change forgot stays forgotten unless `bring_back` (an undo, or a hand edit: a line deleted by mistake)."""
     changes = entry_changes(before, after)
     now = states(current)
     plan = RevertPlan()
     conflicts: list[str] = []
+    kept_forgotten = 0
     for ident, (was, became) in changes.items():
+        if became is None and not bring_back:
+            kept_forgotten += 1  # forget means forget: said again, it is remembered again
+            continue
         cur = now.get(ident)
         if _essence(cur) == _essence(was):
             continue  # already as it was (undone before, or changed back by hand)
@@ -170,6 +175,8 @@ def plan_revert(before: Files, after: Files, current: Files) -> RevertPlan:
         )
     if not changes and old_profile == new_profile:
         raise UndoRefused("that commit changed no memory (only messages or hit counts): nothing to undo")
+    if not plan.entries and plan.profile is None and kept_forgotten:
+        raise UndoRefused("a forgotten memory is not brought back by undo: say it again if it is still true")
     if not plan.entries and plan.profile is None:
         raise UndoRefused("already undone: what that commit changed is as it was before it")
     plan.journal = merge_journal(before.get(DREAMS), after.get(DREAMS), current.get(DREAMS))
@@ -529,7 +536,7 @@ def undo(writer: Writer, ns: Namespace, rev: str | None = None) -> Undone:
     def change(book: Book, snap: Snapshot) -> dict[str, str]:
         nonlocal restored
         current = {name: snap.text(name) for name in (MEMORY, ARCHIVE, PROFILE, DREAMS)}
-        plan = plan_revert(before, after, current)
+        plan = plan_revert(before, after, current, bring_back=_kind(subject) in ("undo", "hand edit"))
         restored = apply_revert(book, plan, writer.clock())
         files: dict[str, str] = {}
         if plan.profile is not None:

@@ -100,3 +100,21 @@ def test_a_line_copied_by_hand_is_a_new_memory_and_undo_takes_only_it_back(lucid
     lucid.ok("undo", rows[1][0])
     assert sorted(lucid.current_texts()) == ["我养了一只猫", "我在余杭区"]
     assert lucid.line_of("我在余杭区") == original
+
+
+def test_undo_never_brings_a_forgotten_memory_back(lucid: Lucid) -> None:
+    """Forget means forget: a bare `lucid undo` after a forget (or an undo of that row) refuses, and
+    the forgotten line stays gone; an undo of an undo still restores what the first undo took back."""
+    lucid.ok("remember", "我住在余杭区", now=at(-3))
+    nut = lucid.ok("remember", "我对花生过敏", "--json", now=at(-2)).json()["id"]
+    lucid.ok("forget", nut)
+    ran = lucid("undo")
+    assert ran.code != 0 and "forgotten" in ran.err
+    assert "花生" not in lucid.read("MEMORY.md") and lucid.current_texts() == ["我住在余杭区"]
+
+    cat = lucid.ok("remember", "我养了一只猫", now=at(-1))
+    assert cat.code == 0
+    first = lucid.ok("undo")  # takes the cat back (a forget made by an undo)
+    assert "我养了一只猫" not in lucid.current_texts()
+    lucid.ok("undo", shown(lucid)[0][0])  # the undo of that undo brings it back
+    assert "我养了一只猫" in lucid.current_texts() and first.code == 0

@@ -63,16 +63,11 @@ def test_an_undo_through_the_cli_is_a_memory_write_like_the_others(
     turn(bot, "记住我对花生过敏")
     assert recalled(bot, "我对什么过敏") == ["我对花生过敏"]
     alice = Lucid(data_dir, user="alice", tenant=TENANT, env={"REDIS_URL": redis_url})
-    nut = entry(alice, "我对花生过敏")["id"]
-    alice.ok("forget", str(nut))
-    assert recalled(bot, "我对什么过敏") == []
     undone = alice.ok("undo", "--json").json()
-    assert undone["summary"] == "forgot 1" and undone["entries"] == 1
-    assert recalled(bot, "我对什么过敏") == ["我对花生过敏"]  # the bot's warm books follow the undo
-    assert recalled(make_runtime(data_dir, redis_url), "我对什么过敏") == ["我对花生过敏"]
-    shown = Metrics(redis_client).render().splitlines()
-    assert 'lucid_memory_writes_total{outcome="undone"} 1' in shown
-    assert 'lucid_memory_writes_total{outcome="forgotten"} 1' in shown
+    assert undone["summary"] == "remembered 1 (我对花生过敏)" and undone["entries"] == 1
+    assert recalled(bot, "我对什么过敏") == []  # the bot's warm books follow the undo
+    assert recalled(make_runtime(data_dir, redis_url), "我对什么过敏") == []
+    assert 'lucid_memory_writes_total{outcome="undone"} 1' in Metrics(redis_client).render().splitlines()
 
 
 def test_a_purge_through_the_cli_is_a_memory_write_like_the_others(
