@@ -158,6 +158,8 @@ class Settings:
             port = int(port_text)
         except ValueError as exc:
             raise InvalidInput(f"LUCID_PORT must be a number, got {port_text!r}") from exc
+        if not 1 <= port <= 65535:
+            raise InvalidInput(f"LUCID_PORT must be a port from 1 to 65535, got {port}")
         now_text = get("LUCID_NOW")
         try:
             now = parse_time(now_text) if now_text else None
@@ -200,6 +202,9 @@ class Settings:
         return replace(self, personas=dict(personas))
 
 
+_PERSONA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
+
+
 def load_personas(path: Path) -> dict[str, Persona]:
     """Read the personas file; a missing file means one `default` persona with no Feishu app."""
     if not path.exists():
@@ -218,6 +223,8 @@ def load_personas(path: Path) -> dict[str, Persona]:
         raise InvalidInput(f"{path}: needs at least one [personas.NAME] table")
     personas: dict[str, Persona] = {}
     for name, conf in table.items():
+        if not _PERSONA_NAME.match(name):  # it is a URL path part, a folder name and a Redis key part
+            raise InvalidInput(f"{path}: persona name {name!r}: use 1-64 letters, digits, _ or -")
         if not isinstance(conf, dict):
             raise InvalidInput(f"{path}: personas.{name} must be a table")
         admins = conf.get("admins", [])

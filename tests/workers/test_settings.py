@@ -37,6 +37,8 @@ def test_each_persona_can_live_on_feishu_or_lark(tmp_path: Path) -> None:
     [
         ('[personas.a]\nmode = "websocket"\n', "mode must be one of webhook, ws"),
         ('[personas.a]\ndomain = "larksuite"\n', "domain must be feishu, lark or an https:// URL"),
+        ('[personas."sales/cn"]\n', "persona name 'sales/cn'"),
+        ('[personas.""]\n', "persona name ''"),
     ],
 )
 def test_a_wrong_mode_or_domain_is_refused_with_its_name(tmp_path: Path, body: str, says: str) -> None:
@@ -50,3 +52,10 @@ def test_trusted_proxies_are_read_as_networks_and_a_wrong_one_is_named() -> None
     assert Settings.from_env({}).trusted_proxies == ()
     with pytest.raises(InvalidInput, match=r"LUCID_TRUSTED_PROXIES.*'nginx'"):
         Settings.from_env({"LUCID_TRUSTED_PROXIES": "127.0.0.1,nginx"})
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "99999", "-1"])
+def test_a_port_out_of_range_is_refused_at_start(port: str) -> None:
+    """A port past 65535 was bound modulo 65536 and the banner named another; 0 bound a random one."""
+    with pytest.raises(InvalidInput, match="LUCID_PORT must be a port from 1 to 65535"):
+        Settings.from_env({"LUCID_PORT": port})
