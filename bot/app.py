@@ -195,11 +195,15 @@ class Webhook:
 
     async def accept_event(self, name: str, event: dict[str, Any], started: float) -> web.Response:
         """Route, redact and enqueue one verified event, from the webhook or the long connection."""
-        event_id = str((event.get("header") or {}).get("event_id") or event.get("uuid") or "")[:128]
-        if (event.get("header") or {}).get("event_type") == CARD_ACTION:
-            return await self.accept_card_action(name, event, started, event_id)
+        header = event.get("header") or {}
+        event_id = str(header.get("event_id") or event.get("uuid") or "")[:128]
         now_ms = int(time.time() * 1000)
         stale_ms = int(self.config.stale_after * 1000)
+        if header.get("event_type") == CARD_ACTION:
+            _, late = event_time(header.get("create_time"), now_ms, stale_ms)
+            if late:  # a replayed press acts no more than a replayed message
+                return self._done(200, f"ignored: {late}", name, started, event_id)
+            return await self.accept_card_action(name, event, started, event_id)
         inbound = route(event, name, self.bot_ids.get(name, ""), now_ms=now_ms, stale_ms=stale_ms)
         if isinstance(inbound, Ignored):
             status = 503 if inbound.retry else 200
@@ -223,10 +227,6 @@ class Webhook:
     ) -> web.Response:
         """A button on a /memory card: queued for a worker (the bot never writes memory); Feishu shows the
         toast at once and the worker updates the card in place."""
-        created = (event.get("header") or {}).get("create_time")
-        _, late = event_time(created, int(time.time() * 1000), int(self.config.stale_after * 1000))
-        if late:  # a replayed press acts no more than a replayed message
-            return self._done(200, f"ignored: {late}", name, started, event_id)
         action = parse_action(event, name)
         if action is None:
             return self._done(200, "ignored: not a lucid card action", name, started, event_id)

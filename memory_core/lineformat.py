@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -337,10 +337,11 @@ def set_aside_note(chars: int, where: str) -> str:
     return f"{SET_ASIDE}a hand-edited line of {chars:,} characters (over {MAX_LINE_CHARS:,}) is kept in {where} -->"
 
 
-def distinct_ids(text: str, committed: str | None = None) -> tuple[str, int]:
+def distinct_ids(text: str, committed: Callable[[], str | None] = lambda: None) -> tuple[str, int]:
     """`text` with each line that repeats an earlier line's id (a hand edit copied a line and changed it)
     given a new id, so no line is left unreadable; the copy that still reads as the committed entry keeps
-    the id (`committed`: its text), else the first. Returns the text and how many lines got a new id."""
+    the id (`committed` gives the file as committed, read only if an id repeats), else the first. Returns
+    the text and how many lines got a new id."""
     lines = text.split("\n")
     copies: dict[str, list[tuple[int, Entry]]] = {}
     in_section = False
@@ -360,7 +361,8 @@ def distinct_ids(text: str, committed: str | None = None) -> tuple[str, int]:
     repeated = {ident: found for ident, found in copies.items() if len(found) > 1}
     if not repeated:
         return text, 0
-    before = {e.id: e.text for e in parse_file(committed).entries()} if committed else {}
+    last = committed()
+    before = {e.id: e.text for e in parse_file(last).entries()} if last else {}
     renamed = 0
     for ident, found in repeated.items():
         keep = next((c for c in found if c[1].text == before.get(ident)), found[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -725,7 +726,7 @@ class Writer:
             text, moved, hidden = self._set_aside(ns, name, snap.text(name) or "")
             copied = 0
             if name in (MEMORY, ARCHIVE):
-                text, copied = distinct_ids(text, self.store.committed_text(ns, name))
+                text, copied = distinct_ids(text, functools.partial(self.store.committed_text, ns, name))
             clean, n = _scrub(text) if name in (MEMORY, ARCHIVE) else _scrub_plain(text)
             redacted += n + hidden
             aside += moved

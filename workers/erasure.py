@@ -141,10 +141,9 @@ def erase_user(runtime: Runtime, user: str, tenant: str | None = None) -> Erasur
     data = runtime.store.data_dir
     tenants = [safe_component(tenant)] if tenant else sorted(p.name for p in data.iterdir() if p.is_dir())
     report = Erasure()
+    hashed, named = safe_component(user), stored_component(user)  # named: the folder's own name, from `ls`
     for t in tenants:
-        safe_user = safe_component(user)
-        if not (data / t / safe_user).is_dir():  # the folder's own name, as the viewer and `ls` show it
-            safe_user = stored_component(user)
+        safe_user = hashed if (data / t / hashed).is_dir() else named
         home = data / t / safe_user
         if not home.is_dir() or home.is_symlink():
             continue
