@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from workers import embedded_redis
-from workers.settings import Persona, Settings
+from workers.settings import Persona, Settings, safe_url
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,8 @@ def check_redis(settings: Settings) -> Check:
         info = client.info("server")
         persistence = client.config_get("appendonly").get("appendonly")
     except redis.RedisError as exc:
-        return Check("redis", False, f"{_safe_url(url)} unreachable ({exc})", "start Redis or fix REDIS_URL")
-    detail = f"{_safe_url(url)} redis {info.get('redis_version')}, appendonly={persistence}"
+        return Check("redis", False, f"{safe_url(url)} unreachable ({exc})", "start Redis or fix REDIS_URL")
+    detail = f"{safe_url(url)} redis {info.get('redis_version')}, appendonly={persistence}"
     if persistence != "yes":
         return Check(
             "redis",
@@ -104,13 +104,6 @@ def check_redis(settings: Settings) -> Check:
             warn=True,
         )
     return Check("redis", True, detail)
-
-
-def _safe_url(url: str) -> str:
-    if "@" in url:
-        scheme, _, rest = url.partition("://")
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
 
 
 def check_ollama(settings: Settings) -> list[Check]:
@@ -159,27 +152,8 @@ def check_feishu(settings: Settings) -> list[Check]:
         if token.ok:
             out.append(_bot_check(name, persona, domain))
             out.append(_card_check(name, persona, domain))
-        if not persona.verification_token:
-            out.append(
-                Check(
-                    f"persona {name} webhook",
-                    False,
-                    "no verification_token: every event is refused",
-                    f"copy the Verification Token of app {persona.app_id} into {settings.config_path}",
-                )
-            )
-        if not persona.encrypt_key:
-            out.append(
-                Check(
-                    f"persona {name} encryption",
-                    False,
-                    "no encrypt_key: events arrive unsigned and in clear; whoever learns the verification "
-                    "token can forge them",
-                    f"set an Encrypt Key for app {persona.app_id} (Events & Callbacks → Encryption) and copy it "
-                    f"into encrypt_key in {settings.config_path}",
-                    warn=True,
-                )
-            )
+        if persona.mode == "webhook":  # the long connection is authenticated by the app secret
+            out.extend(_webhook_checks(name, persona, settings))
         if not persona.admins:
             out.append(
                 Check(
@@ -190,6 +164,32 @@ def check_feishu(settings: Settings) -> list[Check]:
                     warn=True,
                 )
             )
+    return out
+
+
+def _webhook_checks(name: str, persona: Persona, settings: Settings) -> list[Check]:
+    out = []
+    if not persona.verification_token:
+        out.append(
+            Check(
+                f"persona {name} webhook",
+                False,
+                "no verification_token: every event is refused",
+                f"copy the Verification Token of app {persona.app_id} into {settings.config_path}",
+            )
+        )
+    if not persona.encrypt_key:
+        out.append(
+            Check(
+                f"persona {name} encryption",
+                False,
+                "no encrypt_key: events arrive unsigned and in clear; whoever learns the verification "
+                "token can forge them",
+                f"set an Encrypt Key for app {persona.app_id} (Events & Callbacks → Encryption) and copy it "
+                f"into encrypt_key in {settings.config_path}",
+                warn=True,
+            )
+        )
     return out
 
 

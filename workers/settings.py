@@ -73,6 +73,25 @@ def parse_trusted_proxies(text: str) -> tuple[str, ...]:
     return tuple(nets)
 
 
+def check_redis_url(url: str) -> None:
+    """Refuse a REDIS_URL redis-py cannot read (`localhost:6379`, a database that is not a number) at start,
+    in one line, rather than as a traceback at the first command that needs Redis."""
+    from redis.connection import parse_url
+
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        raise InvalidInput(f"REDIS_URL {safe_url(url)!r} is not a Redis URL: {exc}") from exc
+
+
+def safe_url(url: str) -> str:
+    """`url` with its password hidden, for a message or a log line."""
+    if "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
 def parse_send_rate(text: str) -> int:
     """`LUCID_FEISHU_SEND_RATE`: messages per minute per app, a whole number from 60 to 100000."""
     try:
@@ -165,12 +184,15 @@ class Settings:
             now = parse_time(now_text) if now_text else None
         except ValueError as exc:
             raise InvalidInput(f"LUCID_NOW must be an ISO time such as 2026-06-20T09:00:00Z: {exc}") from exc
+        redis_url = get("REDIS_URL")
+        if redis_url is not None:
+            check_redis_url(redis_url)
         deadline_text = get("LUCID_REPLY_DEADLINE")
         rate_text = get("LUCID_FEISHU_SEND_RATE")
         values: dict[str, Any] = dict(
             data_dir=Path(get("LUCID_DATA") or "./lucid-data"),
             config_path=Path(get("LUCID_CONFIG") or "./lucid.toml"),
-            redis_url=get("REDIS_URL"),
+            redis_url=redis_url,
             ollama_host=get("OLLAMA_HOST"),
             chat_model=get("LUCID_CHAT_MODEL"),
             dream_model=get("LUCID_DREAM_MODEL"),
@@ -234,14 +256,26 @@ def load_personas(path: Path) -> dict[str, Persona]:
         unknown = set(conf) - known - {"admins"}
         if unknown:
             raise InvalidInput(f"{path}: personas.{name}: unknown keys {', '.join(sorted(unknown))}")
-        persona = Persona(
-            name=name, admins=tuple(admins), **{k: str(v) for k, v in conf.items() if k in known}
-        )
+        wrong = sorted(k for k in known & set(conf) if not isinstance(conf[k], str))
+        if wrong:  # `app_id = 123` or `mode = true` is a typo to name, not a value to stringify
+            raise InvalidInput(f"{path}: personas.{name}: {', '.join(wrong)} must be quoted strings")
+        persona = Persona(name=name, admins=tuple(admins), **{k: conf[k] for k in known & set(conf)})
         if persona.mode not in MODES:
             raise InvalidInput(f"{path}: personas.{name}.mode must be one of {', '.join(MODES)}")
         if persona.domain and persona.domain.lower() not in DOMAINS and not persona.domain.startswith("http"):
             raise InvalidInput(
                 f"{path}: personas.{name}.domain must be feishu, lark or an https:// URL, got {persona.domain!r}"
+            )
+        if persona.mode == "ws" and not (persona.app_id and persona.app_secret):
+            raise InvalidInput(
+                f'{path}: personas.{name}: mode = "ws" needs app_id and app_secret to open the long connection'
+            )
+        twin = next(
+            (p.name for p in personas.values() if persona.app_id and p.app_id == persona.app_id), None
+        )
+        if twin:  # one app's events and tokens would be split between two memories
+            raise InvalidInput(
+                f"{path}: personas.{twin} and personas.{name} use the same app_id {persona.app_id}"
             )
         personas[name] = persona
     return personas

@@ -92,3 +92,23 @@ def test_cardkit_is_checked_and_a_missing_scope_is_a_warning(data_dir: Path) -> 
     assert "[ok  ] persona p cards: CardKit available" in "\n".join(ok)
     line = next(x for x in refused if "persona p cards" in x)
     assert line.startswith("[warn]") and "cardkit:card:write" in line
+
+
+def test_a_long_connection_persona_needs_no_webhook_token(data_dir: Path, redis_url: str) -> None:
+    """A `ws` persona gets its events over the long connection, signed in by the app secret: failing it for
+    a missing verification token sent operators to set a value Lucid never reads."""
+    data_dir.chmod(0o700)
+    with FakeFeishu(app_secret="right") as feishu:
+        persona = Persona("p", app_id="cli_ok", app_secret="right", mode="ws", admins=("ou_1",))
+        settings = Settings(
+            data_dir=data_dir,
+            redis_url=redis_url,
+            feishu_domain=feishu.url,
+            admin_token="x" * 32,
+            personas={"p": persona},
+        )
+        code, lines = _run(settings)
+    text = "\n".join(lines)
+    assert "[ok  ] persona p feishu: tenant token fetched" in text
+    assert "webhook" not in text and "encrypt_key" not in text
+    assert code == 0, text

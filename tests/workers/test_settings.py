@@ -20,7 +20,8 @@ def test_each_persona_can_live_on_feishu_or_lark(tmp_path: Path) -> None:
     path = _toml(
         tmp_path,
         '[personas.cn]\napp_id = "cli_a"\n[personas.intl]\napp_id = "cli_b"\ndomain = "lark"\n'
-        '[personas.own]\ndomain = "https://open.example.test/"\nmode = "ws"\n',
+        '[personas.own]\ndomain = "https://open.example.test/"\nmode = "ws"\n'
+        'app_id = "cli_c"\napp_secret = "s"\n',
     )
     settings = Settings.from_env({"LUCID_CONFIG": str(path), "LUCID_FEISHU_DOMAIN": "https://open.feishu.cn"})
     domains = {n: p.api_domain(settings.feishu_domain) for n, p in settings.personas.items()}
@@ -39,6 +40,10 @@ def test_each_persona_can_live_on_feishu_or_lark(tmp_path: Path) -> None:
         ('[personas.a]\ndomain = "larksuite"\n', "domain must be feishu, lark or an https:// URL"),
         ('[personas."sales/cn"]\n', "persona name 'sales/cn'"),
         ('[personas.""]\n', "persona name ''"),
+        ('[personas.a]\nmode = "ws"\napp_id = "cli_a"\n', "needs app_id and app_secret"),
+        ("[personas.a]\napp_id = 123\n", "app_id must be quoted strings"),
+        ("[personas.a]\nmode = true\n", "mode must be quoted strings"),
+        ('[personas.a]\napp_id = "cli_a"\n[personas.b]\napp_id = "cli_a"\n', "same app_id cli_a"),
     ],
 )
 def test_a_wrong_mode_or_domain_is_refused_with_its_name(tmp_path: Path, body: str, says: str) -> None:
