@@ -13,6 +13,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from memory_core.dream import PHASES
 from memory_core.entry import TYPES, Entry
 from memory_core.errors import InvalidInput, LucidError, NotFound
@@ -572,6 +574,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return COMMANDS[args.command](args, runtime)
     except LucidError as exc:
         print(f"lucid: {printable(str(exc))}", file=sys.stderr)
+        return 2
+    except (redis.ConnectionError, redis.TimeoutError) as exc:  # a stopped Redis or a wrong REDIS_URL
+        print(
+            f"lucid: Redis is unreachable ({printable(str(exc))}): start it, or fix REDIS_URL",
+            file=sys.stderr,
+        )
         return 2
     except OSError as exc:  # a data directory that cannot be made or read: say which, no traceback
         where = f" ({exc.filename})" if exc.filename else ""

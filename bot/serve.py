@@ -116,12 +116,13 @@ def _serve_webhook(
     started: Callable[[], list[subprocess.Popen[bytes]]],
     banner: str,
     tend: Callable[[], None] = lambda: None,
-) -> list[subprocess.Popen[bytes]]:
+) -> int:
     """Serve on the bound `sock`: start the children, print the banner once requests are answered, and
-    run until a stop signal or a child dies."""
+    run until a stop signal (exit code 0) or a child dies (1, so a supervisor restarts the whole set)."""
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     children: list[subprocess.Popen[bytes]] = []
+    died: list[subprocess.Popen[bytes]] = []
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
 
@@ -131,6 +132,7 @@ def _serve_webhook(
             for child in children:
                 if child.poll() is not None:
                     log.error("child process %s exited with %s; stopping", child.args, child.returncode)
+                    died.append(child)
                     stop.set()
             await loop.run_in_executor(None, tend)
             await asyncio.sleep(0.5)
@@ -152,7 +154,7 @@ def _serve_webhook(
         loop.run_until_complete(run())
     finally:
         loop.close()
-    return children
+    return 1 if died else 0
 
 
 def _child(role: str, settings: Settings, url: str) -> subprocess.Popen[bytes]:
@@ -208,7 +210,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
                 )
                 server = embedded_redis.start(settings.data_dir)
 
-        _serve_webhook(runtime, sock, start_children, _banner(settings, args.host), tend)
+        code = _serve_webhook(runtime, sock, start_children, _banner(settings, args.host), tend)
     finally:
         sock.close()
         _stop_children(children)
@@ -216,7 +218,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             runtime.close()
         if server is not None:
             server.stop()
-    return 0
+    return code
 
 
 def _raise_interrupt(_signum: int, _frame: object) -> None:
@@ -229,10 +231,9 @@ def bot_only(args: argparse.Namespace, settings: Settings) -> int:
     sock = listen(args.host, settings.port)
     try:
         with build(settings) as runtime:
-            _serve_webhook(runtime, sock, list, _banner(settings, args.host))
+            return _serve_webhook(runtime, sock, list, _banner(settings, args.host))
     finally:
         sock.close()
-    return 0
 
 
 def worker(args: argparse.Namespace, settings: Settings) -> int:

@@ -359,6 +359,28 @@ def test_serve_starts_its_redis_again_when_it_dies_and_keeps_what_it_held(tmp_pa
     assert _gone(family)
 
 
+def test_serve_stops_with_a_failure_code_when_a_child_dies(tmp_path: Path) -> None:
+    """A worker killed under `lucid serve` stops the whole set with exit 1, so systemd or docker restarts
+    it; exit 0 read as a clean stop and left the bot down."""
+    port = _free_port()
+    data = tmp_path / "data"
+    proc = _serve_default(tmp_path, data, port)
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}/readyz")
+        family = _family(proc)
+        [worker] = [p for p in psutil.Process(proc.pid).children() if p.cmdline()[-1:] == ["worker"]]
+        worker.kill()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # SIGTERM, not SIGKILL: serve stops its children, which hold the pipe
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    assert "exited with -9; stopping" in out
+    psutil.wait_procs(family, timeout=10)
+    assert _gone(family)
+
+
 def _wait_ready(url: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while True:

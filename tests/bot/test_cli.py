@@ -197,3 +197,13 @@ def test_dream_dry_run_shows_the_would_be_diff_and_writes_nothing(data_dir: Path
     assert log[0]["message"].startswith("dream light")
     skipped = json.loads(lucid(data_dir, "dream", "--phase", "deep", "--json").stdout)
     assert skipped["status"] == "skipped" and "LUCID_DREAM_MODEL" in skipped["notes"][0]
+
+
+def test_a_wrong_or_stopped_redis_is_one_line_not_a_traceback(data_dir: Path) -> None:
+    """`REDIS_URL=localhost:6379` (no scheme) and a Redis that is down each printed a traceback."""
+    wrong = lucid(data_dir, "show", env={"REDIS_URL": "localhost:6379"})
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+    assert "REDIS_URL 'localhost:6379' is not a Redis URL" in wrong.stderr
+    down = lucid(data_dir, "remember", "我喜欢茶", env={"REDIS_URL": "redis://u:hunter2@127.0.0.1:1/0"})
+    assert down.returncode == 2 and "Traceback" not in down.stderr and "hunter2" not in down.stderr
+    assert "Redis is unreachable" in down.stderr and "REDIS_URL" in down.stderr
