@@ -574,7 +574,7 @@ class Book:
             seen.add(e.id)
             if verdict.kind == "conflict":
                 ended[e.id] = verdict.why
-            elif verdict.kind in ("same", "contains", "contained", "similar"):
+            elif verdict.kind in meaning.REWORDING:
                 alike.append((verdict.score, e, verdict.kind))
 
         if ended:
@@ -734,8 +734,26 @@ class Book:
             return Outcome(op.op_id, "unchanged", id=op.id)
         # rewritten elsewhere (a group's line in private): the new words are shown where they were said
         moved = op.scope is not None and policy.scope_key(op.scope) != policy.scope_key(entry.scope)
-        self._set(entry.with_changes(text=text, scope=op.scope if moved else entry.scope))
-        return Outcome(op.op_id, "updated", id=op.id)
+        scope = op.scope if moved else entry.scope
+        verdict = meaning.compare(text, entry.text)
+        if verdict.kind in meaning.REWORDING:
+            self._set(entry.with_changes(text=text, scope=scope))
+            return Outcome(op.op_id, "updated", id=op.id)
+        # Another meaning (余杭区 → 西湖区, or other words altogether): the old line stays as history.
+        self._set(entry.with_changes(valid_to=now))
+        new = entry.with_changes(
+            id=self._fresh_id(),
+            text=text,
+            scope=scope,
+            valid_from=now,
+            at=now,
+            supersedes=(entry.id,),
+            hits=0,
+            last=None,
+        )
+        self.add_entry(new)
+        why = verdict.why or "edit"
+        return Outcome(op.op_id, f"superseded:{why}", id=new.id, superseded=(entry.id,))
 
     def _touch(self, op: Touch) -> Outcome:
         at = parse_time(op.at)

@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, Protocol
 
+from . import meaning
 from .book import Book
 from .dream_pairs import similar_pairs
 from .entry import DEMOTED, PROMOTED, Entry
 from .injection import carries_instruction
 from .policy import protected, scope_key, subject_key
 from .recall import importance, recency
-from .similarity import DUPLICATE, bigrams, numbers_agree
+from .similarity import DUPLICATE, bigrams
 
 Action = Literal["merge", "supersede", "archive", "promote", "demote", "unpromote"]
 PROMOTE_HITS = 3
@@ -137,8 +138,8 @@ def merge_duplicates(entries: Sequence[Entry], now: datetime) -> list[LightOp]:
         if a.id in dead or b.id in dead or scope_key(a.scope) != scope_key(b.scope):
             continue
         sa, sb = subject[a.id], subject[b.id]
-        if (sa and sb and sa != sb) or not numbers_agree(a.text, b.text):
-            continue
+        if (sa and sb and sa != sb) or meaning.compare(a.text, b.text).kind not in meaning.REWORDING:
+            continue  # what the upsert would not fold into one (another number, a swapped word) stays two
         survivor, loser = sorted((a, b), key=_merge_order)
         dead.add(loser.id)
         subject[survivor.id] = sa or sb  # the survivor takes the loser's subject: later pairs see it

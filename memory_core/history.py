@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 from .book import Book
 from .entry import Entry
 from .errors import LineError, LucidError, UndoRefused
-from .lineformat import MAX_LINE_CHARS, META_OPEN, parse_entry, parse_file
+from .lineformat import MAX_LINE_CHARS, META_OPEN, as_item, parse_entry, parse_file
 from .ops import Forget
 from .recall import SHARE_KEY
 from .store import ARCHIVE, DREAMS, MEMORY, PROFILE, Snapshot, Store
@@ -61,7 +61,8 @@ def _changed_lines(before: Files, after: Files) -> tuple[dict[str, State], dict[
         if head_a != head_b:
             return None
         for lines, out in ((lines_a - lines_b, old), (lines_b - lines_a, new)):
-            for line, copies in lines.items():
+            for written, copies in lines.items():
+                line = as_item(written)
                 if not line.startswith("- ") or len(line) > MAX_LINE_CHARS:
                     continue  # a heading, a note, a set-aside line: no entry
                 if META_OPEN not in line or copies > 1:

@@ -346,7 +346,7 @@ def distinct_ids(text: str, committed: Callable[[], str | None] = lambda: None) 
     copies: dict[str, list[tuple[int, Entry]]] = {}
     in_section = False
     for i, raw in enumerate(lines):
-        line = raw.rstrip("\r")
+        line = as_item(raw.rstrip("\r"))
         m = _HEADING.match(line)
         if m and len(m.group(1)) == 2:
             in_section = True
@@ -372,6 +372,17 @@ def distinct_ids(text: str, committed: Callable[[], str | None] = lambda: None) 
                 lines[i] = render_entry(entry.with_changes(id=new_id())) + ending
                 renamed += 1
     return "\n".join(lines), renamed
+
+
+# A list item written with another marker (* x, + x, • x, 1. x, 2) x, 3、x) or indented: a memory line as
+# much as "- x" is, rewritten to "- x" on the next write, never silently a note.
+_OTHER_ITEM = re.compile(r"^(?:[ \t]+-|[ \t]*(?:[*+•·]|\d{1,3}[.)、]))[ \t]+(?=\S)")
+
+
+def as_item(line: str) -> str:
+    """`line` with any list marker made "- " (a line that is no list item comes back as it was)."""
+    m = _OTHER_ITEM.match(line)
+    return line if m is None else "- " + line[m.end() :]
 
 
 def parse_file(text: str) -> MemoryFile:
@@ -407,6 +418,7 @@ def parse_file(text: str) -> MemoryFile:
         if line.startswith(SET_ASIDE):
             items.append(Unparsed(line, "a hand-edited line was too long to be memory and was set aside"))
             continue
+        line = as_item(line)
         if line.startswith("- ") or line.rstrip() == "-":
             try:
                 entry = parse_entry(line)

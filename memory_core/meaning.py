@@ -91,7 +91,7 @@ _EN_NOT_NAME = frozenset(
         "as is are was were be been he she they we you it this that ok",
     )
 )
-_NUMBER = re.compile(r"(?P<ord>第|#|no\.\s?)?(?P<n>\d+(?:[.,:/]\d+)*|[零〇一二两三四五六七八九十百千万亿]+)")
+_NUMBER = re.compile(rf"(?P<ord>第|#|no\.\s?)?(?P<n>{similarity.NUMBER})")
 _ACCUMULATE = re.compile(
     r"去过|到过|喜欢|爱|讨厌|认识|见过|有|和|跟|与|及|养|想去|玩过|吃过|或|、|"
     r"\b(?:visit\w*|been|like\w*|love\w*|hate\w*|know\w*|met|meet\w*|ha(?:ve|s)|with|and|or)\b"
@@ -304,6 +304,10 @@ def _alike(a: str, b: str, floor: float) -> bool:
     return similarity.jaccard(a, b) >= floor
 
 
+#: The verdicts that say the same fact (in other words, or more of it): the only ones done in place.
+REWORDING = frozenset({"same", "contains", "contained", "similar"})
+
+
 @dataclass(frozen=True)
 class Verdict:
     """`kind`: same, contains (new says more), contained (new says less), similar, conflict or other."""
@@ -317,7 +321,9 @@ def compare(new: str, old: str) -> Verdict:
     """How the statement `new` relates to the stored `old`; docs/MEMORY.md ("Same fact or a change")."""
     a, b = read(new), read(old)
     if a.slot and b.slot and a.slot[0] == b.slot[0]:
-        if a.slot[1] == b.slot[1] or a.slot[1] in b.slot[1] or b.slot[1] in a.slot[1]:
+        x, y = a.slot[1], b.slot[1]
+        # one value inside the other is the same value said more fully (杭州 / 杭州西湖区), unless a number differs
+        if x == y or ((x in y or y in x) and similarity.numbers_agree(x, y)):
             return Verdict("same", score=3.0)
         return Verdict("conflict", "slot:" + a.slot[0])
     if a.negations != b.negations:
@@ -338,10 +344,83 @@ def compare(new: str, old: str) -> Verdict:
         if same_frame and shared_kind and not (a.accumulative or b.accumulative or a.leading_entity):
             return Verdict("conflict", "place" if "place" in shared_kind else "name")
         return Verdict("other")
-    return _rewording(a, b)
+    return _rewording(a, b, new, old)
 
 
-def _rewording(a: Reading, b: Reading) -> Verdict:
+# Words that carry no fact of their own: swapping one (on → every, 在 → 于) is still a rewording.
+_EN_FUNCTION = frozenset(
+    [
+        "i",
+        "me",
+        "my",
+        "mine",
+        "we",
+        "us",
+        "our",
+        "you",
+        "your",
+        "he",
+        "him",
+        "his",
+        "she",
+        "her",
+        "it",
+        "its",
+        "they",
+        "them",
+        "their",
+        "in",
+        "on",
+        "at",
+        "to",
+        "of",
+        "for",
+        "from",
+        "by",
+        "with",
+        "and",
+        "or",
+        "but",
+        "be",
+        "been",
+        "being",
+        "have",
+        "ha",
+        "had",
+        "every",
+        "each",
+        "some",
+        "this",
+        "that",
+        "these",
+        "those",
+        "there",
+        "here",
+        "as",
+        "about",
+        "into",
+        "over",
+        "up",
+        "out",
+        "off",
+        "than",
+        "then",
+    ]
+)
+_ZH_FUNCTION = frozenset("的地得之在于是我你他她它们和与及或把被给对从向每个着过")
+_HAN_CHAR = re.compile(f"[{HAN}]")
+
+
+@lru_cache(maxsize=20_000)
+def _terms(text: str) -> frozenset[str]:
+    """The content words of `text` (stemmed Latin words, Han characters), speaker, fillers and negation out."""
+    low = _english(" ".join(unicodedata.normalize("NFKC", text).lower().split()))
+    positive = _strip(_positive(low))
+    words = {w for w in _WORD.findall(positive) if w not in _EN_FUNCTION}
+    return frozenset(words | (set(_HAN_CHAR.findall(positive)) - _ZH_FUNCTION))
+
+
+def _rewording(a: Reading, b: Reading, new: str, old: str) -> Verdict:
     if a.core == b.core and a.core:
         return Verdict("same", score=3.0)
     if len(a.core) >= 4 and len(b.core) >= 4 and (b.core in a.core or a.core in b.core):
@@ -351,9 +430,12 @@ def _rewording(a: Reading, b: Reading) -> Verdict:
     if len(a.core) >= 4 and sorted(a.core) == sorted(b.core) and not a.negations:
         return Verdict("same", score=2.5)  # the same words in another order
     score = similarity.jaccard(a.core, b.core)
-    if score >= similarity.DUPLICATE:
-        return Verdict("similar", score=score)
-    return Verdict("other", score=score)
+    if score < similarity.DUPLICATE:
+        return Verdict("other", score=score)
+    x, y = _terms(new), _terms(old)
+    if x - y and y - x:  # a content word swapped for another (Monday → Friday, 香蕉 → 梨): maybe both true
+        return Verdict("other", score=score)
+    return Verdict("similar", score=score)
 
 
 _PERSON_ATTRS = (

@@ -60,8 +60,8 @@ class Pin:
 
 @dataclass(frozen=True)
 class Edit:
-    """The user's (or the model tool's) explicit rewrite of one entry's text, keeping its metadata.
-    `scope`: the chat it is rewritten in (None: anywhere, the CLI); another place's entry takes it."""
+    """The user's (or the model tool's) explicit rewrite of one entry's text, keeping its metadata. A rewrite
+    that changes the meaning supersedes instead: the old line stays as history. `scope`: the chat it is rewritten in (None: anywhere, the CLI); another place's entry takes it."""
 
     kind: ClassVar[str] = "edit"
     id: str

@@ -28,11 +28,24 @@ _DROP = _drop_class()
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")  # outside the class: checked one by one
 
 
+# A mark that is part of a number: 1.5 is not 15, -500 not 500, 10:30 not 1030, 1/2 not 12.
+_NUMERIC_MARK = re.compile(r"((?<=\d)[.:/](?=\d)|-(?=\d))")
+
+
 @lru_cache(maxsize=200_000)
 def normalise(text: str) -> str:
     """Works for Chinese and English without a tokenizer. Texts are NFKC-normalised, lower-cased and stripped of
-    white space and punctuation first, so full-width and half-width forms compare equal."""
-    t = _DROP.sub("", unicodedata.normalize("NFKC", text).lower())
+    white space and punctuation first (but for the marks inside numbers), so full-width and half-width forms
+    compare equal."""
+    t = unicodedata.normalize("NFKC", text).lower()
+    if _NUMERIC_MARK.search(t) is None:
+        return _stripped(t)
+    parts = _NUMERIC_MARK.split(t)  # text, mark, text, …
+    return "".join(p if i % 2 else _stripped(p) for i, p in enumerate(parts))
+
+
+def _stripped(t: str) -> str:
+    t = _DROP.sub("", t)
     if t.isascii() or _ASTRAL.search(t) is None:
         return t
     return "".join(ch for ch in t if not (ch.isspace() or unicodedata.category(ch).startswith("P")))
@@ -58,7 +71,9 @@ def jaccard(a: str, b: str) -> float:
     return inter / (len(x) + len(y) - inter)
 
 
-_NUMBER = re.compile(r"\d+(?:[.,:/]\d+)*|[零〇一二两三四五六七八九十百千万亿]+")
+# A number as stated: signed (-500 is not 500; a hyphen after a digit is a range or a date), Arabic or Chinese.
+NUMBER = r"(?:(?<!\d)-)?\d+(?:[.,:/]\d+)*|[零〇一二两三四五六七八九十百千万亿]+"
+_NUMBER = re.compile(NUMBER)
 
 
 @lru_cache(maxsize=65536)

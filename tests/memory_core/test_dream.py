@@ -85,6 +85,23 @@ def test_near_duplicates_merge_into_one_survivor_with_the_union_of_metadata() ->
     assert loser.valid_to == NOW and loser.text == a.text
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("I go to the gym every Monday", "I go to the gym every Friday"),
+        ("我每天早上吃香蕉当早餐", "我每天早上吃梨当早餐"),
+        ("我喜欢喝咖啡", "我不喜欢喝咖啡"),
+        ("我家离公司15公里", "我家离公司1.5公里"),
+    ],
+)
+def test_lines_the_upsert_keeps_apart_are_not_merged_by_dreaming(first: str, second: str) -> None:
+    """Bigram overlap alone merged Monday into Friday (and 喜欢 into 不喜欢): light dreaming folds only what the
+    upsert itself would have judged one fact."""
+    book = book_of(E("a", first), E("b", second))
+    assert light(book).get("merged", 0) == 0
+    assert {e.text for e in book.current(NOW)} == {first, second}
+
+
 def test_same_subject_contradiction_supersedes_the_older_statement() -> None:
     book = book_of(
         E("old", "我住在余杭区", subject="所在地", at=ago(60)),

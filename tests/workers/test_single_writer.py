@@ -122,6 +122,28 @@ def test_hand_edit_is_committed_first_then_built_on(local_writer: Writer, data_d
     assert "我养了一只橘猫" in show and "我在余杭区" not in show
 
 
+@pytest.mark.parametrize("marker", ["* ", "+ ", "1. ", "2) ", "  - ", "• "])
+def test_a_line_rewritten_with_another_list_marker_stays_a_memory(
+    local_writer: Writer, data_dir: Path, marker: str
+) -> None:
+    """A person who writes `* x` or `1. x` still means a memory: it was read as a note, so the entry it had
+    been read as deleted by hand and was forgotten everywhere."""
+    [kept] = local_writer.submit(NS, [Remember(text="我喜欢爬山"), Remember(text="我养了一只橘猫")])[:1]
+    memory = NS.path(data_dir) / "MEMORY.md"
+    text = memory.read_text("utf-8")
+    memory.write_text(
+        text.replace("- 我喜欢爬山", marker + "我喜欢在周末爬山").replace("- 我养", marker + "我养")
+    )
+    local_writer.submit(NS, [Remember(text="我在余杭区")])
+    book, _ = local_writer.snapshot(NS)
+    now = datetime.now(UTC)
+    assert sorted(e.text for e in book.current(now)) == sorted(
+        ["我在余杭区", "我养了一只橘猫", "我喜欢在周末爬山"]
+    )
+    assert book.get(kept.id or "") is not None and not book.problems()
+    assert "- 我喜欢在周末爬山 <!--m:" in memory.read_text("utf-8")  # written back in the usual form
+
+
 def test_secret_typed_into_the_file_never_reaches_git(local_writer: Writer, data_dir: Path) -> None:
     local_writer.submit(NS, [Remember(text="我喜欢爬山")])
     memory = NS.path(data_dir) / "MEMORY.md"
