@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from bot import viewer
 from bot.headers import text_header
 from memory_core.errors import InvalidInput, LucidError
 from memory_core.namespace import Namespace
@@ -29,15 +29,21 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     if not token:
         log.info("LUCID_ADMIN_TOKEN not set: the HTTP admin API is disabled")
         return
-    expected = f"Bearer {token}".encode()
+    viewer.sessions_for(app, runtime)  # the viewer's failed-login count: one limit for every way in
 
     def guarded(handler: Callable[[web.Request, Runtime], Awaitable[web.Response]]) -> Handler:
         async def check(request: web.Request) -> web.Response:
             try:
-                given = text_header(request.headers, "Authorization").encode()
+                given = text_header(request.headers, "Authorization")
             except BadHeader as exc:
                 return web.json_response({"error": str(exc)}, status=400)
-            if not hmac.compare_digest(given, expected):
+            try:
+                ok = given.startswith("Bearer ") and await viewer.token_guess(
+                    request, runtime, given[7:], "admin API"
+                )
+            except web.HTTPTooManyRequests as exc:
+                return web.json_response({"error": exc.text}, status=429)
+            if not ok:
                 log.warning("admin %s %s refused: bad or missing token", request.method, request.path)
                 return web.json_response(
                     {"error": "unauthorized"}, status=401, headers={"WWW-Authenticate": "Bearer"}

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from bot.headers import text_header
 from memory_core.errors import LucidError
+from memory_core.forgetting import held_diff
 from memory_core.lineformat import format_time
 from memory_core.namespace import Namespace, list_namespaces
 from memory_core.ops import entry_to_json
@@ -43,9 +44,11 @@ class Sessions:
     """Viewer sessions: random ids (only their hash is kept) with an expiry, and failed-login counts (in
     Redis when there is one, so every replica counts the same failures)."""
 
-    def __init__(self, client: redis.Redis | None, clock: Any = time.monotonic) -> None:
+    def __init__(self, client: redis.Redis | None, token: str = "", clock: Any = time.monotonic) -> None:
         self.client = client
         self.clock = clock
+        # what a session holds: a session opened under another admin token is no session after a change
+        self._mark = hashlib.sha256(f"lucid viewer session\0{token}".encode()).hexdigest()[:32]
         self._local: dict[str, float] = {}
         self._failures: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
@@ -58,7 +61,7 @@ class Sessions:
     def open(self) -> str:
         sid = secrets.token_urlsafe(32)
         if self.client is not None:
-            self.client.set(self._key(sid), "1", ex=SESSION_TTL)
+            self.client.set(self._key(sid), self._mark, ex=SESSION_TTL)
         else:
             with self._lock:
                 now = self.clock()
@@ -70,7 +73,9 @@ class Sessions:
         if not sid or len(sid) > 128:
             return False
         if self.client is not None:
-            return bool(self.client.exists(self._key(sid)))
+            held = self.client.get(self._key(sid))
+            mark = held.decode() if isinstance(held, bytes) else str(held)
+            return held is not None and hmac.compare_digest(mark, self._mark)
         with self._lock:
             return bool(self._local.get(self._key(sid), 0.0) > self.clock())
 
@@ -120,9 +125,34 @@ async def authorised(request: web.Request, token: str | None) -> bool:
         return False
     given = _bearer(request)
     if given is not None:
-        return hmac.compare_digest(given.encode(), token.encode())
+        return await token_guess(request, request.app[RUNTIME], given, "viewer API")
     sid = request.cookies.get(COOKIE, "")
     return bool(sid) and await asyncio.to_thread(request.app[SESSIONS].valid, sid)
+
+
+async def token_guess(request: web.Request, runtime: Runtime, given: str, what: str) -> bool:
+    """Whether `given` is the admin token (constant time). Every way in — the viewer's `?token=`, a Bearer
+    header on the viewer or the admin API — counts a wrong one against the client's address: after
+    LOGINFAILED_LOGINS in LOGIN_WINDOW, 429 until the oldest ages out. Each is logged, never the guess."""
+    token = runtime.settings.admin_token
+    if not token:
+        return False
+    sessions = request.app[SESSIONS]
+    who = client_address(request, runtime.settings.trusted_proxies)
+    if await asyncio.to_thread(sessions.blocked, who):
+        log.warning("%s login from %s refused: too many failed logins", what, who)
+        raise web.HTTPTooManyRequests(text="too many failed logins; wait a few minutes")
+    if hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()):
+        return True
+    failures = await asyncio.to_thread(sessions.failed, who)
+    log.warning("%s login from %s failed (%d in %d s)", what, who, failures, LOGIN_WINDOW)
+    return False
+
+
+def sessions_for(app: web.Application, runtime: Runtime) -> None:
+    """The one session and failed-login store of an app, however many of its parts check the token."""
+    if SESSIONS not in app:
+        app[SESSIONS] = Sessions(runtime.redis, runtime.settings.admin_token or "")
 
 
 async def _guard(request: web.Request) -> None:
@@ -175,18 +205,11 @@ async def page(request: web.Request) -> web.StreamResponse:
         raise web.HTTPNotFound()
     given = request.query.get("token")
     if given is not None:
-        sessions = request.app[SESSIONS]
-        who = client_address(request, request.app[RUNTIME].settings.trusted_proxies)
-        if await asyncio.to_thread(sessions.blocked, who):
-            log.warning("viewer login from %s refused: too many failed logins", who)
-            raise web.HTTPTooManyRequests(text="too many failed logins; wait a few minutes")
-        ok = hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode())
-        if not ok:
-            failures = await asyncio.to_thread(sessions.failed, who)
-            log.warning("viewer login from %s failed (%d in %d s)", who, failures, LOGIN_WINDOW)
+        runtime = request.app[RUNTIME]
+        if not await token_guess(request, runtime, given, "viewer"):
             raise web.HTTPUnauthorized(text="wrong admin token")
-        sid = await asyncio.to_thread(sessions.open)
-        log.info("viewer login from %s", who)
+        sid = await asyncio.to_thread(request.app[SESSIONS].open)
+        log.info("viewer login from %s", client_address(request, runtime.settings.trusted_proxies))
         response = web.HTTPFound("/admin/viewer")
         response.set_cookie(
             COOKIE,
@@ -283,9 +306,12 @@ def view(runtime: Runtime, service: MemoryService, ns: Namespace, query: str = "
         for subject, steps in subject_timelines(book.entries(), book.archived()).items()
     }
     dreams = []
+    held = {e.id for e in book.entries()} | {e.id for e in book.archived()}
+    profile = service.profile(ns) or ""
     for commit in runtime.store.history(ns, limit=200):
         if commit["message"].startswith(("dream", "undo")):
-            dreams.append({**commit, "diff": runtime.store.show(ns, commit["rev"])})
+            diff = held_diff(runtime.store.show(ns, commit["rev"]), held, profile)
+            dreams.append({**commit, "diff": diff})
         if len(dreams) >= 20:
             break
     return {
@@ -296,7 +322,7 @@ def view(runtime: Runtime, service: MemoryService, ns: Namespace, query: str = "
         "recall": recall_rows,
         "history": [row(e) for e in book.entries() if not e.current(now)],
         "archive": [row(e) for e in book.archived()],
-        "profile": service.profile(ns) or "",
+        "profile": profile,
         "timelines": timelines,
         "journal": runtime.store.read_text(ns, DREAMS) or "",
         "dreams": dreams,
@@ -307,7 +333,7 @@ def view(runtime: Runtime, service: MemoryService, ns: Namespace, query: str = "
 def mount(app: web.Application, runtime: Runtime) -> None:
     app[RUNTIME] = runtime
     app[SERVICE] = runtime.memory
-    app[SESSIONS] = Sessions(runtime.redis)
+    sessions_for(app, runtime)
     app.router.add_get("/admin/viewer", page)
     app.router.add_get("/admin/api/namespaces", namespaces)
     app.router.add_get("/admin/api/ns/{tenant}/{user}/{persona}", namespace)

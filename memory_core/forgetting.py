@@ -10,9 +10,10 @@ from datetime import datetime
 from .dream_guard import coverage, key_terms
 from .entry import Entry
 from .errors import LineError
-from .lineformat import USED_KEY, parse_raw, render_raw
+from .lineformat import USED_KEY, parse_entry, parse_raw, render_raw
 from .profile import profile_digest, profile_inputs, split_lines, stored_digest, supported
 from .similarity import normalise
+from .store import ARCHIVE, MEMORY, PROFILE
 
 FORGOTTEN = "〔已按要求忘记 · forgotten on request〕"
 FORGOT_KEY = "fgt"
@@ -167,6 +168,40 @@ def checked_profile(profile_text: str | None, entries: Iterable[Entry], now: dat
 
 
 _ENTRY_ID = re.compile(r"<!--m:(?:[^>]*?;)?id=([^;>]+)")
+
+
+NOT_HELD = "〔no longer held · 已不再保存〕"
+
+
+def held_diff(diff: str, held: set[str], profile: str) -> str:
+    """A past commit's diff as the viewer may show it: an entry line whose id is no longer held (forgotten,
+    or undone) and a profile line the current profile does not say lose their text, so a forgotten fact
+    is not read back from history where no `--purge` has run yet."""
+    kept = {line.strip() for line in profile.split("\n") if line.strip()}
+    out: list[str] = []
+    where = ""
+    for line in diff.split("\n"):
+        if line.startswith("diff --git "):
+            where = line.rsplit("/", 1)[-1]
+        elif (
+            line[:1] in "+-"
+            and not line.startswith(("+++", "---"))
+            and not _held(line[1:], where, held, kept)
+        ):
+            line = line[0] + NOT_HELD
+        out.append(line)
+    return "\n".join(out)
+
+
+def _held(line: str, where: str, held: set[str], profile: set[str]) -> bool:
+    if where == PROFILE:
+        return not line.strip() or line.strip() in profile
+    if where not in (MEMORY, ARCHIVE) or not line.startswith("- "):
+        return True  # a heading, a note, the dream journal (ids and counts only)
+    try:
+        return parse_entry(line).id in held  # a line typed without a comment has its text's id
+    except LineError:
+        return False
 
 
 def purge_blob(data: bytes, targets: Sequence[Forgotten]) -> bytes:

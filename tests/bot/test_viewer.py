@@ -90,8 +90,8 @@ async def test_a_person_whose_id_was_hashed_opens_from_the_list(aiohttp_client, 
 async def test_namespace_api_and_page_refuse_every_request_without_the_admin_token(
     aiohttp_client, data_dir: Path
 ) -> None:  # type: ignore[no-untyped-def]
-    """No header, a wrong bearer, a wrong cookie: 401 and not a byte of memory or of the page."""
-    client = await aiohttp_client(_story(data_dir))
+    """No header, a wrong bearer, a wrong cookie: 401 and not a byte of memory or of the page (each on a
+    server of its own: a client's sixth wrong bearer within five minutes is refused with 429)."""
     wrong = [
         {},
         {"Authorization": "Bearer nope"},
@@ -99,6 +99,7 @@ async def test_namespace_api_and_page_refuse_every_request_without_the_admin_tok
         {"Cookie": "lucid_admin=nope"},
     ]
     for headers in wrong:
+        client = await aiohttp_client(_story(data_dir))
         for path in (
             "/admin/api/ns/t1/alice/default",
             "/admin/api/ns/t1/alice/default?q=余杭区",
@@ -171,3 +172,34 @@ def test_viewer_page_in_headless_chromium(data_dir: Path) -> None:
         finally:
             browser.close()
     assert (ARTIFACTS / "viewer.png").stat().st_size > 10_000
+
+
+async def test_a_forgotten_memory_is_not_read_back_from_the_dream_diffs(
+    aiohttp_client, data_dir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The viewer shows what each dream changed, from git history, where a forgotten line stays until
+    `forget --purge`: a forgotten fact was one click away on the operator's page."""
+    from memory_core.ops import Forget
+    from workers.dreaming import run_phase
+
+    app = _story(data_dir)
+    runtime = app[viewer.RUNTIME]
+    runtime.writer.clock = lambda: T0 + timedelta(days=59)
+    ns = Namespace.of("t1", "carol", "default")
+    runtime.writer.submit(ns, [Remember(text="我对青霉素过敏，打针前要说")])
+    memory = ns.path(data_dir) / "MEMORY.md"
+    memory.write_text(memory.read_text("utf-8") + "- 我对青霉素过敏，打针前一定要说\n", "utf-8")
+    assert run_phase(runtime, ns, "light")["counts"].get("merged") == 1
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    client = await aiohttp_client(app)
+
+    async def diffs() -> str:
+        data = await (await client.get("/admin/api/ns/t1/carol/default", headers=auth)).json()
+        return "\n".join(d["diff"] for d in data["dreams"])
+
+    before = await diffs()
+    assert "打针前一定要说" in before and "打针前要说" in before  # the merge, as it was
+    for e in runtime.memory.book(ns).entries() + runtime.memory.book(ns).archived():
+        runtime.writer.submit(ns, [Forget(e.id)])
+    after = await diffs()
+    assert "青霉素" not in after and "〔no longer held" in after

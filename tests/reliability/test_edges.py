@@ -237,6 +237,50 @@ async def test_failed_viewer_logins_are_logged_without_the_token_and_limited(
     assert "guess-" not in logged and ADMIN not in logged
 
 
+@pytest.mark.parametrize("target", ["/admin/api/namespaces", "/admin/stats"])
+async def test_bearer_guesses_count_as_failed_logins_on_the_viewer_and_the_admin_api(
+    aiohttp_client: ClientFactory,
+    data_dir: Path,
+    redis_url: str,
+    caplog: pytest.LogCaptureFixture,
+    no_login_failures: None,
+    target: str,
+) -> None:
+    """Only `?token=` was limited: a script could guess the admin token as a Bearer header on the viewer's
+    API or the admin API as fast as the server answered, and nothing was logged. Every way in now counts
+    against one limit per client."""
+    client = await _client(aiohttp_client, data_dir, redis_url)
+
+    def bearer(token: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"}
+
+    with caplog.at_level(logging.INFO, logger="bot"):
+        statuses = [(await client.get(target, headers=bearer(f"guess-{i}"))).status for i in range(5)]
+        blocked = await client.get(target, headers=bearer(ADMIN))
+        by_login = await client.get(f"/admin/viewer?token={ADMIN}", allow_redirects=False)
+    assert statuses == [401] * 5 and blocked.status == 429 and by_login.status == 429
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert logged.count(" failed (") == 5 and "too many failed logins" in logged
+    assert "guess-" not in logged and ADMIN not in logged
+    assert (await client.get(target)).status == 401  # no token at all is no guess: not counted, still refused
+
+
+async def test_a_session_opened_under_an_old_admin_token_ends_when_the_token_changes(
+    aiohttp_client: ClientFactory, data_dir: Path, redis_url: str
+) -> None:
+    """Sessions live in Redis for 8 hours: rotating a leaked admin token (a restart with a new one) left
+    every session opened with the old one working."""
+    before = await _client(aiohttp_client, data_dir, redis_url)
+    login = await before.get(f"/admin/viewer?token={ADMIN}", allow_redirects=False)
+    session = {"Cookie": f"lucid_admin={login.cookies['lucid_admin'].value}"}
+    assert (await before.get("/admin/api/namespaces", headers=session)).status == 200
+    rotated = await aiohttp_client(
+        create_app(build(Settings(data_dir=data_dir, admin_token="b" * 40), redis_url, git=False))
+    )
+    assert (await rotated.get("/admin/api/namespaces", headers=session)).status == 401
+    assert (await before.get("/admin/api/namespaces", headers=session)).status == 200  # the old server's own
+
+
 async def test_failed_logins_are_counted_once_across_replicas_per_client_behind_the_proxy(
     aiohttp_client: ClientFactory, data_dir: Path, redis_url: str, no_login_failures: None
 ) -> None:
