@@ -9,6 +9,7 @@ import bisect
 import json
 import math
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -239,6 +240,7 @@ _SERVICES = (
 _SERVICE_NEAR = re.compile(rf"(?i)(?<![A-Za-z])(?:{_SERVICES})(?![A-Za-z])")
 _KW_KINDS: tuple[str, ...] = ("service_key", "aws_key", "feishu_secret", "private_key", "api_key")
 _KW_KINDS += ("generic_token", "pin", "password")
+_IS = r"ist|lautet|war|es|era|est|était|é"  # "is" in the languages whose password words are listed
 _PHRASE_SOURCE = (
     r"(?:(?P<aws_key>" + _en(r"aws[ _-]?secret[ _-]?(?:access[ _-]?)?key|secret[ _-]access[ _-]key") + ")"
     r"|(?P<feishu_secret>" + _en(r"app[ _-]?secret|encrypt[ _-]?key|verification[ _-]?token") + ")"
@@ -246,7 +248,7 @@ _PHRASE_SOURCE = (
     r"|(?P<service_key>(?<![A-Za-z0-9_])(?:" + _SERVICES + r")(?:[ _-]?(?:api|app|bot|access|secret|"
     r"encrypt|signing|webhook|bearer|auth))?[ _-]?(?:key|token|secret)s?(?![A-Za-z]))"
     r"|(?P<private_key>私钥|" + _en(r"private[ _-]?key") + ")"
-    r"|(?P<api_key>密钥|秘钥|"
+    r"|(?P<api_key>密钥|秘钥|金钥|"
     + _en(r"api[ _-]?key|access[ _-]?key(?:[ _-]?id)?|secret[ _-]?key|(?:client|signing)[ _-]?secret|secret")
     + ")"
     r"|(?P<generic_token>令牌|" + _en(r"(?:(?:access|refresh|auth|api|bot|session)[ _-]?)?token") + ")"
@@ -258,9 +260,12 @@ _PHRASE_SOURCE = (
     )
     + "))"
     # "password for the wifi is …", "password of my gmail account: …" (only when a separator follows)
-    r"(?P<qual>[ \t]++(?:for|of|on|to)[ \t]++(?:(?:my|the|our|your|this|that)[ \t]++)?[A-Za-z0-9_.@-]{1,40}+"
-    r"(?:[ \t]++(?!(?:is|was|to)[ \t])[A-Za-z0-9_.@-]{1,40}+)?(?=[ \t]*+(?:is|was|[:：=])))?"
-    r"(?P<sep>[ \t\u3000]*+(?:(?P<w>(?<![A-Za-z])(?:is(?:[ \t]++now)?|was|to)(?![A-Za-z]))"
+    # (and in German, Spanish, French, Portuguese: "Passwort für das WLAN ist …", "contraseña del wifi es …")
+    r"(?P<qual>[ \t]++(?:for|of|on|to|für|vom?|zum|del?|para|pour|du)[ \t]++"
+    r"(?:(?:my|the|our|your|this|that|mein(?:e[ns]?)?|das|der|die|mi|el|la|mon|ma|le|o|a)[ \t]++)?"
+    r"[A-Za-z0-9_.@-]{1,40}+(?:[ \t]++(?!(?:is|was|to|" + _IS + r")[ \t])[A-Za-z0-9_.@-]{1,40}+)?"
+    r"(?=[ \t]*+(?:is|was|" + _IS + r"|[:：=])))?"
+    r"(?P<sep>[ \t\u3000]*+(?:(?P<w>(?<![A-Za-z])(?:is(?:[ \t]++now)?|was|to|" + _IS + r")(?![A-Za-z]))"
     r"|(?:也|还|都|就|应该)?是|为|為|(?:改|换|设|设置)(?:成|为)了?|:=|=>|[:：=＝])"
     r"[ \t\u3000]*+(?:[:：][ \t\u3000]*+)?)?[ \t\u3000]*+"
 )
@@ -329,6 +334,10 @@ def _value_ok(kind: str, v: str, how: str, after: str) -> bool:
     if kind == "password":
         if len(v) < 4 or v.lower() in _STOPWORDS or (v.isdigit() and how == "bare"):
             return False
+        if (
+            how == "foreign"
+        ):  # a word after "ist", "es", "est" may describe it (falsch, incorrecta): not taken
+            return _WORDY.fullmatch(v) is None
         if how == "quoted":
             return True
         if " " in v:  # 'the password "reset link"': a quoted phrase needs a separator before it
@@ -522,6 +531,8 @@ def _classify_phrase(m: re.Match[str]) -> tuple[str, str] | None:
         return kind, "bare-service"  # "OpenAI api key abc…", "飞书 encrypt key EK-…": named, no separator
     if not m["sep"] and kind == "feishu_secret":
         return kind, "bare-service"
+    if word and kind == "password" and word.split()[0] not in ("is", "was", "to"):
+        return kind, "foreign"  # "Passwort ist …": no list of its describing words here, see _value_ok
     return kind, "word" if word else "assign" if m["sep"] else "bare-cjk" if text[kw_start] > "~" else "bare"
 
 
@@ -587,7 +598,7 @@ _CANDIDATE = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/_-]{20,}+=*+")  # "="
 _NEAR_WORD = re.compile(
     r"(?i)(?<!public )(?<!public_)(?<!publishable )"
     + _en(r"(?:api[ _-]?)?keys?|tokens?|secrets?|credentials?|passwords?")
-    + "|密钥|秘钥|令牌|私钥|凭证|凭据|口令|密码"
+    + "|密钥|秘钥|金钥|令牌|私钥|凭证|凭据|口令|密码"
 )
 
 
@@ -604,9 +615,24 @@ def _generic(text: str) -> Iterator[Span]:
             yield s, e, "generic_token"
 
 
+# An AWS secret access key has no prefix of its own, but it comes with its key id (AKIA…): a random
+# 40-character string near one is the secret, whatever words stand around it.
+_AWS_ID = re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])")
+_AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+_AWS_NEAR = 200
+
+
+def _aws_pairs(text: str) -> Iterator[Span]:
+    for m in _AWS_ID.finditer(text):
+        for c in _AWS_SECRET.finditer(text, max(0, m.start() - _AWS_NEAR), m.end() + _AWS_NEAR):
+            if _machine_made(c.group()) and not set(c.group()) <= _HEX:  # a commit hash is no key
+                yield c.start(), c.end(), "aws_key"
+
+
 _DETECTORS: tuple[Callable[[str], Iterator[Span]], ...] = (
     _pem,
     _formats,
+    _aws_pairs,
     _cards,
     _url_creds,
     _auth,
@@ -616,9 +642,70 @@ _DETECTORS: tuple[Callable[[str], Iterator[Span]], ...] = (
 )
 
 
+# --- what a secret is read as: full-width and styled letters, invisible characters, traditional forms ------
+
+# Characters that hide nothing when dropped (a zero-width space inside "pass\u200bword" or a value).
+_INVISIBLE = frozenset("\u00ad\u180e\u200b\u200c\u200d\u2060\ufeff")
+# The traditional forms of the characters of the Chinese secret words above (密碼, 金鑰, 憑證, 設為…).
+_TRADITIONAL = str.maketrans("碼號語權鎖門開鑰憑證據設換為", "码号语权锁门开钥凭证据设换为")
+
+
+# Chinese punctuation the patterns read as written: most Chinese text needs no folding at all.
+_AS_WRITTEN = frozenset("，！？；：（）")
+
+
+def _fold_class() -> re.Pattern[str]:
+    """One character class of every character `_fold` changes: NFKC changes it (ｐａｓｓ, ＝, 𝐩), it is
+    invisible, or a traditional form above. Built once; a text without any is scanned as it is."""
+    cps = [
+        cp
+        for cp in (*range(0x80, 0x10000), *range(0x1D400, 0x1D800))  # and the mathematical letters
+        if not 0xD800 <= cp < 0xE000
+        and chr(cp) not in _AS_WRITTEN
+        and (
+            chr(cp) in _INVISIBLE or unicodedata.normalize("NFKC", chr(cp)).translate(_TRADITIONAL) != chr(cp)
+        )
+    ]
+    ranges: list[list[int]] = []
+    for cp in cps:
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1][1] = cp
+        else:
+            ranges.append([cp, cp])
+    return re.compile("[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges) + "]")
+
+
+_FOLDS = _fold_class()
+
+
+def _fold(text: str) -> tuple[str, list[int] | None]:
+    """`text` as the detectors read it, and for each of its characters the index it came from (None: as
+    given). A secret typed in full-width letters, with a zero-width space or as 密碼 is still one."""
+    if text.isascii() or _FOLDS.search(text) is None:
+        return text, None
+    parts: list[str] = []
+    origin: list[int] = []
+    last = 0
+    for m in _FOLDS.finditer(text):
+        at = m.start()
+        parts.append(text[last:at])
+        origin.extend(range(last, at))
+        ch = m.group()
+        folded = "" if ch in _INVISIBLE else unicodedata.normalize("NFKC", ch).translate(_TRADITIONAL)
+        parts.append(folded)
+        origin.extend([at] * len(folded))
+        last = at + 1
+    parts.append(text[last:])
+    origin.extend(range(last, len(text)))
+    return "".join(parts), origin
+
+
 def find_secrets(text: str) -> list[SecretFinding]:
     """Every secret in `text`: non-overlapping, sorted by start; each span covers the secret value."""
-    spans = sorted(span for detect in _DETECTORS for span in detect(text) if span[0] < span[1])
+    folded, origin = _fold(text)
+    spans = sorted(span for detect in _DETECTORS for span in detect(folded) if span[0] < span[1])
+    if origin is not None:  # back to the text as given: from the first to the last character it came from
+        spans = [(origin[s], origin[e - 1] + 1, kind) for s, e, kind in spans]
     merged: list[Span] = []
     for s, e, kind in spans:
         if merged and s < merged[-1][1]:

@@ -557,6 +557,29 @@ for tpl, value, kind in [
     add("service", kind, value, tpl)
 
 
+# Written so that the patterns would not see them as they are: traditional characters, full-width or
+# styled letters, a zero-width space inside the word or the value; and the password words of other
+# languages with their own "is".
+for tpl, pw in [
+    ("我的密碼是 {s}", "Xk9mQ2vL7p"),
+    ("門禁密碼：{s}", "4826#"),
+    ("伺服器的金鑰是 {s}", "Tt20240518"),
+    ("ｍｙ ｐａｓｓｗｏｒｄ ｉｓ {s}", "ｈｕｎｔｅｒ２２９"),
+    ("password：{s}", "ｈｕｎｔｅｒ２２９"),
+    ("my pass\u200bword is {s}", "Tr0ub4dor&3"),
+    ("我的密\u200b码是 {s}", "Abc12345"),
+    ("我的密码是 {s}，别告诉别人", "Ab\u200bc12345"),
+    ("𝐩𝐚𝐬𝐬𝐰𝐨𝐫𝐝: {s}", "Xk9mQ2vL7p"),
+    ("Mein Passwort ist {s}", "Sonnen2024blume"),
+    ("Das Passwort für das WLAN ist {s}", "Kx9mQ2vL7p"),
+    ("mi contraseña es {s}", "perro1234"),
+    ("La contraseña del wifi es {s}", "Gato2024!"),
+    ("mon mot de passe est {s}", "Soleil2024"),
+    ("a minha senha é {s}", "Lua123456"),
+]:
+    add("folded", "password api_key", pw, tpl)
+
+
 # --- benign look-alikes: each must produce no finding at all ---------------------------------------------
 ORDER_NUMBER = "2024051812345678"  # fails Luhn (asserted by a test), and order numbers are not cards anyway
 
@@ -763,4 +786,10 @@ BENIGN: list[tuple[str, str]] = [
     ("password-long-and-random", "your password is long and random"),
     ("password-eight-characters", "the password is 8 characters long"),
     ("password-changed-to-something", "I changed my password to something easier"),
+    # a word after another language's "is" may describe the password: only a value with a digit or sign
+    ("passwort-falsch", "Das Passwort ist falsch"),
+    ("passwort-geheim", "Mein Passwort ist geheim."),
+    ("contrasena-incorrecta", "la contraseña es incorrecta"),
+    ("fullwidth-password-question", "ｐａｓｓｗｏｒｄ是多少？"),
+    ("traditional-password-question", "密碼是多少別告訴別人"),
 ]

@@ -100,6 +100,17 @@ def test_pem_without_end_is_one_finding() -> None:
     assert redact(text) == "[REDACTED:private_key]\n\nthanks"
 
 
+def test_an_aws_secret_key_is_found_next_to_its_key_id_without_a_secret_word() -> None:
+    """The key id has a format (AKIA…); the 40-character secret has none and was stored in clear when
+    pasted beside it with no word such as "secret"."""
+    key_id, secret = "AKIAZ3MQ7PLX4RT8NB2Q", "9fKq2+Lm7xP0vRt3sWz8YbN1cQe5HjU4gA6dTo2M"
+    for text in (f"{key_id} {secret}", f"我的 AWS 账号: {key_id} / {secret}，别外传", f"{secret}\n{key_id}"):
+        assert redact(text).count("[REDACTED:aws_key]") == 2 and secret not in redact(text), text
+    commit = "3f4e5d6c7b8a9f0e1d2c3b4a5f6e7d8c9b0a1f2e"  # a commit hash beside one is no key
+    assert commit in redact(f"commit {commit} added {key_id}")
+    assert find_secrets(secret) == []  # alone it is any random string
+
+
 def test_specific_kind_wins_when_detectors_overlap() -> None:
     text = "OPENAI_API_KEY=sk-proj-" + "Ab3dE5fG7hJ9kL1m" * 4
     assert [f.kind for f in find_secrets(text)] == ["openai_key"]
