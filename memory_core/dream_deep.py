@@ -17,6 +17,7 @@ from .dream_guard import (
     invented_terms,
     is_refusal,
     missing_terms,
+    moved_terms,
     one_line,
 )
 from .dream_light import stamp
@@ -197,6 +198,7 @@ def validate_merge(
         ("instruction", ", ".join(sorted(instructions(text)))),
         ("too_long", f"{len(text)} characters" if len(text) > limit else ""),
         ("missing_term", ", ".join(missing_terms(texts, text))),
+        ("moved_term", ", ".join(moved_terms(texts, text))),
         ("invented", ", ".join(invented_terms(texts, text))),
     ]
     for reason, detail in checks:

@@ -201,6 +201,36 @@ def missing_terms(sources: Sequence[str], rewrite: str) -> list[str]:
     return list(dict.fromkeys(missing))
 
 
+# Where one statement of a rewrite ends and the next begins: punctuation, and the conjunctions that join
+# two statements (但, 而, but, while) — each source is checked against the one it reads as.
+_CLAUSE = re.compile(
+    r"[,;.!?，；。！？、]+|(?:但是|但|不过|而且|而|却|并且|同时)|\s+(?:but|and|while|whereas|though)\s+", re.I
+)
+
+
+def moved_terms(sources: Sequence[str], rewrite: str) -> list[str]:
+    """What a rewrite of several sources says of the wrong one: each source must read, in the clause of the
+    rewrite closest to it (most of its bigrams), with its own negation and its own numbers. Checked over
+    the whole rewrite, 喜欢咖啡 + 不喜欢绿茶 → 不喜欢咖啡，喜欢绿茶 kept every term and a negation, and
+    会议室在3楼 + 食堂在15楼 → 会议室在15楼，食堂在3楼 every number."""
+    if len(sources) < 2:
+        return []
+    parts = _clauses(rewrite)
+    moved: list[str] = []
+    for src in sources:
+        for said in _clauses(src):  # a source of several clauses (3岁，不吃鱼): each finds its own
+            best = max(parts, key=lambda p: coverage(said, p))
+            if has_negation(said) != has_negation(best):
+                moved.append(f"negation: {said[:24]}")
+            if lost := sorted(numbers(said) - numbers(best)):
+                moved.append(f"number {', '.join(lost)}: {said[:24]}")
+    return list(dict.fromkeys(moved))
+
+
+def _clauses(text: str) -> list[str]:
+    return [p for p in _CLAUSE.split(_nfkc(text)) if p and p.strip()] or [text]
+
+
 def invented_terms(sources: Iterable[str], rewrite: str) -> list[str]:
     """Numbers and key terms of the rewrite that no source contains: the model made them up."""
     texts = list(sources)

@@ -326,6 +326,7 @@ def reason(op: object, known: tuple[str, ...] = ("m1", "m2", "x9"), taken: tuple
         (merge("我养了一只猫叫Mimi，不吃鱼"), "missing_term"),  # the number
         (merge("我养了一只猫叫Mimi，Mimi今年3岁，爱吃鱼"), "missing_term"),  # the negation
         (merge("我养了一只猫叫Mimi，Mimi今年3岁，不吃鱼，住在上海"), "invented"),
+        (merge("我没养一只猫叫Mimi，Mimi今年3岁，吃鱼"), "moved_term"),  # the negation, on the other fact
     ],
 )
 def test_every_cage_rejection_reason(op: object, expected: str) -> None:

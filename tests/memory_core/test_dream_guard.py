@@ -14,6 +14,7 @@ from memory_core.dream_guard import (
     is_refusal,
     key_terms,
     missing_terms,
+    moved_terms,
     new_instructions,
     numbers,
     one_line,
@@ -88,6 +89,26 @@ def test_a_source_without_a_negation_in_the_rewrite_is_named_once() -> None:
 
 def test_negation_is_read_after_nfkc() -> None:
     assert has_negation("ｎｏｔ here") and has_negation("我不去") and not has_negation("I can")
+
+
+def test_a_negation_or_a_number_moved_onto_another_source_is_named() -> None:
+    """Every term and a negation survive in 不喜欢咖啡，喜欢绿茶, every number in 会议室在15楼，食堂在3楼:
+    only read source by source, against the clause it reads as, do they say the wrong thing."""
+    liked = ["我喜欢咖啡", "我不喜欢绿茶"]
+    assert missing_terms(liked, "我不喜欢咖啡，我喜欢绿茶") == []  # what the whole-text checks saw
+    assert moved_terms(liked, "我不喜欢咖啡，我喜欢绿茶") == [
+        "negation: 我喜欢咖啡",
+        "negation: 我不喜欢绿茶",
+    ]
+    assert moved_terms(["会议室在3楼", "食堂在15楼"], "会议室在15楼，食堂在3楼") == ["number 3: 会议室在3楼"]
+    assert moved_terms(
+        ["I like coffee", "I do not like green tea"], "I don't like coffee but I like green tea"
+    )
+    # a faithful merge, in one clause or in several, moves nothing
+    assert moved_terms(liked, "我喜欢咖啡，但不喜欢绿茶") == []
+    assert moved_terms(["我喜欢咖啡", "我喜欢绿茶"], "我喜欢咖啡和绿茶") == []
+    assert moved_terms(["I like coffee", "I do not like green tea"], "I like coffee but not green tea") == []
+    assert moved_terms(["我有2个孩子", "大的今年上小学"], "我有2个孩子，大的今年上小学") == []
 
 
 def test_a_source_half_lost_is_named_by_its_first_24_characters() -> None:
