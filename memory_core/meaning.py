@@ -109,7 +109,7 @@ _ZH_SLOT = (
 )
 _EN_SLOT = (
     re.compile(
-        r"^my (?:new |current |present )?(?P<s>[a-z][a-z -]{0,30}?)(?:'s| is| are| was changed to| changed to| has "
+        r"^my (?:new |current |present )?(?P<s>[a-z][a-z' -]{0,30}?)(?:'s(?!.* (?:is|are|was) )| is| are| was changed to| changed to| has "
         r"become| became)(?: now| currently)? (?:now |currently )?(?P<v>.+)$"
     ),
     re.compile(r"^i (?:changed|switched|updated|moved) my (?P<s>[a-z][a-z -]{0,30}?) to (?P<v>.+)$"),

@@ -204,6 +204,21 @@ def test_a_swapped_content_word_is_never_rewritten_in_place(before: str, after: 
     assert sorted(e.text for e in book.current(T0)) == sorted([before, after])
 
 
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [("My boss is Alice", "My boss's boss is Bob"), ("My sister is Eve", "My sister's husband is Dan")],
+)
+def test_a_possessive_names_another_slot(before: str, after: str) -> None:
+    """ "my X's Y is …" read 's as "is": my boss's boss is Bob ended my boss is Alice."""
+    book = Book()
+    book.apply(Remember(text=before), T0)
+    assert book.apply(Remember(text=after), T0).status == "added"
+    assert sorted(e.text for e in book.current(T0)) == sorted([before, after])
+    # a possessive slot is a slot of its own: my boss's name changes as one
+    book.apply(Remember(text="My boss's name is Alice"), T0)
+    assert book.apply(Remember(text="My boss's name is Carol"), T0).kind == Kind.SUPERSEDED
+
+
 def test_an_automatic_path_cannot_make_an_injection_resident() -> None:
     """A model's tool call or an extraction typed as an instruction or pinned: stored, but as a plain fact."""
     book = Book()
