@@ -226,8 +226,11 @@ def parse_entry(line: str) -> Entry:
         except ValueError as exc:
             raise LineError(f"bad value for {key!r}: {exc}") from exc
     visible = visible.strip()
-    if "valid_to" in fields and len(visible) >= 4 and visible.startswith("~~") and visible.endswith("~~"):
-        visible = visible[2:-2]
+    if "valid_to" in fields:  # history is struck through; a person who took the strike away made it current
+        if len(visible) >= 4 and visible.startswith("~~") and visible.endswith("~~"):
+            visible = visible[2:-2]
+        else:
+            del fields["valid_to"]
     text = unescape(visible)
     if not text.strip():
         raise LineError("empty entry")
@@ -461,7 +464,8 @@ MEMORY_PREAMBLE = (
     "",
     "<!-- One memory per line. Edit, add or delete lines freely: Lucid keeps your edit and commits it.",
     "     The trailing comment of a line holds its metadata (id, type, subject, validity, hits).",
-    "     A line moved under Resident is pinned. Struck-through lines are history (superseded). -->",
+    "     A line moved under Resident is pinned. Struck-through lines are history (superseded):",
+    "     strike a line through (~~…~~) to end it, take the strike away to make it current again. -->",
 )
 ARCHIVE_PREAMBLE = (
     "# Archive",

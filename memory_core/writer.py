@@ -461,6 +461,7 @@ class Writer:
             now = self.clock()
             if report.manual_edit:
                 _stamp_hand_lines(book, now)
+                _strikes_by_hand(before, book, now)
             forgotten = _deleted_by_hand(before, book)
             relearns = change is not None or forgotten or any(_forgets_or_relearns(op) for _, op in ops)
             held_from = list(self.store.state_value(ns, FORGOTTEN_FROM) or ()) if relearns else []
@@ -769,6 +770,28 @@ def _stamp_hand_lines(book: Book, now: datetime) -> None:
     for e in book.entries():
         if e.at is None and e.valid_from is None:
             book.replace_entry(e.with_changes(at=now, source=e.source or "manual"))
+
+
+def _strikes_by_hand(before: Book | None, book: Book, now: datetime) -> None:
+    """The strike-through is the person's to set (README, "One memory, one line"): a history line
+    whose `~~` they removed is current again, as if said now (a light dream's newest-wins keeps it); a
+    current line they wrapped in `~~` is history from now. Only against the committed book: a new line
+    typed as `~~x~~` is text."""
+    if before is None:
+        return
+    for e in book.entries():
+        old = before.get(e.id)
+        if old is None or e.valid_to is not None:
+            continue
+        if old.valid_to is not None and e.text == old.text:  # un-struck: lineformat dropped its vt
+            book.replace_entry(e.with_changes(valid_from=now))
+        elif (
+            old.valid_to is None
+            and len(e.text) > 4
+            and e.text[2:-2] == old.text
+            and e.text[:2] == "~~" == e.text[-2:]
+        ):
+            book.replace_entry(e.with_changes(text=old.text, valid_to=now))
 
 
 def _book(snap: Snapshot) -> Book:

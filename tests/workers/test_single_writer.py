@@ -144,6 +144,34 @@ def test_a_line_rewritten_with_another_list_marker_stays_a_memory(
     assert "- 我喜欢在周末爬山 <!--m:" in memory.read_text("utf-8")  # written back in the usual form
 
 
+def test_the_strike_through_is_the_persons_to_set(local_writer: Writer, data_dir: Path) -> None:
+    """Removing a history line's `~~` by hand was put back silently on the next write; wrapping a current
+    line in `~~` kept it current with tildes in its text."""
+    from memory_core.dream_light import apply_light, plan_light
+
+    old, _new = local_writer.submit(NS, [Remember(text="我在余杭区"), Remember(text="我现在在西湖区")])
+    hike = local_writer.submit(NS, [Remember(text="我喜欢爬山")])[0]
+    memory = NS.path(data_dir) / "MEMORY.md"
+    text = (
+        memory.read_text("utf-8")
+        .replace("~~我在余杭区~~", "我在余杭区")
+        .replace("- 我喜欢爬山", "- ~~我喜欢爬山~~")
+    )
+    memory.write_text(text, "utf-8")
+    local_writer.submit(NS, [Remember(text="我养了一只橘猫")])
+    book, _ = local_writer.snapshot(NS)
+    now = datetime.now(UTC)
+    current = {e.text for e in book.current(now)}
+    assert "我在余杭区" in current and "我喜欢爬山" not in current
+    struck = book.get(hike.id or "")
+    assert struck is not None and struck.text == "我喜欢爬山" and struck.valid_to is not None
+    written = memory.read_text("utf-8")
+    assert "- 我在余杭区 <!--m:" in written and "- ~~我喜欢爬山~~ <!--m:" in written
+    # …and a light dream's newest-wins keeps the person's choice: 余杭区 is the newer statement now
+    apply_light(book, plan_light(book.entries(), now), now)
+    assert "我在余杭区" in {e.text for e in book.current(now)} and book.get(old.id or "") is not None
+
+
 def test_secret_typed_into_the_file_never_reaches_git(local_writer: Writer, data_dir: Path) -> None:
     local_writer.submit(NS, [Remember(text="我喜欢爬山")])
     memory = NS.path(data_dir) / "MEMORY.md"
