@@ -116,7 +116,8 @@ def cmd_erase(args: argparse.Namespace, rt: Runtime) -> int:
         return 3
     text = (
         f"erased {len(report.namespaces)} namespace(s): {', '.join(report.namespaces)}; "
-        f"{report.redis_keys} Redis key(s), {report.redis_members} member(s), {report.jobs} queued job(s)"
+        f"{report.redis_keys} Redis key(s), {report.redis_members} member(s), {report.jobs} queued job(s); "
+        f"Redis append-only file: {report.aof}"
     )
     _emit(args, data, text)
     return 0

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,9 @@ class Erasure:
     redis_keys: int = 0
     redis_members: int = 0
     jobs: int = 0
+    # Redis's append-only file after the erase: rewritten, rewriting (still running), off, or unavailable
+    # (a managed Redis that refuses CONFIG/BGREWRITEAOF: its operator must compact it)
+    aof: str = "off"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -130,6 +134,7 @@ class Erasure:
             "redis_keys": self.redis_keys,
             "redis_members": self.redis_members,
             "jobs": self.jobs,
+            "aof": self.aof,
         }
 
 
@@ -167,7 +172,40 @@ def erase_user(runtime: Runtime, user: str, tenant: str | None = None) -> Erasur
                     lease.release()
         report.namespaces += [str(ns) for ns in namespaces]
         log.warning("erased %d namespace(s) of a user in tenant %s", len(namespaces), t)
+    if report.namespaces and runtime.redis is not None:
+        report.aof = rewrite_aof(runtime.redis)
     return report
+
+
+AOF_WAIT = 30.0  # seconds erase waits for Redis to finish rewriting its append-only file
+
+
+def rewrite_aof(client: redis.Redis, wait: float = AOF_WAIT) -> str:
+    """Redis keeps every write in its append-only file (the embedded one under <data>/.redis) until it
+    rewrites the file from what it holds now: the deleted keys stay readable on disk until then. Start a
+    rewrite that begins after the deletes (one already running may predate them: wait for it, then ask
+    again) and wait a while for it to end."""
+    try:
+        if _text(next(iter(client.config_get("appendonly").values()), b"")) != "yes":
+            return "off"
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                client.bgrewriteaof()
+                break
+            except redis.ResponseError as exc:
+                if "in progress" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        while time.monotonic() < deadline:
+            info = client.info("persistence")
+            if not info.get("aof_rewrite_in_progress") and not info.get("aof_rewrite_scheduled"):
+                return "rewritten" if info.get("aof_last_bgrewrite_status") == "ok" else "failed"
+            time.sleep(0.05)
+        return "rewriting"
+    except redis.ResponseError as exc:
+        log.warning("could not rewrite Redis's append-only file after an erase: %s", exc)
+        return "unavailable"
 
 
 @dataclass(frozen=True)

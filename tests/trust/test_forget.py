@@ -286,6 +286,38 @@ def test_erase_removes_a_person_everywhere_and_nobody_else(
     assert "余杭区" not in say(rt, "我住在哪", user=who)  # a new, empty memory
 
 
+def test_erase_leaves_nothing_of_the_person_in_redis_s_append_only_file(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
+    """`lucid serve`'s Redis keeps its append-only file under the data directory: the erased keys were
+    deleted, but every write that made them stayed readable there until Redis happened to rewrite it."""
+    import time
+
+    from workers import embedded_redis, erasure
+
+    data = tmp_path / "data"
+    data.mkdir()
+    server = embedded_redis.start(data, persist=True)
+    try:
+        rt = make_runtime(data, server.url, ollama=ollama)
+        who = "ou_carol_0123456789"
+        say(rt, "我在准备下个月的日语考试", user=who)  # the turn's history and session live in Redis
+
+        def on_disk() -> str:
+            aof = data / ".redis" / "appendonlydir"
+            return "".join(p.read_bytes().decode("utf-8", "replace") for p in sorted(aof.iterdir()))
+
+        deadline = time.monotonic() + 10
+        while who not in on_disk() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert who in on_disk() and "日语考试" in on_disk()  # the control: it was there
+        report = erasure.erase_user(rt, who)
+        assert report.aof == "rewritten" and report.namespaces
+        assert who not in on_disk() and "日语考试" not in on_disk()
+    finally:
+        server.stop()
+
+
 async def test_the_admin_api_erases_a_person(
     aiohttp_client: Callable[..., Any],
     data_dir: Path,
