@@ -17,6 +17,7 @@ from datetime import date
 from functools import partial
 
 from .policy import HAN
+from .similarity import char_class
 
 
 @dataclass(frozen=True)
@@ -657,7 +658,7 @@ _AS_WRITTEN = frozenset("，！？；：（）")
 def _fold_class() -> re.Pattern[str]:
     """One character class of every character `_fold` changes: NFKC changes it (ｐａｓｓ, ＝, 𝐩), it is
     invisible, or a traditional form above. Built once; a text without any is scanned as it is."""
-    cps = [
+    cps = (
         cp
         for cp in (*range(0x80, 0x10000), *range(0x1D400, 0x1D800))  # and the mathematical letters
         if not 0xD800 <= cp < 0xE000
@@ -665,14 +666,8 @@ def _fold_class() -> re.Pattern[str]:
         and (
             chr(cp) in _INVISIBLE or unicodedata.normalize("NFKC", chr(cp)).translate(_TRADITIONAL) != chr(cp)
         )
-    ]
-    ranges: list[list[int]] = []
-    for cp in cps:
-        if ranges and ranges[-1][1] == cp - 1:
-            ranges[-1][1] = cp
-        else:
-            ranges.append([cp, cp])
-    return re.compile("[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges) + "]")
+    )
+    return re.compile(char_class(cps))
 
 
 _FOLDS = _fold_class()
