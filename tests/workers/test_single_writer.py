@@ -11,7 +11,7 @@ import sys
 import textwrap
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -149,7 +149,11 @@ def test_the_strike_through_is_the_persons_to_set(local_writer: Writer, data_dir
     line in `~~` kept it current with tildes in its text."""
     from memory_core.dream_light import apply_light, plan_light
 
-    old, _new = local_writer.submit(NS, [Remember(text="我在余杭区"), Remember(text="我现在在西湖区")])
+    said = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
+    local_writer.clock = lambda: said
+    [old] = local_writer.submit(NS, [Remember(text="我在余杭区")])
+    local_writer.clock = lambda: said + timedelta(days=1)  # moved: 余杭区 is history from here
+    local_writer.submit(NS, [Remember(text="我现在在西湖区")])
     hike = local_writer.submit(NS, [Remember(text="我喜欢爬山")])[0]
     memory = NS.path(data_dir) / "MEMORY.md"
     text = (
@@ -158,9 +162,11 @@ def test_the_strike_through_is_the_persons_to_set(local_writer: Writer, data_dir
         .replace("- 我喜欢爬山", "- ~~我喜欢爬山~~")
     )
     memory.write_text(text, "utf-8")
+    edited = said + timedelta(days=30)  # the person moved back, and edits the file a month later
+    local_writer.clock = lambda: edited
     local_writer.submit(NS, [Remember(text="我养了一只橘猫")])
     book, _ = local_writer.snapshot(NS)
-    now = datetime.now(UTC)
+    now = edited + timedelta(minutes=1)
     current = {e.text for e in book.current(now)}
     assert "我在余杭区" in current and "我喜欢爬山" not in current
     struck = book.get(hike.id or "")
