@@ -523,9 +523,22 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, ensure_ascii=False)
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to `sys.stderr` as it is when a line is logged: a StreamHandler keeps the stream it was made
+    with, so `main` run in-process (the tests) left every later log line failing on a closed stream."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def configure_logging(verbose: bool, env: Mapping[str, str]) -> None:
     """Logging is configured here, at the entry point only. Log lines carry ids, never message text."""
-    handler = logging.StreamHandler()
+    handler = _Stderr()
     if env.get("LUCID_LOG_FORMAT", "").lower() == "json":
         handler.setFormatter(JsonFormatter())
     else:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -207,3 +209,21 @@ def test_a_wrong_or_stopped_redis_is_one_line_not_a_traceback(data_dir: Path) ->
     down = lucid(data_dir, "remember", "我喜欢茶", env={"REDIS_URL": "redis://u:hunter2@127.0.0.1:1/0"})
     assert down.returncode == 2 and "Traceback" not in down.stderr and "hunter2" not in down.stderr
     assert "Redis is unreachable" in down.stderr and "REDIS_URL" in down.stderr
+
+
+def test_log_lines_go_to_stderr_as_it_is_when_they_are_logged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`main` run in-process (as many tests do) bound its log handler to the stderr of that moment; once
+    that stream was closed, every later log line of the process failed with a traceback of its own."""
+    import io
+    import logging
+
+    from bot.cli import configure_logging
+
+    first, later = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    configure_logging(False, {})
+    first.close()
+    monkeypatch.setattr(sys, "stderr", later)
+    logging.getLogger("lucid.test").warning("after the first stream closed")
+    assert "WARNING lucid.test: after the first stream closed" in later.getvalue()
+    assert "Logging error" not in later.getvalue()
