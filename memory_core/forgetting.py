@@ -184,7 +184,7 @@ def held_diff(diff: str, held: set[str], profile: str) -> str:
         if line.startswith("diff --git "):
             where = line.rsplit("/", 1)[-1]
         elif (
-            line[:1] in "+-"
+            line[:1] in ("+", "-")
             and not line.startswith(("+++", "---"))
             and not _held(line[1:], where, held, kept)
         ):
