@@ -35,9 +35,8 @@ CHAT = "oc_p2p_delivery_chat"
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """This file's own redis-server. Every test here waits for a parked reply's retry job, scheduled through
-    RQ; on the suite's shared server, in 2 of 5 full runs, that retry was never found by the test's worker
-    (something an earlier test left on the shared server is suspected; docs/TESTING.md, "Flaky")."""
+    """This file's own redis-server, so no other file's jobs or workers share it. It did not cure the
+    flake in docs/TESTING.md, "Flaky": a parked reply's scheduled retry not reaching the test's worker."""
     server = embedded_redis.start(tmp_path_factory.mktemp("delivery-redis"), persist=False)
     try:
         yield server.url
