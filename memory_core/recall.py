@@ -511,7 +511,7 @@ def recall(
     cand, rel = cand[keep], rel[keep]
     if query_vector is not None and vectors:
         table = vectors if isinstance(vectors, VectorTable) else VectorTable.of(vectors)
-        dense = _dense(index, table, query_vector, allowed, dense_floor, visible)
+        dense = _dense(index, table, query_vector, allowed, dense_floor, visible, cand)
         if dense[0].size:
             cand, rel = _fused(cand, rel, dense, fusion)
     subject = asked_subject(query)
@@ -555,13 +555,18 @@ def _dense(
     allowed: npt.NDArray[np.bool_],
     floor: float | None,
     visible: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]],
+    lexical: npt.NDArray[np.intp],
 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
-    """(slots, cosines) of the best `DENSE_CANDIDATES` eligible entries by vector, best first."""
+    """(slots, cosines) of the best `DENSE_CANDIDATES` eligible entries by vector (only those at the
+    relevance floor or above: a cosine alone is no evidence), then of the `lexical` candidates not among
+    them with a positive cosine (their evidence is their words; the vector only ranks them)."""
     if not len(table.ids):
         return np.empty(0, dtype=np.intp), np.empty(0)
     slot = index.rows(table)
     cos = (table.matrix @ np.asarray(query_vector, dtype=np.float32).reshape(-1)).astype(np.float64)
     ok = slot >= 0
+    row_of = np.full(int(slot.max(initial=-1)) + 1, -1, dtype=np.intp)  # slot -> its row
+    row_of[slot[ok]] = np.flatnonzero(ok)
     ok[ok] = allowed[slot[ok]]
     rows = best_rows(cos, ok, DENSE_CANDIDATES, floor)
     want = DENSE_CANDIDATES
@@ -572,6 +577,9 @@ def _dense(
         want *= 2
         rows = best_rows(cos, ok, want, floor)
     rows = rows[seen][:DENSE_CANDIDATES]
+    more = row_of[lexical[lexical < row_of.size]]
+    more = np.setdiff1d(more[more >= 0], rows)
+    rows = np.concatenate([rows, more[cos[more] > 0]])
     return slot[rows], cos[rows]
 
 

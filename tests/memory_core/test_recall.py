@@ -212,3 +212,39 @@ def test_the_conversation_read_with_a_message_is_its_last_two_thousand_character
     }  # cut: 晚会
     assert set(index.relevance("我有点紧张", ["豆豆", "a" * 100_000, "元旦晚会我要表演魔术"])) == {"dance"}
     assert index.relevance("我有点紧张", ["豆豆" + "文" * CONTEXT_CHARS]) == {}  # a long line: its end
+
+
+def test_the_vector_ranks_entries_with_evidence_even_below_the_relevance_floor() -> None:
+    """The floor keeps a cosine alone from making an entry relevant; it does not stop the vector ranking
+    entries the words already found (with it, hybrid recall was lexical recall on MADial, issue 17)."""
+    import numpy as np
+
+    from memory_core.recall import VectorTable
+
+    at = NOW - timedelta(days=1)
+    texts = {
+        "a1": "family weekend plans at the lake",
+        "b1": "weekend plans with friends",
+        "c1": "plans for the weekend move",
+        "d1": "weekend shopping list",
+        "e1": "the printer on floor three jams",
+    }
+    entries = [Entry(id=i, text=t, at=at) for i, t in texts.items()]
+    # Every cosine is under the floor (0.5); b1's is the highest of those with words in common, e1's
+    # (no word in common) the highest of all.
+    cosines = {"a1": 0.05, "b1": 0.4, "c1": 0.35, "d1": 0.3, "e1": 0.45}
+    matrix = np.asarray([[c, (1 - c * c) ** 0.5] for c in cosines.values()], dtype=np.float32)
+    query = "what are my weekend plans with the family"
+    lexical = [s.entry.id for s in recall(entries, query, NOW, gate=False)]
+    assert lexical == ["a1", "b1", "c1", "d1"]
+    got = recall(
+        entries,
+        query,
+        NOW,
+        query_vector=np.asarray([1.0, 0.0], np.float32),
+        vectors=VectorTable(list(cosines), matrix),
+        dense_floor=0.5,
+        gate=False,
+    )
+    # The vector lifts b1 over a1; e1, found by its vector alone and under the floor, stays out.
+    assert [s.entry.id for s in got] == ["b1", "a1", "c1", "d1"]

@@ -116,6 +116,8 @@ def oracle(
                 break
             if i in by_id and eligible(by_id[i]):
                 dense[i] = cos[i]
+        # a lexical candidate's vector ranks it whatever the floor (its words are its evidence)
+        dense.update({i: cos[i] for i in lexical if i in cos and cos[i] > 0 and i not in dense})
         if dense:
             weight = DENSE_WEIGHT if fusion == "rrf" else ENTRY_DENSE_WEIGHT
             rel = fuse(lexical, dense, fusion, weight)  # type: ignore[arg-type]
