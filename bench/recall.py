@@ -9,7 +9,9 @@ baseline: rank_bm25.BM25Okapi rebuilt per query over the same entry texts, then 
 - cold_open: parse MEMORY.md + build the relevance index + first query, in a fresh service (this process:
   the texts' token caches are warm from writing them); cold_open_fresh_process: the same in a new process,
   as a worker's first turn for the namespace after a start (median of 3);
-- assemble: resident + recall + active recall (raw search over the archive) + the memory block, p50/p95.
+- assemble: resident + recall + active recall (raw search over the archive) + the memory block, p50/p95;
+- hybrid_*: the same with the embedder on (LUCID_EMBED_MODEL=local, the default): recall, raw search and
+  assembly, each with the query embedded on the call and with its vector given.
 """
 
 from __future__ import annotations
@@ -146,6 +148,22 @@ def hybrid_case(rt: Any, ns: Namespace, queries: list[str]) -> dict[str, float]:
             assert got, "hybrid recall returned nothing"
         out[f"{name}_p50_ms"] = pct(times, 0.5)
         out[f"{name}_p95_ms"] = pct(times, 0.95)
+        # Raw search and a turn's assembly with the archive's messages embedded (random unit vectors too).
+        svc.search(ns, queries[0], k=3)
+        svc.wait_for_embeddings(3600)
+        raw, turn = [], []
+        for q in queries:
+            t = time.perf_counter()
+            svc.search(ns, q, k=10)
+            raw.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            svc.assemble(ns, q, chat_type="p2p", chat="c1", session="current", now=NOW)
+            turn.append(time.perf_counter() - t)
+        label = name.replace("hybrid_recall", "hybrid_raw_search")
+        out[f"{label}_p50_ms"], out[f"{label}_p95_ms"] = pct(raw, 0.5), pct(raw, 0.95)
+        label = name.replace("hybrid_recall", "hybrid_assemble")
+        out[f"{label}_p50_ms"], out[f"{label}_p95_ms"] = pct(turn, 0.5), pct(turn, 0.95)
+        svc.close()
     # The query embedding alone: as shipped (the cores idle at the call), on one OpenMP thread and on the
     # engine's default threads, interleaved so all see the same load.
     from workers.local_embedder import LocalEmbedder

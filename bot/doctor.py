@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from workers import embedded_redis
-from workers.settings import Persona, Settings, safe_url
+from workers.settings import Persona, Settings, ollama_embed_model, safe_url
 
 
 @dataclass(frozen=True)
@@ -107,9 +107,9 @@ def check_redis(settings: Settings) -> Check:
 
 
 def check_ollama(settings: Settings) -> list[Check]:
-    models = {m for m in (settings.chat_model, settings.dream_model, settings.embed_model) if m}
+    embed = ollama_embed_model(settings.embed_model)
+    models = {m for m in (settings.chat_model, settings.dream_model, embed) if m}
     models |= {p.chat_model for p in settings.personas.values() if p.chat_model}
-    models.discard("local")
     if not models:
         return [Check("ollama", True, "no model configured: memory-only mode, no LLM dreaming")]
     from workers.errors import LLMError

@@ -367,8 +367,17 @@ class RawIndex:
             if (name_words or cjk) and name_words <= words and (not cjk or cjk in q)
         ]
 
-    def search(self, query: str, k: int = 10, exclude_session: str | None = None) -> list[RawHit]:
-        """The `k` best messages for `query`, best first (ties to the earlier message)."""
+    def search(
+        self,
+        query: str,
+        k: int = 10,
+        exclude_session: str | None = None,
+        query_vector: npt.NDArray[np.float32] | None = None,
+        dense_floor: float | None = None,
+    ) -> list[RawHit]:
+        """The `k` best messages for `query`, best first (ties to the earlier message); hybrid when messages
+        have vectors and a `query_vector` is given (or `embedder` makes one). A message found by its
+        vector alone must reach `dense_floor` (memory_core.floor)."""
         scores = self._bm25.score_array(query_terms(query))
         n = scores.size
         if exclude_session is not None:
@@ -384,14 +393,23 @@ class RawIndex:
         if asks_when(query):
             # A "when" question is answered by the turn that says when; again only turns with evidence.
             scores[self._timed[:n] & (scores > 0)] += TIME_BOOST * float(scores.max())
-        if self.embedder is not None and self._has_vec.any():
-            return self._hybrid(query, scores, k, exclude_session)
+        if self._vec is not None and self._has_vec.any():
+            if query_vector is None and self.embedder is not None:
+                query_vector = np.asarray(self.embedder([query], "query"), dtype=np.float32)
+            if query_vector is not None:
+                return self._hybrid(query_vector.reshape(-1), scores, k, exclude_session, dense_floor)
         return [self._hit(int(s), float(scores[s])) for s in top_slots(scores, k)]
 
-    def _hybrid(self, query: str, lexical: FloatArray, k: int, exclude_session: str | None) -> list[RawHit]:
-        assert self.embedder is not None and self._vec is not None
+    def _hybrid(
+        self,
+        q: npt.NDArray[np.float32],
+        lexical: FloatArray,
+        k: int,
+        exclude_session: str | None,
+        floor: float | None,
+    ) -> list[RawHit]:
+        assert self._vec is not None
         n = lexical.size
-        q = np.asarray(self.embedder([query], "query"), dtype=np.float32).reshape(-1)
         usable = self._has_vec[:n] & (self._sess.data[:n] >= 0)
         if exclude_session is not None and exclude_session in self._session_ids:
             usable &= self._sess.data[:n] != self._session_ids[exclude_session]
@@ -399,11 +417,13 @@ class RawIndex:
         dense = np.full(n, -np.inf, dtype=np.float32)
         dense[:m] = self._vec[:m] @ q  # one mat-vec over the stored rows: no copy of the matrix
         dense[~usable] = -np.inf
+        if floor is not None:
+            usable &= dense >= floor
         dense_top = np.argsort(-dense, kind="stable")[: min(CANDIDATES, int(usable.sum()))]
         cand = np.union1d(top_slots(lexical, CANDIDATES), dense_top)
         if cand.size == 0:
             return []
-        cosine = np.array([self._context_cosine(int(s), q) for s in cand])
+        cosine = self._context_cosines(cand, q)
         if self.fusion == "rrf":
             lex = lexical[cand]
             fused = rrf(
@@ -418,39 +438,73 @@ class RawIndex:
         order = np.lexsort((cand, -fused))[:k]
         return [self._hit(int(cand[i]), float(fused[i])) for i in order]
 
-    def _context_cosine(self, slot: int, q: npt.NDArray[np.float32]) -> float:
+    def _context_cosines(self, slots: npt.NDArray[np.intp], q: npt.NDArray[np.float32]) -> FloatArray:
+        """Per slot, the cosine of its vector mixed with its neighbours' (NaN: no vector yet)."""
         assert self._vec is not None
-        if not self._has_vec[slot]:
-            return float("nan")
-        v = self._vec[slot].astype(np.float64)
-        for j in (int(self._prev.data[slot]), int(self._next.data[slot])):
-            if j >= 0 and self._has_vec[j]:
-                v = v + DENSE_CONTEXT * self._vec[j]
-        return float(v @ q / (np.linalg.norm(v) or 1.0))
+        rows = self._vec.shape[0]
+        has = np.zeros(slots.size, dtype=bool)
+        inside = slots < rows
+        has[inside] = self._has_vec[slots[inside]]
+        v = np.zeros((slots.size, self._vec.shape[1]))
+        v[has] = self._vec[slots[has]]
+        for link in (self._prev, self._next):
+            other = link.data[slots].astype(np.intp)
+            ok = has & (other >= 0) & (other < rows)
+            ok[ok] = self._has_vec[other[ok]]
+            v[ok] += DENSE_CONTEXT * self._vec[other[ok]]
+        norms = np.linalg.norm(v, axis=1)
+        out = (v @ q.astype(np.float64)) / np.where(norms > 0, norms, 1.0)
+        out[~has] = np.nan
+        return out
 
     def _hit(self, slot: int, score: float) -> RawHit:
         m = self._msg(slot)
         return RawHit(m.id, score, m.speaker, m.ts, m.text, m.chat, m.chat_type, session_key(m))
 
     def embed_pending(self, batch: int = 32, limit: int | None = None) -> int:
-        """Embed messages that have no vector yet (oldest first); returns how many were embedded."""
+        """Embed messages that have no vector yet with `embedder` (oldest first); returns how many."""
         if self.embedder is None:
             return 0
+        slots, texts = self.unembedded(limit)
+        for lo in range(0, len(slots), batch):
+            chunk = slots[lo : lo + batch]
+            self.set_vectors(chunk, np.asarray(self.embedder(texts[lo : lo + batch], "passage")))
+        return len(slots)
+
+    def unembedded(self, limit: int | None = None) -> tuple[list[int], list[str]]:
+        """The slots of messages without a vector (oldest first) and the passage text each is embedded as
+        (speaker and words); embed them outside any lock, then `set_vectors`."""
         n = len(self._msgs)
-        todo = np.flatnonzero(~self._has_vec[:n] & (self._sess.data[:n] >= 0))[:limit]
-        for lo in range(0, todo.size, batch):
-            chunk = todo[lo : lo + batch]
-            texts = [f"{self._msg(int(s)).speaker}: {self._msg(int(s)).text}" for s in chunk]
-            vecs = np.asarray(self.embedder(texts, "passage"), dtype=np.float32)
-            if self._vec is None or self._vec.shape[0] < n:
-                rows = max(n, 1024, 2 * (0 if self._vec is None else self._vec.shape[0]))
-                grown = np.zeros((rows, vecs.shape[1]), dtype=np.float32)
-                if self._vec is not None:
-                    grown[: self._vec.shape[0]] = self._vec
-                self._vec = grown
-            self._vec[chunk] = vecs
-            self._has_vec[chunk] = True
-        return int(todo.size)
+        todo = np.flatnonzero(~self._has_vec[:n] & (self._sess.data[:n] >= 0))[:limit].tolist()
+        return todo, [f"{self._msg(s).speaker}: {self._msg(s).text}" for s in todo]
+
+    def set_vectors(self, slots: list[int], vecs: npt.ArrayLike) -> None:
+        """Vectors for `slots` (as `unembedded` gave them; a slot removed since is skipped)."""
+        got = np.asarray(vecs, dtype=np.float32).reshape(len(slots), -1)
+        if self._vec is not None and self._vec.shape[1] != got.shape[1]:
+            self.drop_vectors()  # another embedder's width: its vectors cannot be mixed with these
+        n = len(self._msgs)
+        if self._vec is None or self._vec.shape[0] < n:
+            rows = max(n, 1024, 2 * (0 if self._vec is None else self._vec.shape[0]))
+            grown = np.zeros((rows, got.shape[1]), dtype=np.float32)
+            if self._vec is not None:
+                grown[: self._vec.shape[0]] = self._vec
+            self._vec = grown
+        live = [i for i, s in enumerate(slots) if s < n and self._msgs[s] is not None]
+        at = np.asarray([slots[i] for i in live], dtype=np.intp)
+        self._vec[at] = got[live]
+        self._has_vec[at] = True
+
+    def vectors_held(self) -> tuple[bool, bool]:
+        """(some messages have a vector, some live ones have none yet)."""
+        n = len(self._msgs)
+        held = self._has_vec[:n]
+        return bool(held.any()), bool((~held & (self._sess.data[:n] >= 0)).any())
+
+    def drop_vectors(self) -> None:
+        """Forget every vector (the embedder changed): search is lexical until they are embedded again."""
+        self._vec = None
+        self._has_vec[:] = False
 
     def manifest(self) -> dict[str, object]:
         return {

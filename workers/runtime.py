@@ -29,7 +29,7 @@ from .memory_switch import ChatSwitch
 from .metrics import Metrics
 from .redis_backend import Heartbeat, RedisLocker, RedisOpQueue
 from .scratch import LocalScratch, RedisScratch, Scratch
-from .settings import Persona, Settings
+from .settings import Persona, Settings, ollama_embed_model
 
 if TYPE_CHECKING:  # lark-oapi costs ~3 s to import: only a process that sends to Feishu pays it
     from .feishu_send import FeishuSender
@@ -202,6 +202,6 @@ def _llm_metrics(metrics: Metrics) -> Callable[[str, str, bool, int, int], None]
 
 
 def _wants_llm(settings: Settings) -> bool:
-    models = [settings.chat_model, settings.dream_model, settings.embed_model]
+    models = [settings.chat_model, settings.dream_model, ollama_embed_model(settings.embed_model)]
     models += [p.chat_model for p in settings.personas.values()]
     return any(models)

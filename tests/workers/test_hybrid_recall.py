@@ -32,15 +32,20 @@ def topic_vectors(texts: list[str]) -> Any:
     return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
 
 
-def _service(data_dir: Path, calls: list[tuple[str, int]]) -> MemoryService:
-    """A memory service on `topic_vectors` that logs each embedding call, and two entries written."""
+def _embeddings(calls: list[tuple[str, int]], name: str = "") -> Embeddings:
+    """`topic_vectors` as an embedder called `name`, logging each call (kind, how many texts)."""
 
     def embed(texts: list[str], kind: Any) -> Any:
         calls.append((kind, len(texts)))
         return topic_vectors(texts)
 
+    return Embeddings(embed, name=name)
+
+
+def _service(data_dir: Path, calls: list[tuple[str, int]]) -> MemoryService:
+    """A memory service on `topic_vectors` that logs each embedding call, and two entries written."""
     rt = build(Settings(data_dir=data_dir, now=NOW, config_path=data_dir / "none.toml"), git=False)
-    svc = MemoryService(rt, embeddings=Embeddings(embed))
+    svc = MemoryService(rt, embeddings=_embeddings(calls))
     svc.apply(NS, [Remember(text="weekend hike in the hills"), Remember(text="oolong tea every morning")])
     return svc
 
@@ -69,3 +74,53 @@ def test_the_same_question_again_embeds_nothing(data_dir: Path) -> None:
     assert again == first and again[0] == "weekend hike in the hills" and calls == []
     assert svc.recall(NS, "oolong", NOW)[0].entry.text == "oolong tea every morning"
     assert calls == [("query", 1)]  # a new question is embedded
+
+
+def _said(svc: MemoryService, texts: list[str]) -> None:
+    """`texts` as messages of one private chat, recorded in the raw archive through the writer."""
+    from datetime import timedelta
+
+    from memory_core.lineformat import RawMessage
+    from memory_core.ops import Record, message_to_json
+
+    msgs = [
+        RawMessage(f"m{i}", NOW - timedelta(hours=9 - i), "alice", t, "c1", "p2p")
+        for i, t in enumerate(texts)
+    ]
+    svc.apply(NS, [Record(message=message_to_json(m)) for m in msgs])
+
+
+def test_raw_search_turns_hybrid_once_the_archive_is_embedded_and_keeps_the_vectors(data_dir: Path) -> None:
+    """Past messages are embedded in the background after a search finds them missing; from then on a
+    search finds a message by meaning (hikers → hike), and the vectors are saved with the search index:
+    another process embeds only its query. Another embedder's vectors are not used."""
+    calls: list[tuple[str, int]] = []
+    svc = _service(data_dir, calls)
+    _said(svc, ["weekend hike in the hills", "the printer on floor three jams", "oolong tea every morning"])
+    assert svc.search(NS, "hikers") == []  # nothing embedded yet: lexical, and no shared word
+    svc.wait_for_embeddings()
+    assert [h.text for h in svc.search(NS, "hikers")][:1] == ["weekend hike in the hills"]
+    svc.close()  # saves what it embedded
+
+    calls.clear()
+    again = MemoryService(svc.runtime, embeddings=_embeddings(calls))  # another process, the same embedder
+    again.embed_soon(NS)
+    again.wait_for_embeddings()  # the floor's reference set and the entries, not the archive
+    calls.clear()
+    assert [h.text for h in again.search(NS, "hikers")][:1] == ["weekend hike in the hills"]
+    assert calls == [("query", 1)]
+
+    other = MemoryService(svc.runtime, embeddings=_embeddings([], name="another"))
+    other.embed_soon(NS)
+    other.wait_for_embeddings()
+    assert other.search(NS, "hikers") == []  # the saved vectors are not this embedder's: lexical for now
+
+
+def test_a_vector_alone_must_clear_the_floor_in_raw_search_too(data_dir: Path) -> None:
+    """A message that shares no word with the query is found by its vector only above the relevance floor:
+    an unrelated question gets nothing back, not the nearest of unrelated lines."""
+    svc = _service(data_dir, [])
+    _said(svc, ["weekend hike in the hills", "oolong tea every morning"])
+    svc.search(NS, "hikers")
+    svc.wait_for_embeddings()
+    assert svc.search(NS, "quarterly budget spreadsheet") == []

