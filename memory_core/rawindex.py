@@ -35,6 +35,7 @@ from .textindex import (
 from .timeexpr import asks_when, date_words, resolved_dates, says_when, written_dates
 
 FORMAT_VERSION = 1
+RAW_CACHE = "raw"  # the saved index's cache name (`Store.save_cache`)
 K1, B = 0.9, 0.5  # LoCoMo B5; once the context is in, the whole k1/b grid lies within ±0.7 R@10
 PREV_WEIGHT, NEXT_WEIGHT, WINDOW = 0.6, 0.3, 2
 SPEAKER_BOOST = 0.3  # × the best score; the gain flattens from 0.2 up

@@ -49,6 +49,7 @@ from .ops import (
     op_to_json,
 )
 from .policy import automatic
+from .rawindex import RAW_CACHE
 from .secretscan import contains_secret, redact, redact_long
 from .sharing import share
 from .store import (
@@ -509,6 +510,7 @@ class Writer:
                 self.store.set_state_value(
                     ns, RAW_REWRITES, int(self.store.state_value(ns, RAW_REWRITES) or 0) + 1
                 )
+                self.store.drop_cache(ns, RAW_CACHE)  # the saved one holds the old lines and their vectors
             exact: dict[str, bytes | None] = {
                 name: as_bytes(files[name]) if name in files else snap.files.get(name) for name in TRACKED
             }

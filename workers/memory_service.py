@@ -29,7 +29,7 @@ from memory_core.intents import classify_type
 from memory_core.lineformat import RawMessage, format_time, parse_file, parse_raw
 from memory_core.namespace import Namespace
 from memory_core.ops import Forget, Kind, Op, Outcome, Record, Remember, Touch, message_to_json
-from memory_core.rawindex import RawHit, RawIndex
+from memory_core.rawindex import RAW_CACHE, RawHit, RawIndex
 from memory_core.recall import (
     RESIDENT_BUDGET,
     RelevanceIndex,
@@ -346,7 +346,7 @@ class MemoryService:
     def _raw_cache(self, ns: Namespace) -> _RawCache:
         cache = self._raw.get(ns)
         store = self.runtime.store
-        store.file(ns, ".index", "raw")  # UnsafePath if .index or raw/ is a link
+        store.file(ns, ".index", RAW_CACHE)  # UnsafePath if .index or its folder is a link
         rewrites = int(store.state_value(ns, RAW_REWRITES) or 0)
         days = store.raw_days(ns)
         if cache is None:
@@ -382,7 +382,7 @@ class MemoryService:
         return cache
 
     def _load_raw(self, ns: Namespace) -> _RawCache:
-        held = self.runtime.store.load_cache(ns, "raw")
+        held = self.runtime.store.load_cache(ns, RAW_CACHE)
         if held is None:
             return _RawCache(RawIndex(), {})
         manifest, read = held
@@ -399,7 +399,10 @@ class MemoryService:
             return _RawCache(RawIndex(), {})
 
     def _save_raw(self, ns: Namespace, cache: _RawCache) -> None:
-        """The index and how far into each day file it has read switch together (one manifest)."""
+        """The index and how far into each day file it has read switch together (one manifest). An index
+        built before a forget rewrote lines is not saved (it holds them)."""
+        if int(self.runtime.store.state_value(ns, RAW_REWRITES) or 0) != cache.rewrites:
+            return
         meta = {
             **cache.index.manifest(),
             "offsets": cache.offsets,
@@ -407,7 +410,7 @@ class MemoryService:
             "embedder": self._embedder_name(),
         }
         try:
-            self.runtime.store.save_cache(ns, "raw", cache.index.dump(), meta)
+            self.runtime.store.save_cache(ns, RAW_CACHE, cache.index.dump(), meta)
             cache.unsaved = 0
         except OSError as exc:
             log.warning("could not save the search index cache: %s", exc)

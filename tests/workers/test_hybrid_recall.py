@@ -124,3 +124,31 @@ def test_a_vector_alone_must_clear_the_floor_in_raw_search_too(data_dir: Path) -
     svc.search(NS, "hikers")
     svc.wait_for_embeddings()
     assert svc.search(NS, "quarterly budget spreadsheet") == []
+
+
+def test_a_forget_leaves_no_saved_search_index_holding_the_forgotten_words(data_dir: Path) -> None:
+    """The raw search index is saved with the messages' words and vectors; a forget that rewrites a line
+    deletes it in the same batch, and an index built before the forget is never saved again."""
+    from memory_core.ops import Forget
+
+    svc = _service(data_dir, [])
+    secret = "the spare key hides under the blue mat"
+    _said(svc, [f"remember that {secret}", "weekend hike in the hills"])
+    svc.apply(NS, [Remember(text=secret)])
+    svc.search(NS, "spare key")
+    svc.wait_for_embeddings()  # the background pass saves the index, vectors and words
+    index_dir = svc.runtime.store.path(NS) / ".index"
+
+    def saved() -> str:
+        return "".join(p.read_bytes().decode("latin-1") for p in index_dir.rglob("*") if p.is_file())
+
+    assert "spare key" in saved()  # the positive control: the words are in the saved index
+    held = [e for e in svc.book(NS).entries() if e.text == secret]
+    stale = MemoryService(svc.runtime, embeddings=_embeddings([]))  # another process, loaded before
+    stale.search(NS, "spare key")
+    svc.apply(NS, [Forget(id=held[0].id)])
+    assert "spare key" not in saved()
+    stale.embed_raw_soon(NS)  # its background pass ends by saving what it holds: the old lines
+    stale.wait_for_embeddings()
+    assert "spare key" not in saved()
+    assert all("spare key" not in h.text for h in svc.search(NS, "spare key"))
