@@ -17,7 +17,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +92,7 @@ def evaluate(
     return out
 
 
-def product_hybrid(
-    pools: dict[int, list[tuple[int, str]]], embedder: Embedder
-) -> Callable[[int, str], list[int]]:
+def product_hybrid(pools: dict[int, list[tuple[int, str]]], embedder: Embedder) -> Callable[..., list[int]]:
     """`rank(user, query)` → memory ids, best first, as `lucid recall` ranks them with the embedder on
     (`memory_core.recall.recall`: the lexical relevance, the vectors fused in, a vector-only match
     kept only above the relevance floor). The memories carry no dates, so relevance decides."""
@@ -113,7 +111,7 @@ def product_hybrid(
     }
     now = datetime(2030, 1, 1, tzinfo=UTC)
 
-    def rank(user: int, query: str) -> list[int]:
+    def rank(user: int, query: str, context: Sequence[str] = ()) -> list[int]:
         qvec = np.asarray(embedder([query], "query"), dtype=np.float32)[0]
         got = recall(
             entries[user],
@@ -125,6 +123,7 @@ def product_hybrid(
             query_vector=qvec,
             vectors=tables[user],
             dense_floor=floor.floor(qvec.astype(np.float64)),
+            context=context,
         )
         return [int(s.entry.id) for s in got]
 
@@ -286,6 +285,7 @@ def turn_queries(
         for i, dia in enumerate(dialogues):
             score(name, i, indexes[int(dia["user-id"])].relevance(split_turn(dia)[2], context(i)))
     if embedder is not None:
+        product = product_hybrid(pools, embedder)
         vectors = {
             user: np.asarray(embedder([t for _, t in pool], "passage")) for user, pool in pools.items()
         }
@@ -310,7 +310,10 @@ def turn_queries(
                     fuse(index.relevance(message), dense[0]),
                     fuse(index.relevance(conversation), dense[1]),
                 )
-                score(f"hybrid: the message's vector (shipped){topic}", i, fuse(both, dense[0]))
+                ranked = product(user, message, ctx)
+                as_recall = {str(m): 1.0 / (n + 1) for n, m in enumerate(ranked)}
+                score(f"hybrid through lucid recall (shipped){topic}", i, as_recall)
+                score(f"hybrid: the message's vector, every positive cosine{topic}", i, fuse(both, dense[0]))
                 score(f"hybrid: the conversation's vector{topic}", i, fuse(both, dense[1]))
                 score(f"hybrid: max of a message and a conversation pass{topic}", i, _best(*passes))
                 score(

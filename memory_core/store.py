@@ -39,6 +39,7 @@ PROFILE = "PROFILE.md"
 DREAMS = "DREAMS.md"
 TRACKED = (MEMORY, ARCHIVE, PROFILE, DREAMS)
 _GITIGNORE = ".lucid/\n*.tmp\n.index/\n.vault/\n"
+_RAW_DAY = re.compile(r"\d{4}-\d{2}-\d{2}\.md")
 _RAW_ID = re.compile(r"<!--r:id=([^;>]*)")
 
 
@@ -763,14 +764,23 @@ class Store:
             return size, fh.read(size - start)
 
     def raw_days(self, ns: Namespace) -> list[str]:
+        return list(self.raw_sizes(ns))
+
+    def raw_sizes(self, ns: Namespace) -> dict[str, int]:
+        """Each day file's size, by name in date order, from one listing (no file opened, no link followed:
+        a search reads only the days that grew)."""
         try:
             with folder_beneath(self.data_dir, self.file(ns, "raw"), makedirs=False) as raw:
-                names = os.listdir(raw)
+                names = sorted(n for n in os.listdir(raw) if _RAW_DAY.fullmatch(n))
+                sizes = {}
+                for name in names:
+                    with contextlib.suppress(FileNotFoundError):
+                        sizes[name] = os.stat(name, dir_fd=raw, follow_symlinks=False).st_size
+                return sizes
         except (FileNotFoundError, UnsafePath) as exc:
             if isinstance(exc, UnsafePath) and "not a directory" not in str(exc):
                 raise
-            return []
-        return sorted(n for n in names if re.fullmatch(r"\d{4}-\d{2}-\d{2}\.md", n))
+            return {}
 
     def iter_raw(self, ns: Namespace, days: list[str] | None = None) -> Iterator[RawMessage]:
         """Every readable message of the raw archive, in file order (unreadable lines are skipped)."""

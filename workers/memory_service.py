@@ -348,7 +348,7 @@ class MemoryService:
         store = self.runtime.store
         store.file(ns, ".index", RAW_CACHE)  # UnsafePath if .index or its folder is a link
         rewrites = int(store.state_value(ns, RAW_REWRITES) or 0)
-        days = store.raw_days(ns)
+        days = store.raw_sizes(ns)
         if cache is None:
             cache = self._load_raw(ns)
             self._raw[ns] = cache
@@ -357,8 +357,10 @@ class MemoryService:
             cache = _RawCache(RawIndex(), {}, rewrites=rewrites)
             self._raw[ns] = cache
         grew = 0
-        for day in days:
+        for day, seen in days.items():
             done = cache.offsets.get(day, 0)
+            if seen == done:  # the listing says this day did not grow: not opened
+                continue
             size, chunk = store.read_raw_from(ns, day, done)
             if size < done:  # a day file was rewritten by hand: rebuild from the Markdown
                 cache = _RawCache(RawIndex(), {}, rewrites=rewrites)
