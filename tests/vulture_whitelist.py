@@ -3,7 +3,7 @@
 # ruff: noqa: B018
 from bot import cli, longconn
 from memory_core import dream_light, forgetting, ops, rawindex, recall, store, textindex, vault
-from workers import feishu_send, mailbox, scheduler, turn
+from workers import feishu_send, mailbox, scheduler, turn, worker
 
 # Registered by @command and run through cli.COMMANDS.
 cli.cmd_remember, cli.cmd_forget, cli.cmd_erase, cli.cmd_pin, cli.cmd_show, cli.cmd_history
@@ -18,6 +18,8 @@ ops.Kind.UNCHANGED, ops.Kind.RECORDED, ops.Kind.PURGED
 turn.handle_message
 # rq's CronJob swapped for ours at registration (workers/scheduler.py).
 scheduler.JSONCronJob.__class__
+# Set as rq's own `subscribe` sets it; read by rq's `Worker.unsubscribe` (workers/worker.py).
+worker.Worker.pubsub_thread
 # Read only by tests and bench/, which vulture is not given.
 dream_light.LightResult.skipped, rawindex.RawIndex.embed_pending, recall.fuse, store.Store.read_vault
 textindex.entry_relevance, vault.unseal, feishu_send.Pacer.reserve, mailbox.Intake.accept

@@ -18,6 +18,8 @@ from .outbox import Outbox
 from .queues import SERIALIZER
 from .runtime import QUEUES, Runtime
 
+LISTEN_SECONDS = 1.0  # the longest RQ's command listener sleeps (RQ's own: 60): see `Worker.subscribe`
+
 
 class Worker(SimpleWorker):
     """RQ's in-process worker, running each job with `runtime` as `runtime.current()`: how a job gets its
@@ -33,6 +35,19 @@ class Worker(SimpleWorker):
     def execute_job(self, job: Job, queue: Queue) -> None:
         with self.runtime.active():
             super().execute_job(job, queue)
+
+    def subscribe(self) -> None:
+        """RQ's listener for its worker commands (`rq`'s shutdown, stop-job), waking every LISTEN_SECONDS, not
+        RQ's 60. A worker's end sends UNSUBSCRIBE, then stops the listener and waits for it (redis-py 8's
+        `stop()` joins with no timeout). A listener that reads the UNSUBSCRIBE reply before that stop then
+        waits out its whole interval for a subscription that never comes: `lucid worker` took 60 s to exit on
+        SIGTERM about one time in seven, and a burst worker 60 s to return (docs/TESTING.md, "Flaky")."""
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]  # rq types it None
+            sleep_time=LISTEN_SECONDS, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
 
 
 def run_worker(runtime: Runtime, burst: bool = False) -> bool:

@@ -35,8 +35,7 @@ CHAT = "oc_p2p_delivery_chat"
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """This file's own redis-server, so no other file's jobs or workers share it. It did not cure the
-    flake in docs/TESTING.md, "Flaky": a parked reply's scheduled retry not reaching the test's worker."""
+    """This file's own redis-server, so no other file's jobs or workers share it."""
     server = embedded_redis.start(tmp_path_factory.mktemp("delivery-redis"), persist=False)
     try:
         yield server.url

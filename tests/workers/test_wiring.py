@@ -150,6 +150,28 @@ def test_close_stops_the_threads_the_runtime_started(data_dir: Path, redis_url: 
     assert not _threads("active-recall", before)
 
 
+def test_a_worker_stops_at_once_even_when_its_command_listener_saw_the_unsubscribe_first(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A worker's end (SIGTERM to `lucid worker`, or a burst worker's empty queues) unsubscribes RQ's command
+    listener, then stops it and waits for it. When the listener reads the unsubscribe reply first (a busy
+    machine, about one stop in seven), it sat out RQ's whole 60 s interval before the worker could exit.
+    Here that order is forced: the listener has seen the reply before the worker's teardown starts."""
+    with _runtime(data_dir, redis_url) as rt:
+        worker = Worker(rt)
+        worker.subscribe()  # how `work()` starts
+        assert worker.pubsub is not None
+        worker.pubsub.unsubscribe()  # how the teardown starts
+        deadline = time.monotonic() + 30
+        while worker.pubsub.subscribed and time.monotonic() < deadline:  # the listener reads the reply
+            time.sleep(0.01)
+        assert not worker.pubsub.subscribed
+        stopping = threading.Thread(target=worker.teardown, name="worker-teardown")
+        stopping.start()
+        stopping.join(timeout=30)  # well within the minute it took
+        assert not stopping.is_alive()
+
+
 def _threads(prefix: str, before: set[threading.Thread]) -> list[threading.Thread]:
     return [t for t in set(threading.enumerate()) - before if t.name.startswith(prefix) and t.is_alive()]
 
