@@ -511,9 +511,15 @@ def recall(
     cand, rel = cand[keep], rel[keep]
     if query_vector is not None and vectors:
         table = vectors if isinstance(vectors, VectorTable) else VectorTable.of(vectors)
-        dense = _dense(index, table, query_vector, allowed, dense_floor, visible, cand)
-        if dense[0].size:
-            cand, rel = _fused(cand, rel, dense, fusion)
+        slots, cosines, vouched = _dense(index, table, query_vector, allowed, dense_floor, visible, cand)
+        if slots.size and vouched:
+            cand, rel = _fused(cand, rel, (slots, cosines), fusion)
+        elif slots.size:  # no vector cleared the floor: the vectors reorder what the words found, and the
+            # words keep their strengths (a rank fusion alone flattens them, and a weak match looked strong)
+            order = np.lexsort((-rel, -_fused(cand, rel, (slots, cosines), fusion)[1]))
+            ranked = np.empty_like(rel)
+            ranked[order] = np.sort(rel)[::-1]
+            rel = ranked
     subject = asked_subject(query)
     if subject is not None:  # the question names the attribute: its holders are relevant, vectors or not
         held = index.holding(subject)
@@ -556,12 +562,13 @@ def _dense(
     floor: float | None,
     visible: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]],
     lexical: npt.NDArray[np.intp],
-) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64], bool]:
     """(slots, cosines) of the best `DENSE_CANDIDATES` eligible entries by vector (only those at the
     relevance floor or above: a cosine alone is no evidence), then of the `lexical` candidates not among
-    them with a positive cosine (their evidence is their words; the vector only ranks them)."""
+    them with a positive cosine (their evidence is their words; the vector only ranks them); and whether
+    any vector cleared the floor."""
     if not len(table.ids):
-        return np.empty(0, dtype=np.intp), np.empty(0)
+        return np.empty(0, dtype=np.intp), np.empty(0), False
     slot = index.rows(table)
     cos = (table.matrix @ np.asarray(query_vector, dtype=np.float32).reshape(-1)).astype(np.float64)
     ok = slot >= 0
@@ -577,10 +584,11 @@ def _dense(
         want *= 2
         rows = best_rows(cos, ok, want, floor)
     rows = rows[seen][:DENSE_CANDIDATES]
+    vouched = bool(rows.size)
     more = row_of[lexical[lexical < row_of.size]]
     more = np.setdiff1d(more[more >= 0], rows)
     rows = np.concatenate([rows, more[cos[more] > 0]])
-    return slot[rows], cos[rows]
+    return slot[rows], cos[rows], vouched
 
 
 def _with_holders(

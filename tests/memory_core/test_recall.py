@@ -248,3 +248,31 @@ def test_the_vector_ranks_entries_with_evidence_even_below_the_relevance_floor()
     )
     # The vector lifts b1 over a1; e1, found by its vector alone and under the floor, stays out.
     assert [s.entry.id for s in got] == ["b1", "a1", "c1", "d1"]
+
+
+def test_a_rank_fusion_does_not_make_weak_words_outrank_the_subject_asked_about() -> None:
+    """我在哪 after a conversation about likes: the likes match the conversation's words weakly, and their
+    vectors (under the floor) only reorder them; a rank fusion must not lift them to full strength above
+    the entry holding the location asked about (with the embedder on, a memory-only turn answered with the
+    likes; the suite's reliability stack caught it)."""
+    import numpy as np
+
+    from memory_core.recall import VectorTable
+
+    at = NOW - timedelta(days=1)
+    holder = Entry(id="h", text="我住在余杭区", at=at, subject="所在地")
+    likes = [
+        Entry(id=f"l{i}", text=t, at=at) for i, t in enumerate(["我喜欢喝茶", "我喜欢爬山", "我喜欢吃面"])
+    ]
+    cosines = {"h": 0.1, "l0": 0.3, "l1": 0.35, "l2": 0.4}
+    matrix = np.asarray([[c, (1 - c * c) ** 0.5] for c in cosines.values()], dtype=np.float32)
+    got = recall(
+        [holder, *likes],
+        "我在哪",
+        NOW,
+        query_vector=np.asarray([1.0, 0.0], np.float32),
+        vectors=VectorTable(list(cosines), matrix),
+        dense_floor=0.9,
+        context=["记住我喜欢爬山", "我喜欢喝茶", "我喜欢吃面"],
+    )
+    assert got[0].entry.id == "h"

@@ -116,11 +116,18 @@ def oracle(
                 break
             if i in by_id and eligible(by_id[i]):
                 dense[i] = cos[i]
+        vouched = bool(dense)  # a vector cleared the floor
         # a lexical candidate's vector ranks it whatever the floor (its words are its evidence)
         dense.update({i: cos[i] for i in lexical if i in cos and cos[i] > 0 and i not in dense})
         if dense:
             weight = DENSE_WEIGHT if fusion == "rrf" else ENTRY_DENSE_WEIGHT
-            rel = fuse(lexical, dense, fusion, weight)  # type: ignore[arg-type]
+            fused = fuse(lexical, dense, fusion, weight)  # type: ignore[arg-type]
+            if vouched:
+                rel = fused
+            else:  # the fusion orders the lexical candidates; they keep the lexical strengths
+                place = list(by_id)
+                by_fusion = sorted(lexical, key=lambda i: (-fused[i], -lexical[i], place.index(i)))
+                rel = dict(zip(by_fusion, sorted(lexical.values(), reverse=True), strict=True))
     subject = asked_subject(query)
     for e in by_id.values():
         if subject and e.subject and canonical_subject(e.subject) == subject and eligible(e):
