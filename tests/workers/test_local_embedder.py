@@ -53,3 +53,16 @@ def test_an_idle_rule_query_runs_on_between_one_and_all_cores_and_restores_them(
     assert _openmp_threads() == before
     with pytest.raises(ValueError, match="query_threads"):
         LocalEmbedder(query_threads="half")
+
+
+def test_a_long_text_is_read_as_its_first_or_last_characters() -> None:
+    """The engine reads a text whole, at a cost growing faster than its length (a 10,000-character message
+    took 25 s as a query): a passage is embedded as its first MAX_CHARS characters, a query as its last."""
+    from workers.local_embedder import MAX_CHARS, local_embedder
+
+    embed = local_embedder().embed
+    text = "我周末常去西湖边散步。" * 300 + "I moved to Lisbon last spring and love the tiles."
+    assert len(text) > 2 * MAX_CHARS
+    assert np.allclose(embed([text], "passage"), embed([text[:MAX_CHARS]], "passage"), atol=1e-6)
+    assert np.allclose(embed([text], "query"), embed([text[-MAX_CHARS:]], "query"), atol=1e-6)
+    assert not np.allclose(embed([text], "query"), embed([text[:MAX_CHARS]], "query"), atol=1e-3)
