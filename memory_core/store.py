@@ -40,6 +40,8 @@ DREAMS = "DREAMS.md"
 TRACKED = (MEMORY, ARCHIVE, PROFILE, DREAMS)
 _GITIGNORE = ".lucid/\n*.tmp\n.index/\n.vault/\n"
 _RAW_ID = re.compile(r"<!--r:id=([^;>]*)")
+#: The store's own paths are strings (`Store._at`): `Path`'s parsing cost more than the opens.
+AnyPath = Path | str
 
 
 def no_symlink(base: Path, path: Path) -> Path:
@@ -58,7 +60,7 @@ def no_symlink(base: Path, path: Path) -> Path:
     return path
 
 
-def _below(base: Path, path: Path) -> tuple[str, ...]:
+def _below(base: AnyPath, path: AnyPath) -> tuple[str, ...]:
     """The components of `path` below `base`; UnsafePath if it is not below it. Strings, not `PurePath`
     arithmetic: every file access of a batch passes here (dozens per op)."""
     b, p = os.fspath(base), os.fspath(path)
@@ -73,7 +75,7 @@ def _below(base: Path, path: Path) -> tuple[str, ...]:
     return parts
 
 
-def _link_refused(path: Path | str) -> UnsafePath:
+def _link_refused(path: AnyPath) -> UnsafePath:
     try:
         target = f" points to {os.readlink(path)!r}"
     except OSError:
@@ -88,8 +90,8 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY
 
 
 def open_beneath(
-    base: Path,
-    path: Path,
+    base: AnyPath,
+    path: AnyPath,
     flags: int = os.O_RDONLY,
     mode: int = 0o600,
     *,
@@ -99,14 +101,14 @@ def open_beneath(
     """`os.open` of `path` following no link below `base` by construction (each folder opened from the one
     above with O_NOFOLLOW), so a link planted after any check is refused (UnsafePath)."""
     rel = _below(base, path)
+    current = os.fspath(base)
     try:
-        folder = os.open(base, _DIR)
+        folder = os.open(current, _DIR)
     except FileNotFoundError:
         if not makedirs:
             raise
-        base.mkdir(parents=True, exist_ok=True)  # the data directory itself (above it: the operator's)
-        folder = os.open(base, _DIR)
-    current = os.fspath(base)
+        os.makedirs(current, exist_ok=True)  # the data directory itself (above it: the operator's)
+        folder = os.open(current, _DIR)
     try:
         if not rel:
             fd, folder = folder, -1
@@ -157,7 +159,7 @@ _RESOLVE = 0x04 | 0x08  # RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
 _fast_open = _SYSCALL is not None
 
 
-def _openat2(folder: int, rel: tuple[str, ...], flags: int, mode: int, path: Path, makedirs: bool) -> int:
+def _openat2(folder: int, rel: tuple[str, ...], flags: int, mode: int, path: AnyPath, makedirs: bool) -> int:
     """`rel` opened from `folder` in one `openat2` refusing links and escapes (a third of the walk's cost);
     -1 where the walk must decide, so every refusal and its message stay the walk's."""
     global _fast_open
@@ -176,7 +178,7 @@ def _openat2(folder: int, rel: tuple[str, ...], flags: int, mode: int, path: Pat
     return -1
 
 
-def _open_at(folder: int, name: str, flags: int, mode: int, path: Path | str) -> int:
+def _open_at(folder: int, name: str, flags: int, mode: int, path: AnyPath) -> int:
     """`name` in the open folder `folder`, with O_NOFOLLOW: a link there is refused by the open (UnsafePath;
     lstat only names why: ELOOP, or ENOTDIR for a folder on Linux)."""
     try:
@@ -189,14 +191,30 @@ def _open_at(folder: int, name: str, flags: int, mode: int, path: Path | str) ->
         raise
 
 
-def read_beneath(base: Path, path: Path) -> bytes:
+def read_beneath(base: AnyPath, path: AnyPath) -> bytes:
     """The bytes of `path`, opened by `open_beneath` (no link followed below `base`)."""
-    with os.fdopen(open_beneath(base, path), "rb") as fh:
-        return fh.read()
+    fd = open_beneath(base, path)
+    try:
+        return _read_all(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_all(fd: int) -> bytes:
+    """The rest of the open file `fd`, in plain reads (a file object costs more than the read of a small
+    file: the store reads a dozen a write)."""
+    chunks = []
+    want = os.fstat(fd).st_size + 1  # one read to the end, one more that finds it (or a file still growing)
+    while chunk := os.read(fd, want):
+        chunks.append(chunk)
+        want = 1 << 16
+    return b"".join(chunks)
 
 
 @contextlib.contextmanager
-def folder_beneath(base: Path, path: Path, makedirs: bool = True, dir_mode: int = 0o777) -> Iterator[int]:
+def folder_beneath(
+    base: AnyPath, path: AnyPath, makedirs: bool = True, dir_mode: int = 0o777
+) -> Iterator[int]:
     """The folder `path` opened by `open_beneath` (created if missing), closed after the block."""
     fd = open_beneath(base, path, _DIR, makedirs=makedirs, dir_mode=dir_mode)
     try:
@@ -205,7 +223,7 @@ def folder_beneath(base: Path, path: Path, makedirs: bool = True, dir_mode: int 
         os.close(fd)
 
 
-def _exists_at(folder: int, name: str, path: Path) -> bool:
+def _exists_at(folder: int, name: str, path: AnyPath) -> bool:
     """Whether `name` exists in the open folder `folder`; UnsafePath if it is a symbolic link."""
     try:
         mode = os.lstat(name, dir_fd=folder).st_mode
@@ -216,7 +234,7 @@ def _exists_at(folder: int, name: str, path: Path) -> bool:
     return True
 
 
-def _no_link_at(folder: int, name: str, path: Path) -> None:
+def _no_link_at(folder: int, name: str, path: AnyPath) -> None:
     """Refuse to replace a link: a rename would not follow it, but would silently swap a planted link for
     a file instead of reporting it."""
     _exists_at(folder, name, path)
@@ -232,14 +250,15 @@ def _sha(data: bytes) -> str:
 
 
 def atomic_write(
-    base: Path, path: Path, data: bytes, durable: bool = True, sync: bool = True, dir_mode: int = 0o777
+    base: AnyPath, path: AnyPath, data: bytes, durable: bool = True, sync: bool = True, dir_mode: int = 0o777
 ) -> None:
     """Write `data` to `path` so that readers and crashes see the old or the new file, never a mix."""
-    with folder_beneath(base, path.parent, dir_mode=dir_mode) as folder:
-        _no_link_at(folder, path.name, path)
-        tmp = _stage_in(folder, path.name, data, sync)
+    parent, name = os.path.split(os.fspath(path))
+    with folder_beneath(base, parent, dir_mode=dir_mode) as folder:
+        _no_link_at(folder, name, path)
+        tmp = _stage_in(folder, name, data, sync)
         try:
-            os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=folder)
@@ -259,11 +278,12 @@ def _stage_in(folder: int, name: str, data: bytes, sync: bool = True) -> str:
         except FileExistsError:
             continue
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
+        try:
+            _write_all(fd, data)
             if sync:
-                os.fsync(fh.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=folder)
@@ -271,11 +291,12 @@ def _stage_in(folder: int, name: str, data: bytes, sync: bool = True) -> str:
     return tmp
 
 
-def _append(base: Path, path: Path, at: int, data: bytes, rel: str) -> None:
+def _append(base: Path, path: str, at: int, data: bytes, rel: str) -> None:
     """Append `data` to `path`, which must still be `at` bytes long and the same file once written; a failed
     write (disk full) is taken back. Opened by `open_beneath` (no link followed)."""
-    with folder_beneath(base, path.parent, makedirs=False) as folder:
-        fd = _open_at(folder, path.name, os.O_WRONLY | os.O_APPEND, 0, path)
+    parent, name = os.path.split(path)
+    with folder_beneath(base, parent, makedirs=False) as folder:
+        fd = _open_at(folder, name, os.O_WRONLY | os.O_APPEND, 0, path)
         try:
             if os.fstat(fd).st_size != at:
                 raise ConcurrentChange(rel)
@@ -288,7 +309,7 @@ def _append(base: Path, path: Path, at: int, data: bytes, rel: str) -> None:
             except OSError:
                 os.ftruncate(fd, at)
                 raise
-            if os.stat(path.name, dir_fd=folder, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+            if os.stat(name, dir_fd=folder, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
                 raise ConcurrentChange(rel)
         finally:
             os.close(fd)
@@ -300,7 +321,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _truncate(base: Path, path: Path, size: int) -> None:
+def _truncate(base: Path, path: AnyPath, size: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         fd = open_beneath(base, path, os.O_WRONLY)
         try:
@@ -317,7 +338,7 @@ def _fsync_dir(base: Path, directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def flocked(base: Path, path: Path) -> Iterator[None]:
+def flocked(base: Path, path: AnyPath) -> Iterator[None]:
     """A host-wide exclusive lock on `path` (released by the kernel if the process dies); opened by
     `open_beneath` (no link followed below `base`)."""
     fd = open_beneath(base, path, os.O_RDWR | os.O_CREAT, 0o600, makedirs=True)
@@ -375,30 +396,36 @@ class Store:
         self.data_dir = Path(data_dir)
         self.git_enabled = git
         self._commits: dict[str, int] = {}  # commits made by this process, by namespace (packing)
-        self._roots: dict[Namespace, Path] = {}
+        self._roots: dict[Namespace, tuple[Path, str]] = {}
 
-    def path(self, ns: Namespace) -> Path:
+    def _root(self, ns: Namespace) -> tuple[Path, str]:
         root = self._roots.get(ns)
         if root is None:
             if len(self._roots) > 4096:  # a long-lived process sees every namespace: stay bounded
                 self._roots.clear()
-            root = self._roots[ns] = ns.path(self.data_dir)
+            path = ns.path(self.data_dir)
+            root = self._roots[ns] = (path, str(path))
         return root
+
+    def path(self, ns: Namespace) -> Path:
+        return self._root(ns)[0]
 
     def file(self, ns: Namespace, *parts: str) -> Path:
         """A path in the namespace, refused (UnsafePath) if it or a folder on the way is a symbolic link."""
         return no_symlink(self.data_dir, self.path(ns).joinpath(*parts))
 
-    def _at(self, ns: Namespace, *parts: str) -> Path:
+    def _at(self, ns: Namespace, *parts: str) -> str:
         """A path in the namespace for an opener that follows no link by construction (`open_beneath`,
-        `atomic_write`, `flocked`): the lstat walk of `file()` would only repeat what the open refuses."""
-        return self.path(ns).joinpath(*parts)
+        `atomic_write`, `flocked`): the lstat walk of `file()` would only repeat what the open refuses. A
+        string: a dozen are made a write, and `Path`'s parsing cost more than the opens."""
+        root = self._root(ns)[1]
+        return "/".join((root, *parts)) if parts else root
 
-    def _read(self, path: Path) -> bytes:
+    def _read(self, path: AnyPath) -> bytes:
         """The bytes of `path` (a `file()` path), opened without following any link (`open_beneath`)."""
         return read_beneath(self.data_dir, path)
 
-    def _meta(self, ns: Namespace, name: str) -> Path:
+    def _meta(self, ns: Namespace, name: str) -> str:
         return self._at(ns, ".lucid", name)
 
     def open_lock(self, ns: Namespace) -> int:
@@ -543,18 +570,19 @@ class Store:
         appends = {rel: (len(cur), data[len(cur) :]) for rel, data, _ in writes if (cur := prior.get(rel))}
         # Stage every temp file first, so ENOSPC or EACCES hits before any file is replaced; folders opened
         # by `open_beneath` and renames relative to them, so a link planted since is never written through.
-        folders: dict[Path, int] = {}
+        folders: dict[str, int] = {}
         staged: list[tuple[int, str, str]] = []
-        appended: list[tuple[Path, int]] = []
+        appended: list[tuple[str, int]] = []
         try:
             for rel, data, _ in writes:
                 if rel not in appends:
-                    path = self._at(ns, *rel.split("/"))
-                    if path.parent not in folders:
-                        folders[path.parent] = open_beneath(self.data_dir, path.parent, _DIR, makedirs=True)
-                    folder = folders[path.parent]
-                    _no_link_at(folder, path.name, path)
-                    staged.append((folder, _stage_in(folder, path.name, data), path.name))
+                    path = self._at(ns, rel)
+                    parent, name = os.path.split(path)
+                    if parent not in folders:
+                        folders[parent] = open_beneath(self.data_dir, parent, _DIR, makedirs=True)
+                    folder = folders[parent]
+                    _no_link_at(folder, name, path)
+                    staged.append((folder, _stage_in(folder, name, data), name))
             if journal is not None:
                 self.write_journal(
                     ns,
@@ -573,7 +601,7 @@ class Store:
                     sync=bool(appends),
                 )
             for rel, (at, more) in appends.items():
-                path = self._at(ns, *rel.split("/"))
+                path = self._at(ns, rel)
                 _append(self.data_dir, path, at, more, rel)
                 appended.append((path, at))
             for folder, tmp, name in staged:
@@ -596,7 +624,7 @@ class Store:
                 os.close(folder)
         return hashes
 
-    def _maybe(self, path: Path) -> bytes | None:
+    def _maybe(self, path: AnyPath) -> bytes | None:
         """The bytes of `path` (opened as `_read` does), None if it does not exist."""
         try:
             return self._read(path)
@@ -638,13 +666,13 @@ class Store:
         """Written in place: a journal cut short is not JSON and counts as none (nothing of its batch was
         written yet). Synced only with `sync`: only an append needs its journal to survive."""
         path = self._meta(ns, "journal.json")
-        with folder_beneath(self.data_dir, path.parent) as folder:
+        with folder_beneath(self.data_dir, self._at(ns, ".lucid")) as folder:
             try:
-                os.lstat(path.name, dir_fd=folder)
+                os.lstat("journal.json", dir_fd=folder)
                 created = False
             except FileNotFoundError:
                 created = True
-            fd = _open_at(folder, path.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, path)
+            fd = _open_at(folder, "journal.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, path)
             try:
                 _write_all(fd, json.dumps(journal).encode())
                 if sync:
@@ -807,9 +835,10 @@ class Store:
         with folder_beneath(self.data_dir, root) as folder:  # made if missing
             if not self.git_enabled:
                 return
-            if _exists_at(folder, ".git", root / ".git"):
-                if not _exists_at(folder, ".gitignore", root / ".gitignore"):  # a writer killed at creation
-                    atomic_write(self.data_dir, root / ".gitignore", _GITIGNORE.encode(), durable=False)
+            if _exists_at(folder, ".git", f"{root}/.git"):
+                ignore = f"{root}/.gitignore"
+                if not _exists_at(folder, ".gitignore", ignore):  # a writer killed at creation
+                    atomic_write(self.data_dir, ignore, _GITIGNORE.encode(), durable=False)
                 return
         # .gitignore first: a writer killed before it was written left a repository whose next commit
         # tracked the writer's own `.lucid/` files.
@@ -841,7 +870,7 @@ class Store:
         git = self._at(ns, ".git")
         with folder_beneath(self.data_dir, git, makedirs=False) as folder:  # libgit2 follows links: none
             for inside in ("objects", "refs", "index", "HEAD"):  # where git itself writes
-                _exists_at(folder, inside, git / inside)
+                _exists_at(folder, inside, f"{git}/{inside}")
         try:
             return self._commit(ns, message, exact, amend)
         except (pygit2.GitError, OSError) as exc:
@@ -1195,7 +1224,7 @@ def _loose_objects(objects: Path) -> list[str]:
     return out
 
 
-def _os_message(exc: OSError, root: Path) -> str:
+def _os_message(exc: OSError, root: AnyPath) -> str:
     if exc.errno == errno.ENOSPC:
         return f"disk full while writing under {root}: nothing was changed; free space and retry"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
