@@ -823,10 +823,12 @@ class Store:
     # In-process with pygit2: libgit2 writes objects by temp file + rename; we replace the ref and the index
     # with `atomic_write`, so a writer killed mid-commit leaves no `.lock` to refuse the next commit.
 
-    def _repo(self, ns: Namespace) -> pygit2.Repository:
+    def _repo(self, ns: Namespace, checked: bool = False) -> pygit2.Repository:
+        """`checked`: the caller has just opened the namespace's folder and `.git` by opens that refuse a link
+        (`commit`), so the lstat walk of `file()` would only repeat them."""
         _isolate_git_config()
         try:
-            return pygit2.Repository(str(self.file(ns)))
+            return pygit2.Repository(str(self._at(ns) if checked else self.file(ns)))
         except pygit2.GitError as exc:
             raise StoreError(f"cannot open the git repository of {ns}: {exc}") from exc
 
@@ -867,10 +869,18 @@ class Store:
         if not self.git_enabled:
             return None
         self.ensure_repo(ns)
-        git = self._at(ns, ".git")
-        with folder_beneath(self.data_dir, git, makedirs=False) as folder:  # libgit2 follows links: none
-            for inside in ("objects", "refs", "index", "HEAD"):  # where git itself writes
-                _exists_at(folder, inside, f"{git}/{inside}")
+        root = self._at(ns)
+        git = f"{root}/.git"
+        with folder_beneath(self.data_dir, root, makedirs=False) as folder:  # libgit2 follows links: none
+            ignored = _exists_at(folder, ".gitignore", f"{root}/.gitignore")
+            inner = _open_at(folder, ".git", _DIR, 0, git)
+            try:
+                for inside in ("objects", "refs", "index", "HEAD"):  # where git itself writes
+                    _exists_at(inner, inside, f"{git}/{inside}")
+            finally:
+                os.close(inner)
+        if exact is not None and ignored:
+            exact = {**exact, ".gitignore": _GITIGNORE.encode()}
         try:
             return self._commit(ns, message, exact, amend)
         except (pygit2.GitError, OSError) as exc:
@@ -884,25 +894,29 @@ class Store:
     def _commit(
         self, ns: Namespace, message: str, exact: Mapping[str, bytes | None] | None, amend: str | None
     ) -> str | None:
-        repo = self._repo(ns)
+        repo = self._repo(ns, checked=True)
         head = None if repo.head_is_unborn else repo[repo.head.target].peel(pygit2.Commit)
-        index = repo.index  # used in memory only: the index file is replaced below, never locked
-        if head is not None:
-            index.read_tree(head.tree)
-        else:
-            index.clear()
+        # The index file is replaced by `_write_index` (a temp file renamed into place), never locked.
+        tmp = os.path.join(self._at(ns, ".git"), f"index.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        staged: pygit2.Index | None = None
         if exact is None:
+            index = repo.index  # used in memory only
+            if head is not None:
+                index.read_tree(head.tree)
+            else:
+                index.clear()
             index.add_all()
             root = self.file(ns)
             for gone in [e.path for e in index if not (root / e.path).exists()]:
                 index.remove(gone)  # `add -A` also records deletions
         else:
-            files = dict(exact)
-            if self.file(ns, ".gitignore").exists():
-                files[".gitignore"] = _GITIGNORE.encode()
-            for name, data in files.items():
+            # Built once, as the temp file it is written to: its bytes are those of the tree read afresh.
+            index = staged = pygit2.Index(tmp)
+            if head is not None:
+                index.read_tree(head.tree)
+            for name, data in exact.items():
                 if data is not None:
-                    index.add(pygit2.IndexEntry(name, repo.create_blob(data), pygit2.enums.FileMode.BLOB))
+                    index.add(pygit2.IndexEntry(name, _blob(repo, index, name, data), _FILE))
         tree = index.write_tree(repo)
         parents = [] if head is None else [head.id]
         if amend is not None and head is not None and str(head.id) == amend:
@@ -916,7 +930,7 @@ class Store:
         kill_point("objects")
         # The index first, then the ref: a crash between the two leaves HEAD behind the index, which the
         # next commit (built from HEAD's tree) mends; never a ref to a commit the index does not match.
-        self._write_index(ns, repo, tree)
+        self._write_index(ns, repo, tree, tmp, staged)
         kill_point("index")
         ref = self._at(ns, ".git", *_branch(repo).split("/"))
         atomic_write(self.data_dir, ref, f"{oid}\n".encode(), durable=False)
@@ -924,16 +938,20 @@ class Store:
         self._maybe_pack(ns, repo)
         return str(oid)[:7]
 
-    def _write_index(self, ns: Namespace, repo: pygit2.Repository, tree: pygit2.Oid) -> None:
-        path = self.file(ns, ".git", "index")
-        tmp = str(path.parent / f"index.{os.getpid()}.{os.urandom(4).hex()}.tmp")  # libgit2 makes it
+    def _write_index(
+        self, ns: Namespace, repo: pygit2.Repository, tree: pygit2.Oid, tmp: str, staged: pygit2.Index | None
+    ) -> None:
+        """The index of `tree` written to `tmp` (libgit2 makes it; `staged`: already built for it), then
+        renamed over `.git/index`."""
+        git = self._at(ns, ".git")
         try:
-            staged = pygit2.Index(tmp)
-            staged.read_tree(repo[tree].peel(pygit2.Tree))
+            if staged is None:
+                staged = pygit2.Index(tmp)
+                staged.read_tree(repo[tree].peel(pygit2.Tree))
             staged.write()
-            with folder_beneath(self.data_dir, path.parent, makedirs=False) as git:
-                _no_link_at(git, path.name, path)
-                os.replace(Path(tmp).name, path.name, src_dir_fd=git, dst_dir_fd=git)
+            with folder_beneath(self.data_dir, git, makedirs=False) as folder:
+                _no_link_at(folder, "index", f"{git}/index")
+                os.replace(os.path.basename(tmp), "index", src_dir_fd=folder, dst_dir_fd=folder)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -1112,6 +1130,8 @@ class Store:
 
 
 _SIGNATURE = ("Lucid", "lucid@localhost")
+_FILE = pygit2.enums.FileMode.BLOB
+_SAME_MAX = 1 << 16  # bytes up to which a file is hashed first to find it unchanged since HEAD
 PACK_CHECK_EVERY = 4  # commits (per process and namespace) between two counts of the loose objects
 LOOSE_MAX = 32  # loose objects that are packed together (one pack of deltas)
 PACKS_MAX = 8  # packs that are merged into one
@@ -1173,6 +1193,16 @@ def _git_skeleton(folder: int) -> str:
     finally:
         os.close(fd)
     return tmp
+
+
+def _blob(repo: pygit2.Repository, index: pygit2.Index, name: str, data: bytes) -> pygit2.Oid:
+    """The blob of `data`. A small file unchanged since HEAD (`index` holds HEAD's tree) is not written again:
+    libgit2 stages every blob as a temp file before it finds the object already there."""
+    if len(data) <= _SAME_MAX and name in index:
+        known = index[name].id
+        if pygit2.hash(data) == known and repo.odb.exists(known):
+            return known
+    return repo.create_blob(data)
 
 
 def _branch(repo: pygit2.Repository) -> str:
