@@ -1150,7 +1150,8 @@ def kill_point(name: str) -> None:
 
 def _isolate_git_config() -> None:
     """Read no user or system git configuration (as the CLI calls did with GIT_CONFIG_GLOBAL=/dev/null):
-    a person's `core.autocrlf` or hooks must not change what the writer commits."""
+    a person's `core.autocrlf` or hooks must not change what the writer commits. An empty search path, not
+    /dev/null: libgit2 stats the files it would read (`/dev/null/.gitconfig`) at every config lookup."""
     global _isolated
     if not _isolated:
         for level in (
@@ -1158,7 +1159,7 @@ def _isolate_git_config() -> None:
             pygit2.enums.ConfigLevel.XDG,
             pygit2.enums.ConfigLevel.SYSTEM,
         ):
-            pygit2.settings.search_path[level] = os.devnull
+            pygit2.settings.search_path[level] = ""  # none: libgit2 does not stat a path at each lookup
         _isolated = True
 
 
