@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import stat
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -102,6 +103,14 @@ def open_beneath(
     above with O_NOFOLLOW), so a link planted after any check is refused (UnsafePath)."""
     rel = _below(base, path)
     current = os.fspath(base)
+    held = getattr(_held, "folders", None)  # `Store.held`: the data directory is open already
+    if (
+        rel
+        and held
+        and (at := held.get(current, -1)) >= 0
+        and (fd := _openat2(at, rel, flags, mode, path, makedirs)) >= 0
+    ):
+        return fd
     try:
         folder = os.open(current, _DIR)
     except FileNotFoundError:
@@ -154,6 +163,7 @@ def _syscall() -> Any:
 
 
 _SYSCALL = _syscall()
+_held = threading.local()  # `folders`: the data directories this thread holds open (`Store.held`)
 _OPENAT2 = 437  # the same number on every Linux architecture since 5.6
 _RESOLVE = 0x04 | 0x08  # RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
 _fast_open = _SYSCALL is not None
@@ -409,6 +419,25 @@ class Store:
 
     def path(self, ns: Namespace) -> Path:
         return self._root(ns)[0]
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """While the block runs, this thread's opens below the data directory start from one descriptor of it
+        (a batch makes ~30 opens): the same `openat2` refusing links, one `open` and `close` less each."""
+        base = os.fspath(self.data_dir)
+        folders = _held.__dict__.setdefault("folders", {})
+        try:
+            fd = -1 if base in folders else os.open(base, _DIR)
+        except FileNotFoundError:  # made by the batch's first write
+            fd = -1
+        if fd >= 0:
+            folders[base] = fd
+        try:
+            yield
+        finally:
+            if fd >= 0:
+                del folders[base]
+                os.close(fd)
 
     def file(self, ns: Namespace, *parts: str) -> Path:
         """A path in the namespace, refused (UnsafePath) if it or a folder on the way is a symbolic link."""
