@@ -214,11 +214,12 @@ def _read_all(fd: int) -> bytes:
     """The rest of the open file `fd`, in plain reads (a file object costs more than the read of a small
     file: the store reads a dozen a write)."""
     chunks = []
-    want = os.fstat(fd).st_size + 1  # one read to the end, one more that finds it (or a file still growing)
-    while chunk := os.read(fd, want):
-        chunks.append(chunk)
+    want = os.fstat(fd).st_size + 1  # a read short of it is the end; a file still growing is read on
+    while True:
+        chunks.append(os.read(fd, want))
+        if len(chunks[-1]) < want:
+            return b"".join(chunks)
         want = 1 << 16
-    return b"".join(chunks)
 
 
 @contextlib.contextmanager
