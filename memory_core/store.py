@@ -41,6 +41,7 @@ DREAMS = "DREAMS.md"
 TRACKED = (MEMORY, ARCHIVE, PROFILE, DREAMS)
 _GITIGNORE = ".lucid/\n*.tmp\n.index/\n.vault/\n"
 _RAW_ID = re.compile(r"<!--r:id=([^;>]*)")
+_BRANCH, _OID = re.compile(r"ref: refs/heads/(\w[\w.-]*)\n?", re.ASCII), re.compile(r"[0-9a-f]{40}\n?")
 #: The store's own paths are strings (`Store._at`): `Path`'s parsing cost more than the opens.
 AnyPath = Path | str
 
@@ -885,6 +886,13 @@ class Store:
         """The full id of the newest commit, or None before the first one (or without git)."""
         if not self.git_enabled or not self.file(ns, ".git").exists():
             return None
+        # The writer's layout (HEAD naming a loose branch) in two small reads: the repository it would open
+        # for it cost more than the rest of a message's commit check. Anything else is libgit2's to read.
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            ref = _BRANCH.fullmatch(self._read(self._at(ns, ".git", "HEAD")).decode())
+            oid = self._read(self._at(ns, ".git", "refs", "heads", ref[1])).decode() if ref else ""
+            if _OID.fullmatch(oid):
+                return oid.strip()
         repo = self._repo(ns)
         return None if repo.head_is_unborn else str(repo.head.target)
 
