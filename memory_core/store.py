@@ -785,8 +785,8 @@ class Store:
     def load_cache(self, ns: Namespace, name: str) -> tuple[dict[str, Any], Callable[[str], bytes]] | None:
         """The cache `save_cache` wrote last: its manifest and a reader of its files; None if there is no
         readable one. Raises UnsafePath when a link is planted on the way."""
-        try:
-            manifest = json.loads(self._read(self.file(ns, ".index", name, "manifest.json")))
+        try:  # `_read` refuses a link on the way (UnsafePath), as `file()` would, without its lstat walk
+            manifest = json.loads(self._read(self._at(ns, ".index", name, "manifest.json")))
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError):
             return None
         gen = manifest.get("generation") if isinstance(manifest, dict) else None
@@ -794,7 +794,7 @@ class Store:
             return None
 
         def read(part: str) -> bytes:
-            return self._read(self.file(ns, ".index", name, gen, part))
+            return self._read(self._at(ns, ".index", name, gen, part))
 
         return manifest, read
 
@@ -875,24 +875,27 @@ class Store:
                 return
         # .gitignore first: a writer killed before it was written left a repository whose next commit
         # tracked the writer's own `.lucid/` files.
-        atomic_write(self.data_dir, self.file(ns, ".gitignore"), _GITIGNORE.encode(), durable=False)
+        atomic_write(self.data_dir, f"{root}/.gitignore", _GITIGNORE.encode(), durable=False)
         with folder_beneath(self.data_dir, root, makedirs=False) as folder:
             # Made beside and renamed into place: a half-made `.git` never looks like a repository.
             tmp = _git_skeleton(folder)
-            _no_link_at(folder, ".git", self.file(ns, ".git"))
+            _no_link_at(folder, ".git", f"{root}/.git")
             os.replace(tmp, ".git", src_dir_fd=folder, dst_dir_fd=folder)
 
     def head(self, ns: Namespace) -> str | None:
         """The full id of the newest commit, or None before the first one (or without git)."""
-        if not self.git_enabled or not self.file(ns, ".git").exists():
+        if not self.git_enabled:
             return None
-        # The writer's layout (HEAD naming a loose branch) in two small reads: the repository it would open
-        # for it cost more than the rest of a message's commit check. Anything else is libgit2's to read.
+        # The writer's layout (HEAD naming a loose branch) in two small reads that refuse a link: the
+        # repository it would open cost more than the rest of a message's commit check. Anything else (no
+        # `.git`, unborn, packed, detached) is read as before.
         with contextlib.suppress(OSError, UnicodeDecodeError):
             ref = _BRANCH.fullmatch(self._read(self._at(ns, ".git", "HEAD")).decode())
             oid = self._read(self._at(ns, ".git", "refs", "heads", ref[1])).decode() if ref else ""
             if _OID.fullmatch(oid):
                 return oid.strip()
+        if not self.file(ns, ".git").exists():
+            return None
         repo = self._repo(ns)
         return None if repo.head_is_unborn else str(repo.head.target)
 
