@@ -105,12 +105,8 @@ def open_beneath(
     rel = _below(base, path)
     current = os.fspath(base)
     held = getattr(_held, "folders", None)  # `Store.held`: the data directory is open already
-    if (
-        rel
-        and held
-        and (at := held.get(current, -1)) >= 0
-        and (fd := _openat2(at, rel, flags, mode, path, makedirs)) >= 0
-    ):
+    tried = bool(rel and held and (at := held.get(current, -1)) >= 0)
+    if tried and (fd := _openat2(at, rel, flags, mode, path, makedirs)) >= 0:
         return fd
     try:
         folder = os.open(current, _DIR)
@@ -123,7 +119,7 @@ def open_beneath(
         if not rel:
             fd, folder = folder, -1
             return fd
-        if (fd := _openat2(folder, rel, flags, mode, path, makedirs)) >= 0:
+        if not tried and (fd := _openat2(folder, rel, flags, mode, path, makedirs)) >= 0:
             return fd
         whole = makedirs and flags & os.O_DIRECTORY  # a folder to open or create: every part is one
         for part in rel if whole else rel[:-1]:
