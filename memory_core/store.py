@@ -62,7 +62,7 @@ def no_symlink(base: Path, path: Path) -> Path:
     return path
 
 
-def _below(base: AnyPath, path: AnyPath) -> tuple[str, ...]:
+def _below(base: Path, path: AnyPath) -> tuple[str, ...]:
     """The components of `path` below `base`; UnsafePath if it is not below it. Strings, not `PurePath`
     arithmetic: every file access of a batch passes here (dozens per op)."""
     b, p = os.fspath(base), os.fspath(path)
@@ -92,7 +92,7 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY
 
 
 def open_beneath(
-    base: AnyPath,
+    base: Path,
     path: AnyPath,
     flags: int = os.O_RDONLY,
     mode: int = 0o600,
@@ -198,7 +198,7 @@ def _open_at(folder: int, name: str, flags: int, mode: int, path: AnyPath) -> in
         raise
 
 
-def read_beneath(base: AnyPath, path: AnyPath) -> bytes:
+def read_beneath(base: Path, path: AnyPath) -> bytes:
     """The bytes of `path`, opened by `open_beneath` (no link followed below `base`)."""
     fd = open_beneath(base, path)
     try:
@@ -220,9 +220,7 @@ def _read_all(fd: int) -> bytes:
 
 
 @contextlib.contextmanager
-def folder_beneath(
-    base: AnyPath, path: AnyPath, makedirs: bool = True, dir_mode: int = 0o777
-) -> Iterator[int]:
+def folder_beneath(base: Path, path: AnyPath, makedirs: bool = True, dir_mode: int = 0o777) -> Iterator[int]:
     """The folder `path` opened by `open_beneath` (created if missing), closed after the block."""
     fd = open_beneath(base, path, _DIR, makedirs=makedirs, dir_mode=dir_mode)
     try:
@@ -258,7 +256,7 @@ def _sha(data: bytes) -> str:
 
 
 def atomic_write(
-    base: AnyPath, path: AnyPath, data: bytes, durable: bool = True, sync: bool = True, dir_mode: int = 0o777
+    base: Path, path: AnyPath, data: bytes, durable: bool = True, sync: bool = True, dir_mode: int = 0o777
 ) -> None:
     """Write `data` to `path` so that readers and crashes see the old or the new file, never a mix."""
     parent, name = os.path.split(os.fspath(path))
