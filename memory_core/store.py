@@ -880,9 +880,8 @@ class Store:
         """The full id of the newest commit, or None before the first one (or without git)."""
         if not self.git_enabled:
             return None
-        # The writer's layout (HEAD naming a loose branch) in two small reads that refuse a link: the
-        # repository it would open cost more than the rest of a message's commit check. Anything else (no
-        # `.git`, unborn, packed, detached) is read as before.
+        # HEAD naming a loose branch (the writer's layout): two small reads, not a repository opened for it.
+        # Anything else (no `.git`, unborn, packed, detached) is read as before.
         with contextlib.suppress(OSError, UnicodeDecodeError):
             ref = _BRANCH.fullmatch(self._read(self._at(ns, ".git", "HEAD")).decode())
             oid = self._read(self._at(ns, ".git", "refs", "heads", ref[1])).decode() if ref else ""

@@ -443,10 +443,8 @@ class RedisOpQueue:
 
 
 def run(client: redis.Redis, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-    """`script(keys=keys, args=args)` as one EVALSHA on a pooled connection, without redis-py's per-command
-    layers (retry wrapper, observability hooks: a third of the client's CPU for the writer's two calls an
-    op). A script the server lacks (restarted) or a failed connection is left to `script` itself, with its
-    loading and the client's retries, as before."""
+    """`script(keys=keys, args=args)` as a bare EVALSHA on a pooled connection (redis-py's retry and
+    observability layers were a third of the call's CPU); a missing script or a failed connection: `script`."""
     if client.connection is not None:  # a single-connection client: its own lock and path
         return script(keys=keys, args=args)
     pool = client.connection_pool
