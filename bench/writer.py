@@ -4,7 +4,8 @@
     python bench/writer.py [--entries 5000] [--procs 8] [--ops 100] [--namespaces 1000] --json
     python bench/writer.py --one [--batches 30]   # one process: wall and CPU ms per 8-op batch, no contention
                                                  # and `cold_batch_cpu_ms`: a fresh process's first batch
-                                                 # (with the keys the last leader saved, and without)
+                                                 # (with the keys the last leader saved, and without);
+                                                 # `spread_op_cpu_ms`: a many-namespace op, local vs Redis
 
 Compared in the same run:
 - `batched`: the product's writer (Redis lease + fencing + shared op queue: whoever holds the lease applies
@@ -186,7 +187,36 @@ def one(entries: int, batches: int) -> dict[str, object]:
         runs = _cold_runs(data, 7, saved)
         out[key] = runs[len(runs) // 2]  # the median of 7 fresh processes
         out[key + "_range"] = [runs[0], runs[-1]]
+    out["spread_op_cpu_ms"] = spread_cpu(SPREAD_ONE)
     out["load"] = round(os.getloadavg()[0], 1)
+    return out
+
+
+SPREAD_ONE = 300  # namespaces of `spread_cpu`
+
+
+def spread_cpu(n: int) -> dict[str, dict[str, float]]:
+    """The many-namespace race's op in one process, no contention: CPU ms an op (user + system) of the first
+    write of each of `n` namespaces, then of writing each again with a new writer (as the race's new
+    processes do, nothing cached), through the host-local lock (`local`, the baseline) and the Redis lease
+    (`redis`, the product): their difference is the lease's own cost."""
+    from workers import embedded_redis
+
+    tmp = Path(tempfile.mkdtemp(prefix="lucid-bench-spread-"))
+    server = embedded_redis.start(tmp / "redis", persist=False)
+    rng = random.Random(11)
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for mode, url in (("local", None), ("redis", server.url)):
+            row = out[mode] = {}
+            for name in ("first", "again"):
+                writer = _writer(tmp / mode, url)
+                cpu = time.process_time()
+                for i in range(n):
+                    writer.submit(Namespace.of("b", f"u{i}", "d"), [Remember(text=_text(rng))])
+                row[name] = round((time.process_time() - cpu) / n * 1000, 2)
+    finally:
+        server.stop()
     return out
 
 

@@ -4,7 +4,7 @@ queue for a namespace's single writer, each with the `op_id` its submitter minte
 from __future__ import annotations
 
 import secrets as _random
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -115,8 +115,12 @@ Op = Remember | Forget | Pin | Edit | Touch | Put | Record | Share
 _KINDS: dict[str, type[Any]] = {c.kind: c for c in (Remember, Forget, Pin, Edit, Touch, Put, Record, Share)}
 
 
+_FIELDS = {c: tuple(f.name for f in fields(c)) for c in _KINDS.values()}
+
+
 def op_to_json(op: Op) -> dict[str, Any]:
-    data = asdict(op)
+    """Its fields as they are (not `asdict`, whose deep copy of each value cost more than the JSON)."""
+    data = {name: getattr(op, name) for name in _FIELDS[type(op)]}
     data["kind"] = op.kind
     return data
 
@@ -126,7 +130,7 @@ def op_from_json(data: dict[str, Any]) -> Op:
     cls = _KINDS.get(str(kind))
     if cls is None:
         raise InvalidInput(f"unknown operation kind {kind!r}")
-    names = {f.name for f in fields(cls)}
+    names = _FIELDS[cls]
     args = {k: v for k, v in data.items() if k in names}
     if cls is Touch:
         args["ids"] = tuple(args.get("ids", ()))

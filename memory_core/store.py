@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import stat
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,9 @@ TRACKED = (MEMORY, ARCHIVE, PROFILE, DREAMS)
 _GITIGNORE = ".lucid/\n*.tmp\n.index/\n.vault/\n"
 _RAW_DAY = re.compile(r"\d{4}-\d{2}-\d{2}\.md")
 _RAW_ID = re.compile(r"<!--r:id=([^;>]*)")
+_BRANCH, _OID = re.compile(r"ref: refs/heads/(\w[\w.-]*)\n?", re.ASCII), re.compile(r"[0-9a-f]{40}\n?")
+#: The store's own paths are strings (`Store._at`): `Path`'s parsing cost more than the opens.
+AnyPath = Path | str
 
 
 def no_symlink(base: Path, path: Path) -> Path:
@@ -59,7 +63,7 @@ def no_symlink(base: Path, path: Path) -> Path:
     return path
 
 
-def _below(base: Path, path: Path) -> tuple[str, ...]:
+def _below(base: Path, path: AnyPath) -> tuple[str, ...]:
     """The components of `path` below `base`; UnsafePath if it is not below it. Strings, not `PurePath`
     arithmetic: every file access of a batch passes here (dozens per op)."""
     b, p = os.fspath(base), os.fspath(path)
@@ -74,7 +78,7 @@ def _below(base: Path, path: Path) -> tuple[str, ...]:
     return parts
 
 
-def _link_refused(path: Path | str) -> UnsafePath:
+def _link_refused(path: AnyPath) -> UnsafePath:
     try:
         target = f" points to {os.readlink(path)!r}"
     except OSError:
@@ -90,7 +94,7 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY
 
 def open_beneath(
     base: Path,
-    path: Path,
+    path: AnyPath,
     flags: int = os.O_RDONLY,
     mode: int = 0o600,
     *,
@@ -100,19 +104,23 @@ def open_beneath(
     """`os.open` of `path` following no link below `base` by construction (each folder opened from the one
     above with O_NOFOLLOW), so a link planted after any check is refused (UnsafePath)."""
     rel = _below(base, path)
+    current = os.fspath(base)
+    held = getattr(_held, "folders", None)  # `Store.held`: the data directory is open already
+    tried = bool(rel and held and (at := held.get(current, -1)) >= 0)
+    if tried and (fd := _openat2(at, rel, flags, mode, path, makedirs)) >= 0:
+        return fd
     try:
-        folder = os.open(base, _DIR)
+        folder = os.open(current, _DIR)
     except FileNotFoundError:
         if not makedirs:
             raise
-        base.mkdir(parents=True, exist_ok=True)  # the data directory itself (above it: the operator's)
-        folder = os.open(base, _DIR)
-    current = os.fspath(base)
+        os.makedirs(current, exist_ok=True)  # the data directory itself (above it: the operator's)
+        folder = os.open(current, _DIR)
     try:
         if not rel:
             fd, folder = folder, -1
             return fd
-        if (fd := _openat2(folder, rel, flags, mode, path, makedirs)) >= 0:
+        if not tried and (fd := _openat2(folder, rel, flags, mode, path, makedirs)) >= 0:
             return fd
         whole = makedirs and flags & os.O_DIRECTORY  # a folder to open or create: every part is one
         for part in rel if whole else rel[:-1]:
@@ -153,12 +161,13 @@ def _syscall() -> Any:
 
 
 _SYSCALL = _syscall()
+_held = threading.local()  # `folders`: the data directories this thread holds open (`Store.held`)
 _OPENAT2 = 437  # the same number on every Linux architecture since 5.6
 _RESOLVE = 0x04 | 0x08  # RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
 _fast_open = _SYSCALL is not None
 
 
-def _openat2(folder: int, rel: tuple[str, ...], flags: int, mode: int, path: Path, makedirs: bool) -> int:
+def _openat2(folder: int, rel: tuple[str, ...], flags: int, mode: int, path: AnyPath, makedirs: bool) -> int:
     """`rel` opened from `folder` in one `openat2` refusing links and escapes (a third of the walk's cost);
     -1 where the walk must decide, so every refusal and its message stay the walk's."""
     global _fast_open
@@ -177,7 +186,7 @@ def _openat2(folder: int, rel: tuple[str, ...], flags: int, mode: int, path: Pat
     return -1
 
 
-def _open_at(folder: int, name: str, flags: int, mode: int, path: Path | str) -> int:
+def _open_at(folder: int, name: str, flags: int, mode: int, path: AnyPath) -> int:
     """`name` in the open folder `folder`, with O_NOFOLLOW: a link there is refused by the open (UnsafePath;
     lstat only names why: ELOOP, or ENOTDIR for a folder on Linux)."""
     try:
@@ -190,14 +199,29 @@ def _open_at(folder: int, name: str, flags: int, mode: int, path: Path | str) ->
         raise
 
 
-def read_beneath(base: Path, path: Path) -> bytes:
+def read_beneath(base: Path, path: AnyPath) -> bytes:
     """The bytes of `path`, opened by `open_beneath` (no link followed below `base`)."""
-    with os.fdopen(open_beneath(base, path), "rb") as fh:
-        return fh.read()
+    fd = open_beneath(base, path)
+    try:
+        return _read_all(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_all(fd: int) -> bytes:
+    """The rest of the open file `fd`, in plain reads (a file object costs more than the read of a small
+    file: the store reads a dozen a write)."""
+    chunks = []
+    want = os.fstat(fd).st_size + 1  # a read short of it is the end; a file still growing is read on
+    while True:
+        chunks.append(os.read(fd, want))
+        if len(chunks[-1]) < want:
+            return b"".join(chunks)
+        want = 1 << 16
 
 
 @contextlib.contextmanager
-def folder_beneath(base: Path, path: Path, makedirs: bool = True, dir_mode: int = 0o777) -> Iterator[int]:
+def folder_beneath(base: Path, path: AnyPath, makedirs: bool = True, dir_mode: int = 0o777) -> Iterator[int]:
     """The folder `path` opened by `open_beneath` (created if missing), closed after the block."""
     fd = open_beneath(base, path, _DIR, makedirs=makedirs, dir_mode=dir_mode)
     try:
@@ -206,7 +230,7 @@ def folder_beneath(base: Path, path: Path, makedirs: bool = True, dir_mode: int 
         os.close(fd)
 
 
-def _exists_at(folder: int, name: str, path: Path) -> bool:
+def _exists_at(folder: int, name: str, path: AnyPath) -> bool:
     """Whether `name` exists in the open folder `folder`; UnsafePath if it is a symbolic link."""
     try:
         mode = os.lstat(name, dir_fd=folder).st_mode
@@ -217,7 +241,7 @@ def _exists_at(folder: int, name: str, path: Path) -> bool:
     return True
 
 
-def _no_link_at(folder: int, name: str, path: Path) -> None:
+def _no_link_at(folder: int, name: str, path: AnyPath) -> None:
     """Refuse to replace a link: a rename would not follow it, but would silently swap a planted link for
     a file instead of reporting it."""
     _exists_at(folder, name, path)
@@ -233,14 +257,15 @@ def _sha(data: bytes) -> str:
 
 
 def atomic_write(
-    base: Path, path: Path, data: bytes, durable: bool = True, sync: bool = True, dir_mode: int = 0o777
+    base: Path, path: AnyPath, data: bytes, durable: bool = True, sync: bool = True, dir_mode: int = 0o777
 ) -> None:
     """Write `data` to `path` so that readers and crashes see the old or the new file, never a mix."""
-    with folder_beneath(base, path.parent, dir_mode=dir_mode) as folder:
-        _no_link_at(folder, path.name, path)
-        tmp = _stage_in(folder, path.name, data, sync)
+    parent, name = os.path.split(os.fspath(path))
+    with folder_beneath(base, parent, dir_mode=dir_mode) as folder:
+        _no_link_at(folder, name, path)
+        tmp = _stage_in(folder, name, data, sync)
         try:
-            os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=folder)
@@ -260,11 +285,12 @@ def _stage_in(folder: int, name: str, data: bytes, sync: bool = True) -> str:
         except FileExistsError:
             continue
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
+        try:
+            _write_all(fd, data)
             if sync:
-                os.fsync(fh.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=folder)
@@ -272,11 +298,12 @@ def _stage_in(folder: int, name: str, data: bytes, sync: bool = True) -> str:
     return tmp
 
 
-def _append(base: Path, path: Path, at: int, data: bytes, rel: str) -> None:
+def _append(base: Path, path: str, at: int, data: bytes, rel: str) -> None:
     """Append `data` to `path`, which must still be `at` bytes long and the same file once written; a failed
     write (disk full) is taken back. Opened by `open_beneath` (no link followed)."""
-    with folder_beneath(base, path.parent, makedirs=False) as folder:
-        fd = _open_at(folder, path.name, os.O_WRONLY | os.O_APPEND, 0, path)
+    parent, name = os.path.split(path)
+    with folder_beneath(base, parent, makedirs=False) as folder:
+        fd = _open_at(folder, name, os.O_WRONLY | os.O_APPEND, 0, path)
         try:
             if os.fstat(fd).st_size != at:
                 raise ConcurrentChange(rel)
@@ -289,7 +316,7 @@ def _append(base: Path, path: Path, at: int, data: bytes, rel: str) -> None:
             except OSError:
                 os.ftruncate(fd, at)
                 raise
-            if os.stat(path.name, dir_fd=folder, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+            if os.stat(name, dir_fd=folder, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
                 raise ConcurrentChange(rel)
         finally:
             os.close(fd)
@@ -301,7 +328,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _truncate(base: Path, path: Path, size: int) -> None:
+def _truncate(base: Path, path: AnyPath, size: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         fd = open_beneath(base, path, os.O_WRONLY)
         try:
@@ -318,7 +345,7 @@ def _fsync_dir(base: Path, directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def flocked(base: Path, path: Path) -> Iterator[None]:
+def flocked(base: Path, path: AnyPath) -> Iterator[None]:
     """A host-wide exclusive lock on `path` (released by the kernel if the process dies); opened by
     `open_beneath` (no link followed below `base`)."""
     fd = open_beneath(base, path, os.O_RDWR | os.O_CREAT, 0o600, makedirs=True)
@@ -376,30 +403,55 @@ class Store:
         self.data_dir = Path(data_dir)
         self.git_enabled = git
         self._commits: dict[str, int] = {}  # commits made by this process, by namespace (packing)
-        self._roots: dict[Namespace, Path] = {}
+        self._roots: dict[Namespace, tuple[Path, str]] = {}
 
-    def path(self, ns: Namespace) -> Path:
+    def _root(self, ns: Namespace) -> tuple[Path, str]:
         root = self._roots.get(ns)
         if root is None:
             if len(self._roots) > 4096:  # a long-lived process sees every namespace: stay bounded
                 self._roots.clear()
-            root = self._roots[ns] = ns.path(self.data_dir)
+            path = ns.path(self.data_dir)
+            root = self._roots[ns] = (path, str(path))
         return root
+
+    def path(self, ns: Namespace) -> Path:
+        return self._root(ns)[0]
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """While the block runs, this thread's opens below the data directory start from one descriptor of it
+        (a batch makes ~30 opens): the same `openat2` refusing links, one `open` and `close` less each."""
+        base = os.fspath(self.data_dir)
+        folders = _held.__dict__.setdefault("folders", {})
+        try:
+            fd = -1 if base in folders else os.open(base, _DIR)
+        except FileNotFoundError:  # made by the batch's first write
+            fd = -1
+        if fd >= 0:
+            folders[base] = fd
+        try:
+            yield
+        finally:
+            if fd >= 0:
+                del folders[base]
+                os.close(fd)
 
     def file(self, ns: Namespace, *parts: str) -> Path:
         """A path in the namespace, refused (UnsafePath) if it or a folder on the way is a symbolic link."""
         return no_symlink(self.data_dir, self.path(ns).joinpath(*parts))
 
-    def _at(self, ns: Namespace, *parts: str) -> Path:
+    def _at(self, ns: Namespace, *parts: str) -> str:
         """A path in the namespace for an opener that follows no link by construction (`open_beneath`,
-        `atomic_write`, `flocked`): the lstat walk of `file()` would only repeat what the open refuses."""
-        return self.path(ns).joinpath(*parts)
+        `atomic_write`, `flocked`): the lstat walk of `file()` would only repeat what the open refuses. A
+        string: a dozen are made a write, and `Path`'s parsing cost more than the opens."""
+        root = self._root(ns)[1]
+        return "/".join((root, *parts)) if parts else root
 
-    def _read(self, path: Path) -> bytes:
+    def _read(self, path: AnyPath) -> bytes:
         """The bytes of `path` (a `file()` path), opened without following any link (`open_beneath`)."""
         return read_beneath(self.data_dir, path)
 
-    def _meta(self, ns: Namespace, name: str) -> Path:
+    def _meta(self, ns: Namespace, name: str) -> str:
         return self._at(ns, ".lucid", name)
 
     def open_lock(self, ns: Namespace) -> int:
@@ -544,18 +596,19 @@ class Store:
         appends = {rel: (len(cur), data[len(cur) :]) for rel, data, _ in writes if (cur := prior.get(rel))}
         # Stage every temp file first, so ENOSPC or EACCES hits before any file is replaced; folders opened
         # by `open_beneath` and renames relative to them, so a link planted since is never written through.
-        folders: dict[Path, int] = {}
+        folders: dict[str, int] = {}
         staged: list[tuple[int, str, str]] = []
-        appended: list[tuple[Path, int]] = []
+        appended: list[tuple[str, int]] = []
         try:
             for rel, data, _ in writes:
                 if rel not in appends:
-                    path = self._at(ns, *rel.split("/"))
-                    if path.parent not in folders:
-                        folders[path.parent] = open_beneath(self.data_dir, path.parent, _DIR, makedirs=True)
-                    folder = folders[path.parent]
-                    _no_link_at(folder, path.name, path)
-                    staged.append((folder, _stage_in(folder, path.name, data), path.name))
+                    path = self._at(ns, rel)
+                    parent, name = os.path.split(path)
+                    if parent not in folders:
+                        folders[parent] = open_beneath(self.data_dir, parent, _DIR, makedirs=True)
+                    folder = folders[parent]
+                    _no_link_at(folder, name, path)
+                    staged.append((folder, _stage_in(folder, name, data), name))
             if journal is not None:
                 self.write_journal(
                     ns,
@@ -574,7 +627,7 @@ class Store:
                     sync=bool(appends),
                 )
             for rel, (at, more) in appends.items():
-                path = self._at(ns, *rel.split("/"))
+                path = self._at(ns, rel)
                 _append(self.data_dir, path, at, more, rel)
                 appended.append((path, at))
             for folder, tmp, name in staged:
@@ -597,7 +650,7 @@ class Store:
                 os.close(folder)
         return hashes
 
-    def _maybe(self, path: Path) -> bytes | None:
+    def _maybe(self, path: AnyPath) -> bytes | None:
         """The bytes of `path` (opened as `_read` does), None if it does not exist."""
         try:
             return self._read(path)
@@ -639,13 +692,13 @@ class Store:
         """Written in place: a journal cut short is not JSON and counts as none (nothing of its batch was
         written yet). Synced only with `sync`: only an append needs its journal to survive."""
         path = self._meta(ns, "journal.json")
-        with folder_beneath(self.data_dir, path.parent) as folder:
+        with folder_beneath(self.data_dir, self._at(ns, ".lucid")) as folder:
             try:
-                os.lstat(path.name, dir_fd=folder)
+                os.lstat("journal.json", dir_fd=folder)
                 created = False
             except FileNotFoundError:
                 created = True
-            fd = _open_at(folder, path.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, path)
+            fd = _open_at(folder, "journal.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, path)
             try:
                 _write_all(fd, json.dumps(journal).encode())
                 if sync:
@@ -727,8 +780,8 @@ class Store:
     def load_cache(self, ns: Namespace, name: str) -> tuple[dict[str, Any], Callable[[str], bytes]] | None:
         """The cache `save_cache` wrote last: its manifest and a reader of its files; None if there is no
         readable one. Raises UnsafePath when a link is planted on the way."""
-        try:
-            manifest = json.loads(self._read(self.file(ns, ".index", name, "manifest.json")))
+        try:  # `_read` refuses a link on the way (UnsafePath), as `file()` would, without its lstat walk
+            manifest = json.loads(self._read(self._at(ns, ".index", name, "manifest.json")))
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError):
             return None
         gen = manifest.get("generation") if isinstance(manifest, dict) else None
@@ -736,7 +789,7 @@ class Store:
             return None
 
         def read(part: str) -> bytes:
-            return self._read(self.file(ns, ".index", name, gen, part))
+            return self._read(self._at(ns, ".index", name, gen, part))
 
         return manifest, read
 
@@ -805,10 +858,12 @@ class Store:
     # In-process with pygit2: libgit2 writes objects by temp file + rename; we replace the ref and the index
     # with `atomic_write`, so a writer killed mid-commit leaves no `.lock` to refuse the next commit.
 
-    def _repo(self, ns: Namespace) -> pygit2.Repository:
+    def _repo(self, ns: Namespace, checked: bool = False) -> pygit2.Repository:
+        """`checked`: the caller has just opened the namespace's folder and `.git` by opens that refuse a link
+        (`commit`), so the lstat walk of `file()` would only repeat them."""
         _isolate_git_config()
         try:
-            return pygit2.Repository(str(self.file(ns)))
+            return pygit2.Repository(str(self._at(ns) if checked else self.file(ns)))
         except pygit2.GitError as exc:
             raise StoreError(f"cannot open the git repository of {ns}: {exc}") from exc
 
@@ -817,22 +872,32 @@ class Store:
         with folder_beneath(self.data_dir, root) as folder:  # made if missing
             if not self.git_enabled:
                 return
-            if _exists_at(folder, ".git", root / ".git"):
-                if not _exists_at(folder, ".gitignore", root / ".gitignore"):  # a writer killed at creation
-                    atomic_write(self.data_dir, root / ".gitignore", _GITIGNORE.encode(), durable=False)
+            if _exists_at(folder, ".git", f"{root}/.git"):
+                ignore = f"{root}/.gitignore"
+                if not _exists_at(folder, ".gitignore", ignore):  # a writer killed at creation
+                    atomic_write(self.data_dir, ignore, _GITIGNORE.encode(), durable=False)
                 return
         # .gitignore first: a writer killed before it was written left a repository whose next commit
         # tracked the writer's own `.lucid/` files.
-        atomic_write(self.data_dir, self.file(ns, ".gitignore"), _GITIGNORE.encode(), durable=False)
+        atomic_write(self.data_dir, f"{root}/.gitignore", _GITIGNORE.encode(), durable=False)
         with folder_beneath(self.data_dir, root, makedirs=False) as folder:
             # Made beside and renamed into place: a half-made `.git` never looks like a repository.
             tmp = _git_skeleton(folder)
-            _no_link_at(folder, ".git", self.file(ns, ".git"))
+            _no_link_at(folder, ".git", f"{root}/.git")
             os.replace(tmp, ".git", src_dir_fd=folder, dst_dir_fd=folder)
 
     def head(self, ns: Namespace) -> str | None:
         """The full id of the newest commit, or None before the first one (or without git)."""
-        if not self.git_enabled or not self.file(ns, ".git").exists():
+        if not self.git_enabled:
+            return None
+        # HEAD naming a loose branch (the writer's layout): two small reads, not a repository opened for it.
+        # Anything else (no `.git`, unborn, packed, detached) is read as before.
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            ref = _BRANCH.fullmatch(self._read(self._at(ns, ".git", "HEAD")).decode())
+            oid = self._read(self._at(ns, ".git", "refs", "heads", ref[1])).decode() if ref else ""
+            if _OID.fullmatch(oid):
+                return oid.strip()
+        if not self.file(ns, ".git").exists():
             return None
         repo = self._repo(ns)
         return None if repo.head_is_unborn else str(repo.head.target)
@@ -848,10 +913,18 @@ class Store:
         if not self.git_enabled:
             return None
         self.ensure_repo(ns)
-        git = self._at(ns, ".git")
-        with folder_beneath(self.data_dir, git, makedirs=False) as folder:  # libgit2 follows links: none
-            for inside in ("objects", "refs", "index", "HEAD"):  # where git itself writes
-                _exists_at(folder, inside, git / inside)
+        root = self._at(ns)
+        git = f"{root}/.git"
+        with folder_beneath(self.data_dir, root, makedirs=False) as folder:  # libgit2 follows links: none
+            ignored = _exists_at(folder, ".gitignore", f"{root}/.gitignore")
+            inner = _open_at(folder, ".git", _DIR, 0, git)
+            try:
+                for inside in ("objects", "refs", "index", "HEAD"):  # where git itself writes
+                    _exists_at(inner, inside, f"{git}/{inside}")
+            finally:
+                os.close(inner)
+        if exact is not None and ignored:
+            exact = {**exact, ".gitignore": _GITIGNORE.encode()}
         try:
             return self._commit(ns, message, exact, amend)
         except (pygit2.GitError, OSError) as exc:
@@ -865,25 +938,29 @@ class Store:
     def _commit(
         self, ns: Namespace, message: str, exact: Mapping[str, bytes | None] | None, amend: str | None
     ) -> str | None:
-        repo = self._repo(ns)
+        repo = self._repo(ns, checked=True)
         head = None if repo.head_is_unborn else repo[repo.head.target].peel(pygit2.Commit)
-        index = repo.index  # used in memory only: the index file is replaced below, never locked
-        if head is not None:
-            index.read_tree(head.tree)
-        else:
-            index.clear()
+        # The index file is replaced by `_write_index` (a temp file renamed into place), never locked.
+        tmp = os.path.join(self._at(ns, ".git"), f"index.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        staged: pygit2.Index | None = None
         if exact is None:
+            index = repo.index  # used in memory only
+            if head is not None:
+                index.read_tree(head.tree)
+            else:
+                index.clear()
             index.add_all()
             root = self.file(ns)
             for gone in [e.path for e in index if not (root / e.path).exists()]:
                 index.remove(gone)  # `add -A` also records deletions
         else:
-            files = dict(exact)
-            if self.file(ns, ".gitignore").exists():
-                files[".gitignore"] = _GITIGNORE.encode()
-            for name, data in files.items():
+            # Built once, as the temp file it is written to: its bytes are those of the tree read afresh.
+            index = staged = pygit2.Index(tmp)
+            if head is not None:
+                index.read_tree(head.tree)
+            for name, data in exact.items():
                 if data is not None:
-                    index.add(pygit2.IndexEntry(name, repo.create_blob(data), pygit2.enums.FileMode.BLOB))
+                    index.add(pygit2.IndexEntry(name, _blob(repo, index, name, data), _FILE))
         tree = index.write_tree(repo)
         parents = [] if head is None else [head.id]
         if amend is not None and head is not None and str(head.id) == amend:
@@ -897,7 +974,7 @@ class Store:
         kill_point("objects")
         # The index first, then the ref: a crash between the two leaves HEAD behind the index, which the
         # next commit (built from HEAD's tree) mends; never a ref to a commit the index does not match.
-        self._write_index(ns, repo, tree)
+        self._write_index(ns, repo, tree, tmp, staged)
         kill_point("index")
         ref = self._at(ns, ".git", *_branch(repo).split("/"))
         atomic_write(self.data_dir, ref, f"{oid}\n".encode(), durable=False)
@@ -905,16 +982,20 @@ class Store:
         self._maybe_pack(ns, repo)
         return str(oid)[:7]
 
-    def _write_index(self, ns: Namespace, repo: pygit2.Repository, tree: pygit2.Oid) -> None:
-        path = self.file(ns, ".git", "index")
-        tmp = str(path.parent / f"index.{os.getpid()}.{os.urandom(4).hex()}.tmp")  # libgit2 makes it
+    def _write_index(
+        self, ns: Namespace, repo: pygit2.Repository, tree: pygit2.Oid, tmp: str, staged: pygit2.Index | None
+    ) -> None:
+        """The index of `tree` written to `tmp` (libgit2 makes it; `staged`: already built for it), then
+        renamed over `.git/index`."""
+        git = self._at(ns, ".git")
         try:
-            staged = pygit2.Index(tmp)
-            staged.read_tree(repo[tree].peel(pygit2.Tree))
+            if staged is None:
+                staged = pygit2.Index(tmp)
+                staged.read_tree(repo[tree].peel(pygit2.Tree))
             staged.write()
-            with folder_beneath(self.data_dir, path.parent, makedirs=False) as git:
-                _no_link_at(git, path.name, path)
-                os.replace(Path(tmp).name, path.name, src_dir_fd=git, dst_dir_fd=git)
+            with folder_beneath(self.data_dir, git, makedirs=False) as folder:
+                _no_link_at(folder, "index", f"{git}/index")
+                os.replace(os.path.basename(tmp), "index", src_dir_fd=folder, dst_dir_fd=folder)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -1093,6 +1174,8 @@ class Store:
 
 
 _SIGNATURE = ("Lucid", "lucid@localhost")
+_FILE = pygit2.enums.FileMode.BLOB
+_SAME_MAX = 1 << 16  # bytes up to which a file is hashed first to find it unchanged since HEAD
 PACK_CHECK_EVERY = 4  # commits (per process and namespace) between two counts of the loose objects
 LOOSE_MAX = 32  # loose objects that are packed together (one pack of deltas)
 PACKS_MAX = 8  # packs that are merged into one
@@ -1111,7 +1194,8 @@ def kill_point(name: str) -> None:
 
 def _isolate_git_config() -> None:
     """Read no user or system git configuration (as the CLI calls did with GIT_CONFIG_GLOBAL=/dev/null):
-    a person's `core.autocrlf` or hooks must not change what the writer commits."""
+    a person's `core.autocrlf` or hooks must not change what the writer commits. An empty search path, not
+    /dev/null: libgit2 stats the files it would read (`/dev/null/.gitconfig`) at every config lookup."""
     global _isolated
     if not _isolated:
         for level in (
@@ -1119,7 +1203,7 @@ def _isolate_git_config() -> None:
             pygit2.enums.ConfigLevel.XDG,
             pygit2.enums.ConfigLevel.SYSTEM,
         ):
-            pygit2.settings.search_path[level] = os.devnull
+            pygit2.settings.search_path[level] = ""  # none: libgit2 does not stat a path at each lookup
         _isolated = True
 
 
@@ -1154,6 +1238,16 @@ def _git_skeleton(folder: int) -> str:
     finally:
         os.close(fd)
     return tmp
+
+
+def _blob(repo: pygit2.Repository, index: pygit2.Index, name: str, data: bytes) -> pygit2.Oid:
+    """The blob of `data`. A small file unchanged since HEAD (`index` holds HEAD's tree) is not written again:
+    libgit2 stages every blob as a temp file before it finds the object already there."""
+    if len(data) <= _SAME_MAX and name in index:
+        known = index[name].id
+        if pygit2.hash(data) == known and repo.odb.exists(known):
+            return known
+    return repo.create_blob(data)
 
 
 def _branch(repo: pygit2.Repository) -> str:
@@ -1205,7 +1299,7 @@ def _loose_objects(objects: Path) -> list[str]:
     return out
 
 
-def _os_message(exc: OSError, root: Path) -> str:
+def _os_message(exc: OSError, root: AnyPath) -> str:
     if exc.errno == errno.ENOSPC:
         return f"disk full while writing under {root}: nothing was changed; free space and retry"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):

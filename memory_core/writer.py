@@ -243,11 +243,12 @@ class Writer:
         """If the lease is free, apply the queued ops of others and then `ops` as one batch; None: the lease
         was taken and `ops` queued (same round trip), or it was lost before the write."""
         assert self.queue is not None
-        lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns), push=[op_json(op) for op in ops])
-        if lease is None:
-            return None
-        batch = [*_decode(self._queued(ns, lease)), *((None, op) for op in ops)]
-        report = self._lead_with(ns, lease, batch)
+        with self.store.held():
+            lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns), push=[op_json(op) for op in ops])
+            if lease is None:
+                return None
+            batch = [*_decode(self._queued(ns, lease)), *((None, op) for op in ops)]
+            report = self._lead_with(ns, lease, batch)
         if report is None:
             self.queue.push(ns, ops)
             return None
@@ -285,20 +286,21 @@ class Writer:
         """The leader thread: drain, commit, let go; and lead again while ops are still queued (its book
         stays warm), until another process takes the lease or the queue is empty."""
         try:
-            while lease is not None:
-                served = False
-                try:
-                    served = self._drain(ns, lease, queued)
-                except LeaseLost as exc:
-                    log.warning("lease lost while leading %s (%s)", ns.key, exc)
-                finally:
-                    self._release(ns, lease)
-                if served:  # a whole tenure: others (a dream's transaction) get their turn at the lease
-                    return
-                queued = self.queue.pending(ns, MAX_BATCH) if self.queue is not None else []
-                lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns)) if queued else None
-                if lease is not None:
-                    queued = self._queued(ns, lease)
+            with self.store.held():
+                while lease is not None:
+                    served = False
+                    try:
+                        served = self._drain(ns, lease, queued)
+                    except LeaseLost as exc:
+                        log.warning("lease lost while leading %s (%s)", ns.key, exc)
+                    finally:
+                        self._release(ns, lease)
+                    if served:  # a whole tenure: others (a dream's transaction) get their turn at the lease
+                        return
+                    queued = self.queue.pending(ns, MAX_BATCH) if self.queue is not None else []
+                    lease = self.locker.acquire(ns, 0.0, self.store.read_fence(ns)) if queued else None
+                    if lease is not None:
+                        queued = self._queued(ns, lease)
         except Exception:  # the ops stay queued: the next holder applies them
             log.exception("the writer thread of %s failed", ns.key)
         finally:
@@ -376,13 +378,14 @@ class Writer:
 
     @contextlib.contextmanager
     def _lease(self, ns: Namespace) -> Iterator[Lease]:
-        lease = self.locker.acquire(ns, self.lease_wait, self.store.read_fence(ns))
-        if lease is None:
-            raise LucidError(f"could not take the writer lease of {ns} within {self.lease_wait:.0f}s")
-        try:
-            yield lease
-        finally:
-            self._release(ns, lease)
+        with self.store.held():
+            lease = self.locker.acquire(ns, self.lease_wait, self.store.read_fence(ns))
+            if lease is None:
+                raise LucidError(f"could not take the writer lease of {ns} within {self.lease_wait:.0f}s")
+            try:
+                yield lease
+            finally:
+                self._release(ns, lease)
 
     def _release(self, ns: Namespace, lease: Lease) -> None:
         """Commit what this tenure's batches wrote (group commit), then let the lease go."""

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from memory_core.namespace import Namespace
 from memory_core.ops import Op, Outcome
@@ -343,7 +345,7 @@ def take(
     if queue_key is not None and fence_key is not None:
         keys.append(queue_key)
         args += [max(peek, 1), *push]
-    got = client.register_script(TAKE)(keys=keys, args=args)
+    got = run(client, client.register_script(TAKE), keys, args)
     if not got:
         return None
     pending = None
@@ -412,7 +414,7 @@ class RedisOpQueue:
         for raw, outcome in zip(raw_ops, outcomes, strict=True):
             args += [raw, json.dumps(outcome.to_json(), ensure_ascii=False), _metric(outcome)]
         args += [_metric(o) for o in own]
-        got = self._finish(keys=keys, args=args)
+        got = run(self.client, self._finish, keys, args)
         if got is None:
             assert isinstance(let_go, RedisLease)
             let_go.gone()
@@ -438,6 +440,25 @@ class RedisOpQueue:
             if raw is not None:
                 found[op_id] = Outcome.from_json(json.loads(raw))
         return found
+
+
+def run(client: redis.Redis, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+    """`script(keys=keys, args=args)` as a bare EVALSHA on a pooled connection (redis-py's retry and
+    observability layers were a third of the call's CPU); a missing script or a failed connection: `script`."""
+    if client.connection is not None:  # a single-connection client: its own lock and path
+        return script(keys=keys, args=args)
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        return conn.read_response()
+    except NoScriptError:
+        pass
+    except (redis.ConnectionError, redis.TimeoutError):
+        conn.disconnect()  # type: ignore[no-untyped-call]
+    finally:
+        pool.release(conn)
+    return script(keys=keys, args=args)
 
 
 def _metric(outcome: Outcome) -> str:

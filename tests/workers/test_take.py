@@ -10,7 +10,7 @@ import json
 import redis
 
 from memory_core.namespace import Namespace
-from memory_core.ops import Remember
+from memory_core.ops import Outcome, Remember
 from memory_core.writer import MAX_BATCH, op_json
 from workers.redis_backend import RedisLocker, RedisOpQueue
 from workers.redis_keys import Keys
@@ -107,3 +107,22 @@ def test_the_fencing_token_is_above_the_floor_and_never_goes_back(redis_client: 
     other = locker.acquire(OTHER, 0.0, 0)  # each namespace has its own counter
     assert other is not None and other.token == 1
     other.release()
+
+
+def test_take_and_finish_survive_a_server_without_their_scripts_or_a_dropped_connection(
+    redis_url: str,
+) -> None:
+    """TAKE and FINISH go out as a bare EVALSHA on a pooled connection (`redis_backend.run`): a server that
+    lost its scripts (restarted) or closed the connection gets them as a script call would, loaded and on a
+    new connection, and the lease is taken and let go as usual."""
+    client, other = redis.Redis.from_url(redis_url), redis.Redis.from_url(redis_url)
+    queue, locker = RedisOpQueue(client), RedisLocker(client, ttl_ms=TTL_MS)
+    client.ping()
+    for breaking in (other.script_flush, lambda: other.client_kill_filter(_type="normal", skipme=True)):
+        breaking()
+        lease = locker.acquire(NS, 0.0, 0)
+        assert lease is not None and lease.pending == []
+        assert queue.finish(NS, [], [], [Outcome("o", "added", id="x")], MAX_BATCH, lease) is None  # let go
+        assert other.exists(Keys.lease(NS.key)) == 0
+    client.close()
+    other.close()
