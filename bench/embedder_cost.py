@@ -77,6 +77,7 @@ def child(texts: list[str]) -> dict[str, float]:
         emb.query(q)
     queries_s = time.perf_counter() - t
     return {
+        **restart(texts),
         "rss_before_mb": rss0,
         "load_ms": round(loaded * 1000, 1),
         "first_query_ms": round(first_query * 1000, 1),
@@ -87,6 +88,42 @@ def child(texts: list[str]) -> dict[str, float]:
         "passage_cpu_ms_each": round(passages_cpu / done * 1000, 1),
         "queries_per_s": round(len(queries) / queries_s, 1),
     }
+
+
+def restart(texts: list[str]) -> dict[str, float]:
+    """A namespace of `texts` as entries: how long a process takes to have them all embedded (a baseline:
+    embedding every one) against a second process that finds the first one's saved vectors."""
+    import tempfile
+    from datetime import UTC, datetime
+
+    from memory_core.namespace import Namespace
+    from memory_core.ops import Remember
+    from workers.embedding import from_settings
+    from workers.memory_service import MemoryService
+    from workers.runtime import build
+    from workers.settings import Settings
+
+    ns = Namespace.of("bench", "u1", "default")
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp)
+        settings = Settings(
+            data_dir=data, now=datetime(2026, 6, 1, tzinfo=UTC), config_path=data / "none.toml"
+        )
+        rt = build(settings, git=False)
+        writer = MemoryService(rt)  # settings.embed_model is None: this one embeds nothing
+        for lo in range(0, len(texts), 64):
+            writer.apply(ns, [Remember(text=t) for t in texts[lo : lo + 64]])
+        for name in ("embed_all", "saved_vectors"):
+            emb = from_settings("local", None)
+            svc = MemoryService(rt, embeddings=emb)
+            t = time.perf_counter()
+            svc.embed_soon(ns)
+            svc.wait_for_embeddings(timeout=3600)
+            out[f"restart_{name}_s"] = round(time.perf_counter() - t, 2)
+            out["restart_entries"] = len(svc.book(ns).entries())
+            svc.close()
+    return out
 
 
 def install_size_mb() -> dict[str, float]:

@@ -742,9 +742,10 @@ class Store:
 
     def save_cache(
         self, ns: Namespace, name: str, files: Mapping[str, bytes], manifest: Mapping[str, Any]
-    ) -> None:
+    ) -> str:
         """Replace the derived cache `.index/<name>/`: the files into a fresh `gen-*` folder, then an atomic
-        `manifest.json` naming it, then older folders deleted. A crash leaves the old cache or the new."""
+        `manifest.json` naming it, then older folders deleted. A crash leaves the old cache or the new.
+        Returns the new generation's name (the manifest's "generation")."""
         root = self.file(ns, ".index", name)
         gen = f"gen-{uuid.uuid4().hex[:12]}"
         for part in files:
@@ -767,6 +768,7 @@ class Store:
             for old in os.listdir(top):
                 if old.startswith("gen-") and old != gen:
                     shutil.rmtree(old, ignore_errors=True, dir_fd=top)  # refuses a link (ignored)
+        return gen
 
     def drop_cache(self, ns: Namespace, name: str) -> None:
         """Delete the cache `.index/<name>/` (no link followed): for when it may hold what must not stay and

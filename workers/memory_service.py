@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ import numpy.typing as npt
 
 from memory_core.book import Book
 from memory_core.entry import Entry
-from memory_core.errors import LineError, StaleIndex
+from memory_core.errors import LineError, StaleIndex, StoreError
 from memory_core.explain import Why, explain
 from memory_core.floor import REFERENCE, evidence_query
 from memory_core.forgetting import checked_profile
@@ -45,9 +46,9 @@ from memory_core.recall import (
 from memory_core.store import ARCHIVE, MEMORY, PROFILE
 from memory_core.subjects import recognise
 from memory_core.textindex import STOP_CHARS
-from memory_core.writer import RAW_REWRITES
+from memory_core.writer import FORGETS, RAW_REWRITES, VECTOR_CACHE
 
-from .embedding import Embeddings, from_settings
+from .embedding import VECTORS_FILE, Embeddings, from_settings
 from .erasure import drop_pending_extractions, drop_short_history, purge
 from .metrics import Metrics
 from .redis_backend import WRITES
@@ -70,6 +71,9 @@ SEARCH_TOOL_HITS = 5  # the most lines one session_search call returns
 SEARCH_TOOL_POOL = 50  # searched before the p2p filter
 _SAVE_EVERY = 2000
 RAW_EMBED_PASS = 256  # raw messages a background pass reads for embedding at a time
+#: Entries embedded between two looks at the namespace's saved vectors: processes filling the same namespace
+#: (`lucid serve --workers N`, a restart) take each other's vectors instead of embedding them all again.
+ENTRY_EMBED_PASS = 32
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,8 @@ class MemoryService:
         self._tables: dict[Namespace, tuple[tuple[int, int], list[Entry], VectorTable]] = {}
         self._embedding: dict[Namespace, threading.Thread] = {}
         self._raw_embedding: dict[Namespace, threading.Thread] = {}
+        self._vectors_seen: dict[Namespace, str] = {}  # the saved vectors' generation last adopted
+        self._vectors_unsaved: dict[Namespace, int] = {}
         # Active-recall searches run here so that the turn can stop waiting at its budget; one at a time
         # per namespace, so a stuck index costs one thread, not one per message.
         self._searchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="active-recall")
@@ -176,6 +182,8 @@ class MemoryService:
         if self.embeddings is not None:
             self.embeddings.close()
         self.wait_for_embeddings(timeout=5.0)
+        for ns in [ns for ns, n in self._vectors_unsaved.items() if n]:
+            self._save_vectors(ns, self._vector_scope(ns))
 
     def _cache(self, ns: Namespace) -> _BookCache:
         with self._lock:
@@ -278,17 +286,69 @@ class MemoryService:
             texts = [e.text for e in (pool if pool is not None else self._cache(ns).entries)]
             if self.embeddings.dense_floor(embed=False) is not None and not self.embeddings.missing(texts):
                 return
-            _start(self._embedding, ns, f"lucid-embed-{ns.key}", self._fill, texts)
+            _start(self._embedding, ns, f"lucid-embed-{ns.key}", self._fill, ns, texts)
 
-    def _fill(self, texts: list[str]) -> None:
+    def _fill(self, ns: Namespace, texts: list[str]) -> None:
         assert self.embeddings is not None
         try:
             for _ in range(len(REFERENCE) + 1):  # the floor first, a few reference lines per call
                 if self.embeddings.dense_floor() is not None or not self.embeddings.available():
                     break
-            self.embeddings.fill(texts)
+            every = max(1, len(texts) // 16)  # saves of a big namespace's vectors: at most ~16 per full fill
+            while True:
+                scope = self._vector_scope(ns)
+                self._adopt_vectors(ns, texts)
+                todo = self.embeddings.missing(texts)
+                if not todo:
+                    break
+                random.shuffle(todo)  # two processes filling one namespace mostly embed different entries
+                added = self.embeddings.fill(todo, limit=ENTRY_EMBED_PASS)
+                unsaved = self._vectors_unsaved[ns] = self._vectors_unsaved.get(ns, 0) + added
+                if unsaved and (unsaved >= every or added < min(ENTRY_EMBED_PASS, len(todo))):
+                    self._save_vectors(ns, scope)
+                if added < min(ENTRY_EMBED_PASS, len(todo)):
+                    break  # the embedder is down or closing: the next recall tries again
         except Exception:
             log.exception("background embedding failed")
+
+    def _adopt_vectors(self, ns: Namespace, texts: list[str]) -> None:
+        """Take the saved vectors of `texts` this process lacks (read again only when another save came)."""
+        assert self.embeddings is not None
+        try:
+            held = self.runtime.store.load_cache(ns, VECTOR_CACHE)
+            if held is None or held[0].get("embedder") != self.embeddings.name:
+                return
+            gen = str(held[0].get("generation"))
+            if self._vectors_seen.get(ns) != gen:
+                self.embeddings.adopt(held[1](VECTORS_FILE), texts)
+                self._vectors_seen[ns] = gen
+        except (OSError, ValueError, StoreError) as exc:  # a cache: without it the entries are embedded
+            log.warning("unusable saved vectors of %s (%s); embedding instead", ns.key, exc)
+
+    def _vector_scope(self, ns: Namespace) -> tuple[object, list[str]]:
+        """The count of forgets, then the texts whose vectors may be saved: read in this order, a forget
+        after the texts were read shows in the count (see `_save_vectors`)."""
+        forgets = self.runtime.store.state_value(ns, FORGETS)
+        cache = self._cache(ns)
+        return forgets, [e.text for e in [*cache.entries, *cache.book.archived()]]
+
+    def _save_vectors(self, ns: Namespace, scope: tuple[object, list[str]]) -> None:
+        """Save the held vectors of the texts in `scope`. A forget since the scope was read drops the file
+        again (the writer's drop may have come first): it may hold the forgotten text's vector."""
+        assert self.embeddings is not None
+        store = self.runtime.store
+        forgets, texts = scope
+        try:
+            data, n = self.embeddings.dump(texts)
+            if n:
+                meta = {"embedder": self.embeddings.name}
+                self._vectors_seen[ns] = store.save_cache(ns, VECTOR_CACHE, {VECTORS_FILE: data}, meta)
+            if store.state_value(ns, FORGETS) != forgets:
+                store.drop_cache(ns, VECTOR_CACHE)
+                return  # still unsaved: saved at the next pass or at close
+            self._vectors_unsaved[ns] = 0
+        except (OSError, StoreError) as exc:
+            log.warning("could not save the entry vectors of %s: %s", ns.key, exc)
 
     def wait_for_embeddings(self, timeout: float = 30.0) -> None:
         """Block until the queued background embedding is done (benchmarks, tests, shutdown)."""

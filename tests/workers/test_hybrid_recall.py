@@ -152,3 +152,87 @@ def test_a_forget_leaves_no_saved_search_index_holding_the_forgotten_words(data_
     stale.wait_for_embeddings()
     assert "spare key" not in saved()
     assert all("spare key" not in h.text for h in svc.search(NS, "spare key"))
+
+
+def _passages(calls: list[tuple[str, int]]) -> int:
+    return sum(n for kind, n in calls if kind == "passage")
+
+
+def _saved_vectors(svc: MemoryService) -> bytes:
+    """Every byte saved under the namespace's entry-vector cache ('' when there is none)."""
+    folder = svc.runtime.store.path(NS) / ".index" / "vectors"
+    return b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file())
+
+
+def test_another_process_takes_the_saved_entry_vectors_instead_of_embedding_them_again(
+    data_dir: Path,
+) -> None:
+    """A restart or `lucid serve --workers N`: the entries' vectors are saved beside them (by digest, no
+    text), so another process embeds only the floor's reference set, then finds by meaning at once."""
+    from memory_core.floor import REFERENCE
+
+    calls: list[tuple[str, int]] = []
+    svc = _service(data_dir, calls)
+    svc.wait_for_embeddings()
+    assert _passages(calls) == len(REFERENCE) + 2  # the positive control: this one embedded both entries
+    assert b"oolong" not in _saved_vectors(svc) and _saved_vectors(svc)
+
+    again_calls: list[tuple[str, int]] = []
+    again = MemoryService(svc.runtime, embeddings=_embeddings(again_calls))
+    again.embed_soon(NS)
+    again.wait_for_embeddings()
+    assert _passages(again_calls) == len(REFERENCE)
+    again_calls.clear()
+    assert again.recall(NS, "hikers", NOW)[0].entry.text == "weekend hike in the hills"
+    assert again_calls == [("query", 1)]
+
+    other_calls: list[tuple[str, int]] = []  # another embedder: those vectors are not its own
+    other = MemoryService(svc.runtime, embeddings=_embeddings(other_calls, name="another"))
+    other.embed_soon(NS)
+    other.wait_for_embeddings()
+    assert _passages(other_calls) == len(REFERENCE) + 2
+
+
+def test_a_damaged_vectors_file_is_embedded_around(data_dir: Path) -> None:
+    """A hand-edited or truncated vectors file is a cache: the entries are embedded again, recall works."""
+    from memory_core.floor import REFERENCE
+
+    svc = _service(data_dir, [])
+    svc.wait_for_embeddings()
+    for npz in (svc.runtime.store.path(NS) / ".index" / "vectors").rglob("vectors.npz"):
+        npz.write_bytes(b"PK\x03\x04 not a zip at all")
+    calls: list[tuple[str, int]] = []
+    again = MemoryService(svc.runtime, embeddings=_embeddings(calls))
+    again.embed_soon(NS)
+    again.wait_for_embeddings()
+    assert _passages(calls) == len(REFERENCE) + 2
+    assert again.recall(NS, "hikers", NOW)[0].entry.text == "weekend hike in the hills"
+
+
+def test_a_forget_leaves_no_saved_vector_of_the_forgotten_text(data_dir: Path) -> None:
+    """The forget drops the saved vectors, and a process that was embedding while it happened (here: the
+    forget lands inside its embedding call) does not save the forgotten text's vector again."""
+    from memory_core.ops import Forget
+    from workers.embedding import digest
+
+    svc = _service(data_dir, [])
+    svc.wait_for_embeddings()
+    tea = next(e for e in svc.book(NS).entries() if e.text == "oolong tea every morning")
+    assert digest(tea.text) in _saved_vectors(svc)  # the positive control
+    fired: list[bool] = []
+
+    def forget_midway(texts: list[str], kind: Any) -> Any:
+        if kind == "passage" and "weekend hike in the hills" in texts and not fired:
+            fired.append(True)
+            svc.apply(NS, [Forget(id=tea.id)])
+            assert _saved_vectors(svc) == b""  # the writer dropped the saved vectors
+        return topic_vectors(texts)
+
+    stale = MemoryService(svc.runtime, embeddings=Embeddings(forget_midway, name="another"))
+    stale.embed_soon(NS)
+    stale.wait_for_embeddings()
+    assert fired
+    assert digest(tea.text) not in _saved_vectors(svc)
+    stale.close()  # saves what is unsaved, from the entries as they are now
+    saved = _saved_vectors(svc)
+    assert digest("weekend hike in the hills") in saved and digest(tea.text) not in saved
