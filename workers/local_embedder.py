@@ -71,7 +71,10 @@ class LocalEmbedder:
             raise ValueError(f"query_threads must be a count, 'idle' or None, not {query_threads!r}")
         self.query_threads = query_threads
         self.passage_threads = passage_threads
-        self._lock = threading.Lock()
+        # Passages (background work) one call at a time, on one core; a query never waits for them: the
+        # engine keeps no state between calls (buffers per call, the mapped weights read-only), and ctypes
+        # releases the GIL, so a turn's query runs beside a passage batch under way.
+        self._passages = threading.Lock()
         self._openmp: Any = None
         try:
             from threadpoolctl import ThreadpoolController
@@ -97,7 +100,7 @@ class LocalEmbedder:
                 _cut(t, kind).encode("utf-8", "replace").decode("utf-8")
                 for t in texts[lo : lo + self.batch_size]
             ]
-            with self._lock, self._threads(kind):
+            with self._passages if kind == "passage" else contextlib.nullcontext(), self._threads(kind):
                 out[lo : lo + len(chunk)] = np.asarray(encode(chunk), dtype=np.float32).reshape(
                     len(chunk), -1
                 )

@@ -66,3 +66,35 @@ def test_a_long_text_is_read_as_its_first_or_last_characters() -> None:
     assert np.allclose(embed([text], "passage"), embed([text[:MAX_CHARS]], "passage"), atol=1e-6)
     assert np.allclose(embed([text], "query"), embed([text[-MAX_CHARS:]], "query"), atol=1e-6)
     assert not np.allclose(embed([text], "query"), embed([text[:MAX_CHARS]], "query"), atol=1e-3)
+
+
+def test_a_query_does_not_wait_for_a_passage_batch_under_way_and_both_come_out_right() -> None:
+    """Background embedding (a new archive: minutes of passages) must not hold a turn's query: queries run
+    beside a passage batch, and the engine, called from two threads at once, gives each its own vector."""
+    import threading
+
+    from workers.local_embedder import MAX_CHARS, local_embedder
+
+    embed = local_embedder().embed
+    passages = [(f"第{i}段：" + "我周末常去西湖边散步，顺便买一杯龙井。" * 20)[:MAX_CHARS] for i in range(6)]
+    query = "where do I usually walk at the weekend?"
+    alone_query, alone_passages = embed([query], "query"), embed(passages, "passage")
+    started, got = threading.Event(), {}
+
+    def background() -> None:
+        started.set()
+        got["passages"] = embed(passages, "passage")
+
+    worker = threading.Thread(target=background)
+    worker.start()
+    started.wait()
+    beside = []
+    while worker.is_alive():
+        vector = embed([query], "query")
+        if worker.is_alive():
+            beside.append(vector)
+    worker.join()
+    # With the passage call holding the engine, one query at most could end while it ran; here several do.
+    assert len(beside) >= 3, len(beside)
+    assert all(np.allclose(v, alone_query, atol=1e-5) for v in beside)
+    assert np.allclose(got["passages"], alone_passages, atol=1e-5)
