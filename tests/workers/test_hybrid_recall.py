@@ -236,3 +236,27 @@ def test_a_forget_leaves_no_saved_vector_of_the_forgotten_text(data_dir: Path) -
     stale.close()  # saves what is unsaved, from the entries as they are now
     saved = _saved_vectors(svc)
     assert digest("weekend hike in the hills") in saved and digest(tea.text) not in saved
+
+
+def test_saved_vectors_that_are_not_numbers_are_embedded_again(data_dir: Path) -> None:
+    """A vectors file with the right digests but NaN or zero vectors (a hand edit, a bad disk) is not
+    taken: such a vector would rank every entry by nothing."""
+    import io
+
+    from memory_core.floor import REFERENCE
+
+    svc = _service(data_dir, [])
+    svc.wait_for_embeddings()
+    for npz in (svc.runtime.store.path(NS) / ".index" / "vectors").rglob("vectors.npz"):
+        with np.load(io.BytesIO(npz.read_bytes()), allow_pickle=False) as held:
+            digests, vectors = held["digests"], held["vectors"].copy()
+        vectors[0], vectors[1:] = np.nan, 0.0
+        out = io.BytesIO()
+        np.savez(out, digests=digests, vectors=vectors)
+        npz.write_bytes(out.getvalue())
+    calls: list[tuple[str, int]] = []
+    again = MemoryService(svc.runtime, embeddings=_embeddings(calls))
+    again.embed_soon(NS)
+    again.wait_for_embeddings()
+    assert _passages(calls) == len(REFERENCE) + 2
+    assert again.recall(NS, "hikers", NOW)[0].entry.text == "weekend hike in the hills"
