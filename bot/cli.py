@@ -257,6 +257,41 @@ def _count(text: str) -> int:
     return int(digits)
 
 
+def _seconds(text: str) -> float:
+    """A wait option: seconds from 0 to 3600."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"must be a number of seconds from 0 to 3600, got {text!r}")
+    return value
+
+
+#: How long `lucid recall`/`search` wait for the embedder (the bot embeds between turns; a CLI process
+#: has only this command): each run saves what it embedded, so the next one continues.
+SETTLE_WAIT = 20.0
+
+
+def _wait_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--wait",
+        type=_seconds,
+        default=SETTLE_WAIT,
+        metavar="SECONDS",
+        help=f"wait this long at most for the embedder to read what is not embedded yet (default {SETTLE_WAIT:g})",
+    )
+
+
+def _settle(args: argparse.Namespace, rt: Runtime, ns: Namespace, raw: bool = False) -> None:
+    if not rt.memory.settle(ns, args.wait, raw=raw):
+        print(
+            f"note: the embedder has not read all of {ns} yet (--wait {args.wait:g}); what it has not read is "
+            "ranked by its words alone. Running the command again continues where this one stopped.",
+            file=sys.stderr,
+        )
+
+
 def parse_as_of(value: str, now: datetime) -> datetime:
     """`--as-of`: an ISO time or date, `now`, `today`, `yesterday`, or a time ago (`3d`, `12h`, `3d ago`)."""
     v = value.strip().lower()
@@ -285,6 +320,7 @@ def cmd_recall(args: argparse.Namespace, rt: Runtime) -> int:
     chat_type = args.chat_type
     if chat_type == "group" and not args.chat:
         raise LucidError("--chat-type group needs --chat ID")
+    _settle(args, rt, ns)
     results = rt.memory.recall(
         ns, args.query, now, k=args.k, as_of=as_of, chat_type=chat_type, chat=args.chat, gate=not args.no_gate
     )
@@ -319,6 +355,7 @@ def cmd_recall(args: argparse.Namespace, rt: Runtime) -> int:
 def cmd_search(args: argparse.Namespace, rt: Runtime) -> int:
     ns = _ns(args)
     service = rt.memory
+    _settle(args, rt, ns, raw=True)
     hits = service.search(ns, args.query, k=args.k)
     whys = [service.why(ns, args.query, h) for h in hits]
     data = {
@@ -460,11 +497,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--chat", help="the chat id (group scope)")
     p.add_argument("--no-gate", action="store_true", help="also answer greetings and fillers")
+    _wait_option(p)
     _common(p)
 
     p = sub.add_parser("search", help="full-text search of the raw message archive")
     p.add_argument("query")
     p.add_argument("--k", type=_count, default=10, help="how many (default 10)")
+    _wait_option(p)
     _common(p)
 
     p = sub.add_parser("dream", help="run one dream phase now and print its report")

@@ -73,7 +73,6 @@ class Embeddings:
         self._failures = 0
         self._opened: float | None = None
         self._floor: DenseFloor | None = None
-        self._reference: list[list[float]] = []
         self._queries: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()
         self._closed = threading.Event()
 
@@ -83,15 +82,16 @@ class Embeddings:
 
     def dense_floor(self, embed: bool = True) -> DenseFloor | None:
         """This embedder's relevance floor (memory_core.floor), None while its reference vectors are missing.
-        `embed=False` only reads: the reference set is embedded in the background, not on a turn."""
-        if self._floor is None and embed and self.available():
-            done = self._reference
-            chunk = list(REFERENCE[len(done) : len(done) + REFERENCE_CHUNK])  # a few per call: in budget
-            got = self._call(chunk, "passage")
-            if got is not None:
-                done.extend(got)
-                if len(done) == len(REFERENCE):
-                    self._floor = DenseFloor.of(done)
+        They are held (and saved, adopted) like any passage's. `embed=False` only reads: the reference set is
+        embedded in the background, a few lines per call, not on a turn."""
+        if self._floor is None:
+            missing = self.missing(REFERENCE)
+            if missing and embed and self.available():
+                self.fill(missing, batch=REFERENCE_CHUNK, limit=REFERENCE_CHUNK)
+                missing = self.missing(REFERENCE)
+            if not missing:
+                with self._lock:
+                    self._floor = DenseFloor.of(self._mat[[self._rows[t] for t in REFERENCE]].tolist())
         return self._floor
 
     def available(self) -> bool:

@@ -291,15 +291,21 @@ class MemoryService:
     def _fill(self, ns: Namespace, texts: list[str]) -> None:
         assert self.embeddings is not None
         try:
+            self._adopt_vectors(ns, texts)  # the floor's reference vectors are saved with the entries'
+            reference = len(self.embeddings.missing(REFERENCE))
             for _ in range(len(REFERENCE) + 1):  # the floor first, a few reference lines per call
                 if self.embeddings.dense_floor() is not None or not self.embeddings.available():
                     break
+            if reference > len(self.embeddings.missing(REFERENCE)):
+                self._vectors_unsaved[ns] = self._vectors_unsaved.get(ns, 0) + 1  # saved below, or at close
             every = max(1, len(texts) // 16)  # saves of a big namespace's vectors: at most ~16 per full fill
             while True:
                 scope = self._vector_scope(ns)
                 self._adopt_vectors(ns, texts)
                 todo = self.embeddings.missing(texts)
                 if not todo:
+                    if reference and self._vectors_unsaved.get(ns):
+                        self._save_vectors(ns, scope)  # the floor's vectors: the next process adopts them
                     break
                 random.shuffle(todo)  # two processes filling one namespace mostly embed different entries
                 added = self.embeddings.fill(todo, limit=ENTRY_EMBED_PASS)
@@ -320,7 +326,7 @@ class MemoryService:
                 return
             gen = str(held[0].get("generation"))
             if self._vectors_seen.get(ns) != gen:
-                self.embeddings.adopt(held[1](VECTORS_FILE), texts)
+                self.embeddings.adopt(held[1](VECTORS_FILE), [*REFERENCE, *texts])
                 self._vectors_seen[ns] = gen
         except (OSError, ValueError, StoreError) as exc:  # a cache: without it the entries are embedded
             log.warning("unusable saved vectors of %s (%s); embedding instead", ns.key, exc)
@@ -330,7 +336,7 @@ class MemoryService:
         after the texts were read shows in the count (see `_save_vectors`)."""
         forgets = self.runtime.store.state_value(ns, FORGETS)
         cache = self._cache(ns)
-        return forgets, [e.text for e in [*cache.entries, *cache.book.archived()]]
+        return forgets, [*REFERENCE, *(e.text for e in [*cache.entries, *cache.book.archived()])]
 
     def _save_vectors(self, ns: Namespace, scope: tuple[object, list[str]]) -> None:
         """Save the held vectors of the texts in `scope`. A forget since the scope was read drops the file
@@ -352,8 +358,27 @@ class MemoryService:
 
     def wait_for_embeddings(self, timeout: float = 30.0) -> None:
         """Block until the queued background embedding is done (benchmarks, tests, shutdown)."""
+        deadline = time.monotonic() + timeout
         for job in [*self._embedding.values(), *self._raw_embedding.values()]:
-            job.join(timeout)
+            job.join(max(0.0, deadline - time.monotonic()))
+
+    def settle(self, ns: Namespace, timeout: float, raw: bool = False) -> bool:
+        """Embed what a recall of `ns` (`raw`: a search) ranks with, waiting at most `timeout` seconds, so
+        that a CLI command ranks as the long-running bot does. True when nothing is left to embed."""
+        if self.embeddings is None:
+            return True
+        self.embed_soon(ns)  # the floor's reference set too, which raw search needs as well
+        if raw:
+            with self._raw_lock:
+                behind = self._raw_cache(ns).index.vectors_held()[1]
+            if behind:
+                self.embed_raw_soon(ns)
+        self.wait_for_embeddings(timeout)
+        texts = self._vector_scope(ns)[1]
+        if self.embeddings.dense_floor(embed=False) is None or self.embeddings.missing(texts):
+            return False
+        with self._raw_lock:
+            return not raw or not self._raw_cache(ns).index.vectors_held()[1]
 
     def embed_raw_soon(self, ns: Namespace) -> None:
         """Embed this namespace's raw messages that lack a vector, on a background thread (one per

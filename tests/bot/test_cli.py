@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -227,3 +228,73 @@ def test_log_lines_go_to_stderr_as_it_is_when_they_are_logged(monkeypatch: pytes
     logging.getLogger("lucid.test").warning("after the first stream closed")
     assert "WARNING lucid.test: after the first stream closed" in later.getvalue()
     assert "Logging error" not in later.getvalue()
+
+
+def test_recall_and_search_rank_with_the_embedder_as_the_running_bot_does(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """A `lucid recall`/`search` process lives for one command: it waits for the embedder (the bot embeds
+    between turns) instead of ranking by words alone, and saves what it embedded, so the next command
+    embeds only its query."""
+    from datetime import datetime
+
+    from memory_core.namespace import Namespace
+    from tests.fakes.ollama import FakeOllama
+    from workers.runtime import build
+    from workers.settings import Settings
+
+    facts = [
+        "我喜欢喝咖啡",
+        "周末我常去爬山",
+        "我每天早上喝一杯咖啡",
+        "我最近在学做咖啡拉花",
+        "我养了一只橘猫",
+    ]
+    said = ["我今天喝了三杯咖啡", "咖啡拉花好难学", "明天去爬山", "我家橘猫又胖了"]
+    lines = [{"kind": "fact", "text": t, "type": "fact"} for t in facts] + [
+        {"kind": "message", "id": f"m{i}", "ts": f"2026-06-0{i + 1}T09:00:00Z", "speaker": "alice", "text": t}
+        for i, t in enumerate(said)
+    ]
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(json.dumps(x, ensure_ascii=False) for x in lines) + "\n", "utf-8")
+    words = {"LUCID_EMBED_MODEL": "none", "LUCID_NOW": "2026-06-10T12:00:00Z"}
+    assert lucid(data_dir, "import", str(path), env=words).returncode == 0
+
+    def ranked(cmd: str, query: str, env: dict[str, str]) -> list[tuple[str, float]]:
+        out = lucid(data_dir, cmd, query, "--json", env=env)
+        assert out.returncode == 0, out.stderr
+        return [
+            (r["text"], r["relevance" if cmd == "recall" else "score"])
+            for r in json.loads(out.stdout)["results"]
+        ]
+
+    with FakeOllama(models=["nomic-embed-text"]) as ollama:
+        vectors = {**words, "LUCID_EMBED_MODEL": "nomic-embed-text", "OLLAMA_HOST": ollama.url}
+        hurried = lucid(data_dir, "recall", "喝咖啡", "--wait", "0", env=vectors)
+        assert hurried.returncode == 0 and "我喜欢喝咖啡" in hurried.stdout
+        assert "has not read all" in hurried.stderr  # said, not hidden: ranked by words for the rest
+        settings = Settings(
+            data_dir=data_dir, now=datetime.fromisoformat("2026-06-10T12:00:00+00:00"),
+            embed_model="nomic-embed-text", ollama_host=ollama.url, config_path=tmp_path / "none.toml",
+        )  # fmt: skip
+        with build(settings, git=False) as bot:  # the bot, once its background embedding is done
+            ns = Namespace.of("default", "default", "default")
+            bot.memory.embed_soon(ns)
+            bot.memory.embed_raw_soon(ns)
+            bot.memory.wait_for_embeddings()
+            now = bot.clock()
+            by_bot = [(s.entry.text, round(s.relevance, 4)) for s in bot.memory.recall(ns, "喝咖啡", now)]
+            found = [(h.text, round(h.score, 4)) for h in bot.memory.search(ns, "咖啡", k=10)]
+        assert by_bot != ranked("recall", "喝咖啡", words)  # the vectors change this ranking
+        assert found != ranked("search", "咖啡", words)
+        for index in data_dir.rglob(".index"):  # the bot's saved vectors gone: the CLI embeds for itself
+            shutil.rmtree(index)
+        ollama.embed_requests.clear()
+
+        assert ranked("recall", "喝咖啡", vectors) == by_bot
+        assert ranked("search", "咖啡", vectors) == found
+        assert sum(len(r["input"]) for r in ollama.embed_requests) > len(facts) + len(said)
+
+        ollama.embed_requests.clear()  # a second command: the saved vectors, the floor's too, are taken
+        assert ranked("recall", "我喜欢喝什么咖啡", vectors)
+        assert [r["input"] for r in ollama.embed_requests] == [["我喜欢喝什么咖啡"]]
