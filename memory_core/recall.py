@@ -518,7 +518,7 @@ def recall(
             # words keep their strengths (a rank fusion alone flattens them, and a weak match looked strong)
             order = np.lexsort((-rel, -_fused(cand, rel, (slots, cosines), fusion)[1]))
             ranked = np.empty_like(rel)
-            ranked[order] = np.sort(rel)[::-1]
+            ranked[order] = _untied(np.sort(rel)[::-1])
             rel = ranked
     subject = asked_subject(query)
     if subject is not None:  # the question names the attribute: its holders are relevant, vectors or not
@@ -536,6 +536,22 @@ def recall(
         e = index.entry_at(s)
         scored.append(Scored(e, recency(e, now), importance(e), r))
     return heapq.nsmallest(k, scored, key=lambda s: (-s.score, -s.importance, s.entry.id))
+
+
+#: Relative step between equal lexical strengths that the vectors put in an order (`_untied`): far above
+#: `_SCORE_SLACK`, far below any difference of scores a person would notice.
+TIE_STEP = 1e-6
+
+
+def _untied(strengths: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """`strengths` (non-increasing) with each run of equal values made strictly decreasing, so that the
+    order they were given in (the vectors') still decides between entries the words found equally."""
+    if strengths.size < 2:
+        return strengths
+    start = np.r_[0, np.flatnonzero(np.diff(strengths)) + 1]
+    within = np.arange(strengths.size) - np.repeat(start, np.diff(np.r_[start, strengths.size]))
+    out: npt.NDArray[np.float64] = strengths * (1 - TIE_STEP * within)
+    return out
 
 
 def _last_chars(lines: Sequence[str], limit: int) -> list[str]:

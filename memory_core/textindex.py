@@ -150,16 +150,20 @@ Fusion = Literal["minmax", "rrf"]
 
 
 def rrf(lists: Sequence[npt.ArrayLike], weights: Sequence[float], k: float = RRF_K) -> FloatArray:
-    """Reciprocal rank fusion of score lists over the same candidates, scaled to [0, 1]."""
+    """Reciprocal rank fusion of score lists over the same candidates, scaled to [0, 1]. Equal scores share
+    a rank (the best of their places): a tie in one list is left for the others to decide, not decided by
+    the candidates' order."""
     out: FloatArray | None = None
     for values, w in zip(lists, weights, strict=True):
         v = np.asarray(values, dtype=np.float64)
         if out is None:
             out = np.zeros(v.size, dtype=np.float64)
         present = np.isfinite(v)
-        order = np.lexsort((np.arange(v.size), -np.where(present, v, -np.inf)))
+        order = np.argsort(-np.where(present, v, -np.inf), kind="stable")
+        ordered = v[order]
+        first = np.r_[True, ordered[1:] != ordered[:-1]] if v.size else np.zeros(0, dtype=bool)
         rank = np.empty(v.size, dtype=np.float64)
-        rank[order] = np.arange(1, v.size + 1)
+        rank[order] = np.maximum.accumulate(np.where(first, np.arange(v.size), 0)) + 1
         out += np.where(present, w / (k + rank), 0.0)
     if out is None:
         return np.zeros(0, dtype=np.float64)

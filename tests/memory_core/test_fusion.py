@@ -28,6 +28,16 @@ def test_rrf_counts_ranks_not_scales() -> None:
     assert rrf([np.array([-np.inf]), np.array([-np.inf])], [0.5, 0.5]).tolist() == [0.0]
 
 
+def test_rrf_leaves_a_tie_to_the_other_list() -> None:
+    """Equal scores share the best of their places, whatever the candidates' order: the words match the
+    first three alike, so the vectors choose among them."""
+    lex = np.array([1.0, 1.0, 1.0, 0.5])
+    cos = np.array([0.2, 0.1, 0.9, 0.95])
+    fused = rrf([cos, lex], [0.3, 0.7])
+    assert np.argsort(-fused).tolist() == [2, 0, 1, 3]
+    assert rrf([lex], [1.0]).tolist()[:3] == [1.0, 1.0, 1.0]
+
+
 def test_fuse_gives_a_vector_only_match_relevance_under_both_methods() -> None:
     for method in ("minmax", "rrf"):
         rel = fuse({"a": 1.0}, {"a": 0.80, "b": 0.88}, method, 0.5)  # type: ignore[arg-type]

@@ -276,3 +276,28 @@ def test_a_rank_fusion_does_not_make_weak_words_outrank_the_subject_asked_about(
         context=["记住我喜欢爬山", "我喜欢喝茶", "我喜欢吃面"],
     )
     assert got[0].entry.id == "h"
+
+
+def test_the_vector_decides_between_entries_the_words_find_equally() -> None:
+    """Facts learned from one message share their time and kind; when the question's words match them all
+    alike and no cosine clears the floor, their vectors, not their ids, choose which are recalled."""
+    import numpy as np
+
+    from memory_core.recall import VectorTable
+
+    at = NOW - timedelta(days=1)
+    texts = ["我喜欢吃香菜", "我喜欢看话剧", "我喜欢下围棋", "我喜欢种多肉", "我喜欢打网球"]
+    likes = [Entry(id=f"e{i}", text=t, at=at) for i, t in enumerate(texts)]  # the sport has the last id
+    cosines = {"e0": 0.30, "e1": 0.32, "e2": 0.35, "e3": 0.31, "e4": 0.60}
+    matrix = np.asarray([[c, (1 - c * c) ** 0.5] for c in cosines.values()], dtype=np.float32)
+    got = recall(
+        likes,
+        "我喜欢什么运动",
+        NOW,
+        k=2,
+        query_vector=np.asarray([1.0, 0.0], np.float32),
+        vectors=VectorTable(list(cosines), matrix),
+        dense_floor=0.9,
+    )
+    assert [s.entry.id for s in got] == ["e4", "e2"]
+    assert got[0].relevance > got[1].relevance and abs(got[0].relevance - got[1].relevance) < 1e-3
