@@ -284,7 +284,14 @@ def _wait_option(p: argparse.ArgumentParser) -> None:
 
 
 def _settle(args: argparse.Namespace, rt: Runtime, ns: Namespace, raw: bool = False) -> None:
-    if not rt.memory.settle(ns, args.wait, raw=raw):
+    if rt.memory.settle(ns, args.wait, raw=raw):
+        return
+    if rt.memory.embeddings is not None and rt.memory.embeddings.failing:
+        print(
+            f"note: the embedder is not answering (lucid doctor checks it); {ns} is ranked by its words alone",
+            file=sys.stderr,
+        )
+    else:
         print(
             f"note: the embedder has not read all of {ns} yet (--wait {args.wait:g}); what it has not read is "
             "ranked by its words alone. Running the command again continues where this one stopped.",

@@ -104,6 +104,11 @@ class Embeddings:
             return True
         return False
 
+    @property
+    def failing(self) -> bool:
+        """The last call failed (or the breaker is open): what is missing will not come until it answers."""
+        return self._failures > 0 or self._opened is not None
+
     def _call(self, texts: list[str], kind: Kind) -> npt.NDArray[np.float32] | None:
         started = time.monotonic()
         try:

@@ -239,7 +239,7 @@ def test_recall_and_search_rank_with_the_embedder_as_the_running_bot_does(
     from datetime import datetime
 
     from memory_core.namespace import Namespace
-    from tests.fakes.ollama import FakeOllama
+    from tests.fakes.ollama import FakeOllama, HttpError
     from workers.runtime import build
     from workers.settings import Settings
 
@@ -273,6 +273,11 @@ def test_recall_and_search_rank_with_the_embedder_as_the_running_bot_does(
         hurried = lucid(data_dir, "recall", "喝咖啡", "--wait", "0", env=vectors)
         assert hurried.returncode == 0 and "我喜欢喝咖啡" in hurried.stdout
         assert "has not read all" in hurried.stderr  # said, not hidden: ranked by words for the rest
+        ollama.fail_embed(*[HttpError()] * 20)  # the embedder down: said as such, the words still answer
+        down = lucid(data_dir, "recall", "喝咖啡", env=vectors)
+        assert down.returncode == 0 and "我喜欢喝咖啡" in down.stdout
+        assert "not answering" in down.stderr
+        ollama.reset()
         settings = Settings(
             data_dir=data_dir, now=datetime.fromisoformat("2026-06-10T12:00:00+00:00"),
             embed_model="nomic-embed-text", ollama_host=ollama.url, config_path=tmp_path / "none.toml",
