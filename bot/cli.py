@@ -284,7 +284,7 @@ def _wait_option(p: argparse.ArgumentParser) -> None:
 
 
 def _settle(args: argparse.Namespace, rt: Runtime, ns: Namespace, raw: bool = False) -> None:
-    if rt.memory.settle(ns, args.wait, raw=raw):
+    if rt.memory.settle(ns, args.wait, raw=raw, archived=bool(getattr(args, "as_of", None))):
         return
     if rt.memory.embeddings is not None and rt.memory.embeddings.failing:
         print(

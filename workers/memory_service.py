@@ -362,20 +362,24 @@ class MemoryService:
         for job in [*self._embedding.values(), *self._raw_embedding.values()]:
             job.join(max(0.0, deadline - time.monotonic()))
 
-    def settle(self, ns: Namespace, timeout: float, raw: bool = False) -> bool:
-        """Embed what a recall of `ns` (`raw`: a search) ranks with, waiting at most `timeout` seconds, so
-        that a CLI command ranks as the long-running bot does. True when nothing is left to embed."""
+    def settle(self, ns: Namespace, timeout: float, raw: bool = False, archived: bool = False) -> bool:
+        """Embed what a recall of `ns` (`archived`: one `as_of`, which reads ARCHIVE.md too; `raw`: a search)
+        ranks with, waiting at most `timeout` seconds, so that a CLI command ranks as the long-running bot
+        does. True when nothing is left to embed."""
         if self.embeddings is None:
             return True
-        self.embed_soon(ns)  # the floor's reference set too, which raw search needs as well
+        cache = self._cache(ns)
+        pool = [*cache.entries, *cache.book.archived()] if archived else list(cache.entries)
+        self.embed_soon(ns, pool)  # the floor's reference set too, which raw search needs as well
         if raw:
             with self._raw_lock:
                 behind = self._raw_cache(ns).index.vectors_held()[1]
             if behind:
                 self.embed_raw_soon(ns)
         self.wait_for_embeddings(timeout)
-        texts = self._vector_scope(ns)[1]
-        if self.embeddings.dense_floor(embed=False) is None or self.embeddings.missing(texts):
+        if self.embeddings.dense_floor(embed=False) is None or self.embeddings.missing(
+            [e.text for e in pool]
+        ):
             return False
         with self._raw_lock:
             return not raw or not self._raw_cache(ns).index.vectors_held()[1]

@@ -251,7 +251,7 @@ def test_recall_and_search_rank_with_the_embedder_as_the_running_bot_does(
         "我养了一只橘猫",
     ]
     said = ["我今天喝了三杯咖啡", "咖啡拉花好难学", "明天去爬山", "我家橘猫又胖了"]
-    lines = [{"kind": "fact", "text": t, "type": "fact"} for t in facts] + [
+    lines = [{"kind": "fact", "text": t, "type": "fact", "at": "2026-06-01T09:00:00Z"} for t in facts] + [
         {"kind": "message", "id": f"m{i}", "ts": f"2026-06-0{i + 1}T09:00:00Z", "speaker": "alice", "text": t}
         for i, t in enumerate(said)
     ]
@@ -303,3 +303,11 @@ def test_recall_and_search_rank_with_the_embedder_as_the_running_bot_does(
         ollama.embed_requests.clear()  # a second command: the saved vectors, the floor's too, are taken
         assert ranked("recall", "我喜欢喝什么咖啡", vectors)
         assert [r["input"] for r in ollama.embed_requests] == [["我喜欢喝什么咖啡"]]
+
+        year_on = {**vectors, "LUCID_NOW": "2028-07-01T12:00:00Z"}  # the facts grow cold and are archived
+        assert lucid(data_dir, "dream", "--phase", "light", env=year_on).returncode == 0
+        assert "我养了一只橘猫" in (data_dir / "default/default/default/ARCHIVE.md").read_text("utf-8")
+        for asked in (["recall", "喝咖啡"], ["recall", "橘猫", "--as-of", "2026-06-10"]):
+            out = lucid(data_dir, *asked, env=year_on)  # an as-of recall reads (and embeds) the archive too
+            assert out.returncode == 0 and "note:" not in out.stderr, out.stderr
+        assert "我养了一只橘猫" in out.stdout
