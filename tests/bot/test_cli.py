@@ -236,6 +236,7 @@ def test_recall_and_search_rank_with_the_embedder_as_the_running_bot_does(
     """A `lucid recall`/`search` process lives for one command: it waits for the embedder (the bot embeds
     between turns) instead of ranking by words alone, and saves what it embedded, so the next command
     embeds only its query."""
+    from dataclasses import replace
     from datetime import datetime
 
     from memory_core.namespace import Namespace
@@ -307,7 +308,39 @@ def test_recall_and_search_rank_with_the_embedder_as_the_running_bot_does(
         year_on = {**vectors, "LUCID_NOW": "2028-07-01T12:00:00Z"}  # the facts grow cold and are archived
         assert lucid(data_dir, "dream", "--phase", "light", env=year_on).returncode == 0
         assert "我养了一只橘猫" in (data_dir / "default/default/default/ARCHIVE.md").read_text("utf-8")
-        for asked in (["recall", "喝咖啡"], ["recall", "橘猫", "--as-of", "2026-06-10"]):
+        for asked in (["recall", "喝咖啡"], ["recall", "我养的橘猫爱喝咖啡", "--as-of", "2026-06-10"]):
             out = lucid(data_dir, *asked, env=year_on)  # an as-of recall reads (and embeds) the archive too
             assert out.returncode == 0 and "note:" not in out.stderr, out.stderr
         assert "我养了一只橘猫" in out.stdout
+
+        for index in data_dir.rglob(".index"):  # an as-of recall from nothing saved: it embeds the archive
+            shutil.rmtree(index)
+        later = replace(settings, now=datetime.fromisoformat("2028-07-01T12:00:00+00:00"))
+        with build(later, git=False) as bot:
+            as_of = datetime.fromisoformat("2026-06-10T00:00:00+00:00")
+            bot.memory.recall(
+                ns, "我养的橘猫爱喝咖啡", bot.clock(), as_of=as_of
+            )  # what it lacks, embedded in the background
+            bot.memory.wait_for_embeddings()
+            by_bot = [
+                (s.entry.text, round(s.relevance, 4))
+                for s in bot.memory.recall(ns, "我养的橘猫爱喝咖啡", bot.clock(), as_of=as_of)
+            ]
+        for index in data_dir.rglob(".index"):
+            shutil.rmtree(index)
+        then = ["--as-of", "2026-06-10T00:00:00Z"]
+        out = lucid(data_dir, "recall", "我养的橘猫爱喝咖啡", *then, "--json", env=year_on)
+        assert [(r["text"], r["relevance"]) for r in json.loads(out.stdout)["results"]] == by_bot
+        assert by_bot != [
+            (r["text"], r["relevance"])
+            for r in json.loads(
+                lucid(
+                    data_dir,
+                    "recall",
+                    "我养的橘猫爱喝咖啡",
+                    *then,
+                    "--json",
+                    env={**year_on, "LUCID_EMBED_MODEL": "none"},
+                ).stdout
+            )["results"]
+        ]
