@@ -338,6 +338,7 @@ def test_serve_starts_its_redis_again_when_it_dies_and_keeps_what_it_held(tmp_pa
         url = (data / ".redis" / "url").read_text().strip()
         with redis.Redis.from_url(url) as client:
             client.set("lucid:deploy-test", "kept")
+        _until_in_aof(data / ".redis", b"lucid:deploy-test")
         family = _family(proc)
         [server] = [p for p in family if "redis-server" in " ".join(p.cmdline())]
         others = [p for p in family if p.pid != server.pid]
@@ -379,6 +380,16 @@ def test_serve_stops_with_a_failure_code_when_a_child_dies(tmp_path: Path) -> No
     assert "exited with -9; stopping" in out
     psutil.wait_procs(family, timeout=10)
     assert _gone(family)
+
+
+def _until_in_aof(directory: Path, key: bytes, timeout: float = 60.0) -> None:
+    """Until redis-server has written `key` to its AOF. With `appendfsync everysec` a write can wait in
+    redis's own buffer while an fsync is slow (a busy disk): a kill then loses it, by Redis's design. Once
+    written, a killed server's data is in the file (the page cache outlives the process)."""
+    deadline = time.monotonic() + timeout
+    while not any(key in f.read_bytes() for f in (directory / "appendonlydir").glob("*.aof")):
+        assert time.monotonic() < deadline, f"{key!r} not in the AOF within {timeout:.0f} s"
+        time.sleep(0.05)
 
 
 def _wait_ready(url: str, timeout: float = 60.0) -> None:
