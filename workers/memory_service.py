@@ -292,19 +292,19 @@ class MemoryService:
         assert self.embeddings is not None
         try:
             self._adopt_vectors(ns, texts)  # the floor's reference vectors are saved with the entries'
-            reference = len(self.embeddings.missing(REFERENCE))
+            missing = len(self.embeddings.missing(REFERENCE))
             for _ in range(len(REFERENCE) + 1):  # the floor first, a few reference lines per call
                 if self.embeddings.dense_floor() is not None or not self.embeddings.available():
                     break
-            if reference > len(self.embeddings.missing(REFERENCE)):
-                self._vectors_unsaved[ns] = self._vectors_unsaved.get(ns, 0) + 1  # saved below, or at close
+            floor_added = missing - len(self.embeddings.missing(REFERENCE))  # saved below, or at close
+            self._vectors_unsaved[ns] = self._vectors_unsaved.get(ns, 0) + floor_added
             every = max(1, len(texts) // 16)  # saves of a big namespace's vectors: at most ~16 per full fill
             while True:
                 scope = self._vector_scope(ns)
                 self._adopt_vectors(ns, texts)
                 todo = self.embeddings.missing(texts)
                 if not todo:
-                    if reference and self._vectors_unsaved.get(ns):
+                    if floor_added and self._vectors_unsaved.get(ns):
                         self._save_vectors(ns, scope)  # the floor's vectors: the next process adopts them
                     break
                 random.shuffle(todo)  # two processes filling one namespace mostly embed different entries

@@ -194,6 +194,30 @@ def test_another_process_takes_the_saved_entry_vectors_instead_of_embedding_them
     assert _passages(other_calls) == len(REFERENCE) + 2
 
 
+def test_a_vectors_file_without_the_floor_gains_it_once(data_dir: Path) -> None:
+    """A file saved before the floor's reference vectors were kept in it (every entry there, no floor): the
+    next process embeds the floor alone and saves it, so the one after embeds nothing."""
+    from memory_core.floor import REFERENCE
+    from memory_core.writer import VECTOR_CACHE
+    from workers.embedding import VECTORS_FILE
+
+    svc = _service(data_dir, [])
+    svc.wait_for_embeddings()
+    assert svc.embeddings is not None
+    texts = [e.text for e in svc.book(NS).entries()]
+    data, n = svc.embeddings.dump(texts)  # the entries' vectors only, as the former file held them
+    assert n == len(texts) == 2
+    svc.runtime.store.save_cache(NS, VECTOR_CACHE, {VECTORS_FILE: data}, {"embedder": ""})
+
+    for expected in (len(REFERENCE), 0):
+        calls: list[tuple[str, int]] = []
+        again = MemoryService(svc.runtime, embeddings=_embeddings(calls))
+        again.embed_soon(NS)
+        again.wait_for_embeddings()
+        assert _passages(calls) == expected
+        assert again.embeddings is not None and again.embeddings.dense_floor(embed=False) is not None
+
+
 def test_a_damaged_vectors_file_is_embedded_around(data_dir: Path) -> None:
     """A hand-edited or truncated vectors file is a cache: the entries are embedded again, recall works."""
     from memory_core.floor import REFERENCE
