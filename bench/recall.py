@@ -153,21 +153,15 @@ def hybrid_case(rt: Any, ns: Namespace, queries: list[str], messages: list[str])
         svc.embed_soon(ns)
         svc.wait_for_embeddings(600)
         svc.recall(ns, queries[0], NOW)
-        times = []
-        for q in queries:
-            t = time.perf_counter()
-            got = svc.recall(ns, q, NOW)
-            times.append(time.perf_counter() - t)
-            assert got, "hybrid recall returned nothing"
-        out[f"{name}_p50_ms"] = pct(times, 0.5)
-        out[f"{name}_p95_ms"] = pct(times, 0.95)
-        times = []
-        for q in messages:
-            t = time.perf_counter()
-            svc.recall(ns, q, NOW)
-            times.append(time.perf_counter() - t)
-        out[f"{name}_chat_length_p50_ms"] = pct(times, 0.5)
-        out[f"{name}_chat_length_p95_ms"] = pct(times, 0.95)
+        for suffix, asked in (("", queries), ("_chat_length", messages)):
+            times = []
+            for q in asked:
+                t = time.perf_counter()
+                got = svc.recall(ns, q, NOW)
+                times.append(time.perf_counter() - t)
+                assert got, "hybrid recall returned nothing"
+            out[f"{name}{suffix}_p50_ms"] = pct(times, 0.5)
+            out[f"{name}{suffix}_p95_ms"] = pct(times, 0.95)
         # Raw search and a turn's assembly with the archive's messages embedded (random unit vectors too).
         svc.search(ns, queries[0], k=3)
         svc.wait_for_embeddings(3600)
@@ -192,20 +186,16 @@ def hybrid_case(rt: Any, ns: Namespace, queries: list[str], messages: list[str])
     if "query_threads" in inspect.signature(LocalEmbedder).parameters:
         arms["query_embedding_one_thread"] = LocalEmbedder(query_threads=1)
         arms["query_embedding_default_threads"] = LocalEmbedder(query_threads=None)
-    emb: dict[str, list[float]] = {name: [] for name in arms}
-    cpu: list[float] = []  # one thread's CPU: what a query costs a core
-    for n, q in enumerate(queries):
-        for name in list(arms)[:: 1 if n % 2 else -1]:
-            t, c = time.perf_counter(), time.thread_time()
-            arms[name].embed([q], "query")
-            emb[name].append(time.perf_counter() - t)
-            if name == "query_embedding_one_thread":
-                cpu.append(time.thread_time() - c)
-    for n, q in enumerate(messages):
-        for name in list(arms)[:: 1 if n % 2 else -1]:
-            t = time.perf_counter()
-            arms[name].embed([q], "query")
-            emb.setdefault(f"{name}_chat_length", []).append(time.perf_counter() - t)
+    emb: dict[str, list[float]] = {}
+    cpu: list[float] = []  # one thread's CPU: what a (short) query costs a core
+    for suffix, asked in (("", queries), ("_chat_length", messages)):
+        for n, q in enumerate(asked):
+            for name in list(arms)[:: 1 if n % 2 else -1]:
+                t, c = time.perf_counter(), time.thread_time()
+                arms[name].embed([q], "query")
+                emb.setdefault(f"{name}{suffix}", []).append(time.perf_counter() - t)
+                if name == "query_embedding_one_thread" and not suffix:
+                    cpu.append(time.thread_time() - c)
     for name, times in emb.items():
         out[f"{name}_p50_ms"] = pct(times, 0.5)
         out[f"{name}_p95_ms"] = pct(times, 0.95)

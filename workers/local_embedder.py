@@ -27,8 +27,8 @@ MAX_CHARS = 256
 #: spins for milliseconds after a call, and a spinning worker counts as runnable in /proc/loadavg, so the
 #: idle rule saw a busy core and ran the next query on one thread; 10,000 spins still bridge the gaps
 #: between one call's parallel regions. "active" raises the spin libgomp falls back to when two threads
-#: (a turn's, a search's) each keep a team (100 spins: workers slept between regions, 840 context
-#: switches a query) to min(1,000, GOMP_SPINCOUNT).
+#: (a turn's, a search's) each keep a team (100 spins: workers slept between regions, hundreds of
+#: context switches a query) to min(1,000, GOMP_SPINCOUNT).
 OPENMP_WAIT = {"OMP_WAIT_POLICY": "active", "GOMP_SPINCOUNT": "10000"}
 
 

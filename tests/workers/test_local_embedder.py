@@ -98,3 +98,35 @@ def test_a_query_does_not_wait_for_a_passage_batch_under_way_and_both_come_out_r
     assert len(beside) >= 3, len(beside)
     assert all(np.allclose(v, alone_query, atol=1e-5) for v in beside)
     assert np.allclose(got["passages"], alone_passages, atol=1e-5)
+
+
+def _openmp_wait_in_a_fresh_process(**preset: str) -> str:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    script = (
+        "import os\nfrom workers.local_embedder import LocalEmbedder\nLocalEmbedder()\n"
+        "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**env, **preset},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_the_engine_is_loaded_with_a_short_active_spin_unless_the_operator_chose_one() -> None:
+    """libgomp's default spin left its workers runnable after a query (the idle rule then saw a busy core),
+    and with a second thread's team it slept between regions (docs/BENCHMARKS.md, "how the engine's threads
+    wait"): the embedder sets both before the engine loads libgomp, and never over an operator's choice."""
+    assert _openmp_wait_in_a_fresh_process() == "active 10000"
+    assert _openmp_wait_in_a_fresh_process(GOMP_SPINCOUNT="300000") == "None 300000"
+    assert _openmp_wait_in_a_fresh_process(OMP_WAIT_POLICY="passive") == "passive None"
