@@ -102,7 +102,7 @@ def cmd_forget(args: argparse.Namespace, rt: Runtime) -> int:
         outcome = rt.memory.purge(_ns(args), ident)
     else:
         outcome = rt.memory.apply(_ns(args), [Forget(id=ident)])[0]
-    return _done(args, outcome, ident)
+    return _done(args, outcome, outcome.id or ident)  # a purge resolves a forgotten id's prefix itself
 
 
 @command("erase")

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from .dream_guard import coverage, key_terms
 from .entry import Entry
 from .errors import LineError
-from .lineformat import USED_KEY, parse_entry, parse_raw, render_raw
+from .lineformat import USED_KEY, RawMessage, parse_entry, parse_raw, render_raw
 from .profile import profile_digest, profile_inputs, split_lines, stored_digest, supported
 from .similarity import normalise
 from .store import ARCHIVE, MEMORY, PROFILE
@@ -97,6 +97,17 @@ def _redact_line(
     extra = tuple((k, v) for k, v in msg.extra if k != FORGOT_KEY)
     marked = ",".join(dict.fromkeys([*marks, ident]))
     return render_raw(replace(msg, text=text, extra=(*extra, (FORGOT_KEY, marked))))
+
+
+def drawn_on_gone(msg: RawMessage, held: Callable[[str], object]) -> RawMessage:
+    """`msg` as the archive may keep it: a reply that used an entry no longer held (forgotten while the
+    reply was being written) is kept marked, not in clear, as a later forget would have left it."""
+    used = [i for i in dict(msg.extra).get(USED_KEY, "").split(",") if i]
+    gone = [i for i in used if held(i) is None]
+    if not gone:
+        return msg
+    extra = tuple((k, v) for k, v in msg.extra if k != FORGOT_KEY)
+    return replace(msg, text=FORGOTTEN, extra=(*extra, (FORGOT_KEY, ",".join(gone))))
 
 
 def _drew_on(line: str, forgotten: Sequence[str], remaining: Sequence[str]) -> bool:
@@ -202,6 +213,21 @@ def _held(line: str, where: str, held: set[str], profile: set[str]) -> bool:
         return parse_entry(line).id in held  # a line typed without a comment has its text's id
     except LineError:
         return False
+
+
+def past_entries(texts: Iterable[str]) -> list[Entry]:
+    """Each distinct (id, text) among the entry lines of `texts` (past versions of MEMORY.md and
+    ARCHIVE.md): what `forget --purge` must find of an entry no longer in the files."""
+    seen: dict[tuple[str, str], Entry] = {}
+    for text in texts:
+        for line in text.split("\n"):
+            if line.startswith("- ") and _ENTRY_ID.search(line):
+                try:
+                    entry = parse_entry(line)
+                except LineError:
+                    continue
+                seen.setdefault((entry.id, entry.text), entry)
+    return list(seen.values())
 
 
 def purge_blob(data: bytes, targets: Sequence[Forgotten]) -> bytes:

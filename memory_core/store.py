@@ -1161,6 +1161,19 @@ class Store:
                 out[name] = blob.data.decode("utf-8", errors="surrogateescape")
         return out
 
+    def past_texts(self, ns: Namespace, names: tuple[str, ...]) -> Iterator[str]:
+        """Every distinct version of `names` any commit holds, newest first: where `forget --purge` finds
+        an entry that is already gone from the files (forgotten earlier, or deleted by hand)."""
+        if not self.git_enabled:
+            return
+        seen: set[str] = set()
+        for commit in self._log(ns):
+            for name in names:
+                if name in commit.tree and (oid := str(commit.tree[name].id)) not in seen:
+                    seen.add(oid)
+                    blob = commit.tree[name].peel(pygit2.Blob)
+                    yield blob.data.decode("utf-8", errors="surrogateescape")
+
     def revisions_touching(
         self, ns: Namespace, names: tuple[str, ...], limit: int = 200
     ) -> list[tuple[str, str]]:

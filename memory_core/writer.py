@@ -20,7 +20,7 @@ from typing import Protocol
 from .book import Book, collector_paused
 from .entry import utcnow
 from .errors import ConcurrentChange, ConcurrentEdit, LeaseLost, LucidError
-from .forgetting import Forgotten, redact_profile, redact_raw
+from .forgetting import Forgotten, drawn_on_gone, redact_profile, redact_raw
 from .lineformat import (
     MAX_LINE_CHARS,
     META_OPEN,
@@ -617,7 +617,7 @@ class Writer:
         sealed: list[str] = []
         for op in ops:
             if isinstance(op, Record):
-                outcomes.append(self._record(ns, op, by_day, known))
+                outcomes.append(self._record(ns, op, by_day, known, book))
                 continue
             if isinstance(op, Share):
                 outcomes.append(share(book, op))
@@ -669,7 +669,12 @@ class Writer:
         return rewritten
 
     def _record(
-        self, ns: Namespace, op: Record, by_day: dict[str, list[RawMessage]], known: dict[str, set[str]]
+        self,
+        ns: Namespace,
+        op: Record,
+        by_day: dict[str, list[RawMessage]],
+        known: dict[str, set[str]],
+        book: Book,
     ) -> Outcome:
         try:
             msg = message_from_json(op.message)
@@ -684,6 +689,7 @@ class Writer:
         if msg.id in ids:
             return Outcome(op.op_id, "unchanged", id=msg.id, detail="already recorded")
         ids.add(msg.id)
+        msg = drawn_on_gone(msg, book.get)  # a reply written while what it used was forgotten
         clean = replace(msg, text=redact(msg.text), speaker=redact(msg.speaker))
         by_day.setdefault(day, []).append(clean)
         detail = "redacted" if clean.text != msg.text else None

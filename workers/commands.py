@@ -128,7 +128,7 @@ _T = {
     "usage": ("用法：/{verb} 编号或文字", "Usage: /{verb} ID or text"),
     "not_found": ("我没有找到和“{target}”有关的记忆。", "I found no memory matching “{target}”."),
     "failed": ("没能完成：{why}", "Could not do that: {why}"),
-    "forgotten": ("好的，已忘掉：{text}", "Done, forgotten: {text}"),
+    "forgotten": ("好的，已忘掉：{text} [{id}]", "Done, forgotten: {text} [{id}]"),
     "pinned": ("已置顶：{text}", "Pinned: {text}"),
     "unpinned": ("已取消置顶：{text}", "Unpinned: {text}"),
     "you": ("你", "you"),
@@ -363,7 +363,7 @@ def _forget(
     outcomes.append(outcome)
     if not outcome.ok:
         return say(inbound, "failed", why=outcome.detail or outcome.status)
-    return say(inbound, "forgotten", text=entry.text)
+    return say(inbound, "forgotten", text=entry.text, id=entry.id[:8])  # the id `forget --purge` takes
 
 
 def _pin(runtime: Runtime, mem: MemoryService, inbound: Inbound, target: str, pinned: bool) -> str:

@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 import redis
 from rq.exceptions import NoSuchJobError
 
-from memory_core.errors import InvalidInput, LucidError, StoreError
-from memory_core.forgetting import Forgotten
+from memory_core.errors import InvalidInput, LucidError, NotFound, StoreError
+from memory_core.forgetting import Forgotten, past_entries
+from memory_core.ids import resolve_id
 from memory_core.namespace import Namespace, safe_component, stored_component
 from memory_core.ops import Forget, Outcome
+from memory_core.store import ARCHIVE, MEMORY
 
 from .queues import extraction_job_id, fetch
 from .redis_keys import Keys
@@ -47,34 +49,56 @@ fr.RepoFilter(args, blob_callback=blob, commit_callback=commit).run()
 
 
 def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
-    """Forget `entry_id` and rewrite the namespace's git history so no commit holds it."""
-    store = runtime.store
+    """Forget `entry_id` and rewrite the namespace's git history so no commit holds it. An entry already
+    forgotten (by chat, card, tool or a hand edit: those never purge) is found in git history by its id,
+    and each text it ever had is removed from every commit."""
     entry = runtime.writer.snapshot(ns)[0].get(entry_id)
     if entry is None:
-        return Outcome("purge", "rejected:not_found", detail=f"no entry {entry_id}")
+        return _purge_gone(runtime, ns, entry_id)
 
     def rewrite(outcomes: list[Outcome]) -> None:
         if outcomes[0].ok:
-            rewrite_history(store.path(ns), [Forgotten.of(entry)])
-            # the files on disk are what HEAD holds now
-            store.record_written(ns, hashes=store.snapshot(ns).hashes)
+            _rewrite(runtime, ns, [Forgotten.of(entry)])
 
     outcome = runtime.writer.submit_then(ns, [Forget(entry_id)], rewrite)[0]
     if not outcome.ok:
         return outcome
-    drop_short_history(runtime, ns)
+    forget_around(runtime, ns, [entry.origin] if entry.origin else [])
     return Outcome(outcome.op_id, "purged", id=entry_id, detail="forgotten, and removed from git history")
 
 
-def drop_short_history(runtime: Runtime, ns: Namespace) -> None:
-    """Forget reaches the model's short conversation history too (`lucid:history:<ns>:<chat>`, the last
-    few turns replayed to the model): it is dropped, so a forgotten fact is not re-read from there."""
-    if runtime.redis is None:
-        return
+def _purge_gone(runtime: Runtime, ns: Namespace, given: str) -> Outcome:
+    """`forget --purge` of an id no longer in the files: every version of it git still holds is removed."""
+    past = past_entries(runtime.store.past_texts(ns, (MEMORY, ARCHIVE)))
     try:
-        keys = list(runtime.redis.scan_iter(match=Keys.history(f"{ns.key}:*"), count=500))
-        if keys:
-            runtime.redis.delete(*keys)
+        ident = resolve_id(past, given).id
+    except NotFound:
+        return Outcome("purge", "rejected:not_found", detail=f"no entry {given}, now or in git history")
+    targets = list({e.text: Forgotten.of(e) for e in past if e.id == ident}.values())
+    runtime.writer.submit_then(ns, [], lambda _outcomes: _rewrite(runtime, ns, targets))
+    forget_around(runtime, ns, [t.origin for t in targets if t.origin])
+    return Outcome("purge", "purged", id=ident, detail="already forgotten; now removed from git history too")
+
+
+def _rewrite(runtime: Runtime, ns: Namespace, targets: Sequence[Forgotten]) -> None:
+    """Under the writer's lease: the history without `targets`, and the files on disk are what HEAD holds."""
+    rewrite_history(runtime.store.path(ns), targets)
+    runtime.store.record_written(ns, hashes=runtime.store.snapshot(ns).hashes)
+
+
+def forget_around(runtime: Runtime, ns: Namespace, origins: Sequence[str]) -> None:
+    """What a forget drops besides the files: the short history, and extraction jobs still holding the
+    message the fact came from."""
+    drop_short_history(runtime, ns)
+    drop_pending_extractions(runtime, ns, origins)
+
+
+def drop_short_history(runtime: Runtime, ns: Namespace) -> None:
+    """Forget reaches the model's short conversation history too (the last few turns of each chat replayed
+    to the model, in Redis or, for the terminal chat, in the process): it is dropped, so a forgotten fact
+    is not re-read from there."""
+    try:
+        runtime.scratch.drop_histories(ns.key)
     except redis.RedisError as exc:
         log.warning("could not drop the short history of %s: %s", ns.key, type(exc).__name__)
 

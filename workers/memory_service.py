@@ -49,7 +49,7 @@ from memory_core.textindex import STOP_CHARS
 from memory_core.writer import FORGETS, RAW_REWRITES, VECTOR_CACHE
 
 from .embedding import VECTORS_FILE, Embeddings, from_settings
-from .erasure import drop_pending_extractions, drop_short_history, purge
+from .erasure import forget_around, purge
 from .metrics import Metrics
 from .redis_backend import WRITES
 from .redis_keys import Keys
@@ -721,8 +721,7 @@ class MemoryService:
         origins = [e.origin for i in forgetting if (e := self.book(ns).get(i)) is not None and e.origin]
         outcomes = self.runtime.writer.submit(ns, ops, timeout=timeout)
         if any(o.status == "forgotten" for o in outcomes):
-            drop_short_history(self.runtime, ns)
-            drop_pending_extractions(self.runtime, ns, origins)
+            forget_around(self.runtime, ns, origins)
         if self.embeddings is not None and any(
             o.kind in (Kind.ADDED, Kind.UPDATED, Kind.SUPERSEDED) for o in outcomes
         ):

@@ -48,6 +48,12 @@ class RedisScratch:
     def drop_history(self, key: str) -> None:
         self.client.delete(Keys.history(key))
 
+    def drop_histories(self, prefix: str) -> None:
+        """Every chat's history under `prefix` (a namespace key): what a forget drops."""
+        keys = list(self.client.scan_iter(match=Keys.history(f"{prefix}:*"), count=500))
+        if keys:
+            self.client.delete(*keys)
+
     def language(self, key: str) -> str | None:
         value = self.client.get(Keys.language(key))
         return value.decode() if isinstance(value, bytes) else value
@@ -92,6 +98,12 @@ class LocalScratch:
 
     def drop_history(self, key: str) -> None:
         self._set(Keys.history(key), None, 0)
+
+    def drop_histories(self, prefix: str) -> None:
+        start = Keys.history(f"{prefix}:")
+        with self._lock:
+            for key in [k for k in self._held if k.startswith(start)]:
+                del self._held[key]
 
     def language(self, key: str) -> str | None:
         got = self._get(Keys.language(key))

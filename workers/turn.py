@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -18,6 +18,7 @@ from memory_core.errors import LucidError
 from memory_core.forgetting import FORGOTTEN
 from memory_core.intents import asks_about_me, is_memorable
 from memory_core.lineformat import USED_KEY, USED_MAX, RawMessage
+from memory_core.namespace import Namespace
 from memory_core.recall import used_by_reply
 from memory_core.secretscan import redact
 
@@ -246,14 +247,24 @@ def _converse(
         )
         if result.used and not forgot:  # a later forget of one of them forgets this reply too
             said = replace(said, extra=((USED_KEY, ",".join(result.used[:USED_MAX])),))
-        mem.record(ns, said, wait=False)
-        if forgot:
+        mem.record(ns, said, wait=False)  # archived marked if what it used is forgotten meanwhile
+        # nor may a reply that quotes a fact forgotten meanwhile be replayed or learned from
+        if forgot or _used_gone(mem, ns, result.used):
             scratch.drop_history(history_key)
         elif result.mode == "model" and model:
             scratch.add_history(history_key, inbound.text, result.reply, limits.history_turns)
             _enqueue_extraction(runtime, inbound, result.reply, memory.generation)
 
     return after
+
+
+def _used_gone(mem: MemoryService, ns: Namespace, used: Sequence[str]) -> bool:
+    """Was an entry the reply used forgotten while the reply was written (by another chat, a card, the
+    CLI)? The reply then quotes a fact that is no longer held."""
+    if not used:
+        return False
+    book = mem.book(ns)
+    return any(book.get(i) is None for i in used)
 
 
 UNREADABLE = {

@@ -429,3 +429,83 @@ def test_a_reply_that_used_a_forgotten_fact_in_its_own_words_is_forgotten_too(
     new_session(rt)
     say(rt, "上次你推荐的零食是什么来着")
     assert "花生" not in system_prompt(ollama)
+
+
+def test_a_fact_forgotten_in_chat_can_still_be_purged_from_git_history(
+    rt: Runtime, cli: Callable[..., tuple[int, str]]
+) -> None:
+    """Found by a privacy review: chat, cards and the model's tool forget without purging, and `forget
+    --purge` then refused the id ("no entry"), so the words stayed in git for good. The purge now finds an
+    entry that is already gone in git history, by its id or a prefix of it."""
+    say(rt, "记住我对花生过敏")
+    say(rt, "记住我住在余杭区")
+    ident = entry_id(rt, "花生")
+    assert f"[{ident[:8]}]" in say(rt, "/forget 花生")  # the reply names the id a purge takes
+    assert "花生" not in memory_file(rt) and "花生过敏" in _git_objects(rt)  # forgotten, not yet purged
+
+    code, out = cli("forget", ident[:8], "--purge", "--user", "alice", "--tenant", "t1")
+    assert code == 0 and "purged" in out and ident in out, out
+    objects = _git_objects(rt)
+    assert "花生" not in objects
+    assert "余杭区" in objects  # positive control: the rest of the history stays
+    code, out = cli("forget", "0123456789ab", "--purge", "--user", "alice", "--tenant", "t1")
+    assert code == 3 and "not_found" in out  # an id git never held is a clear refusal, nothing rewritten
+    say(rt, "记住我喜欢喝茶")  # the namespace goes on as before
+    assert "余杭区" in memory_file(rt) and "喝茶" in memory_file(rt)
+
+
+def test_a_purge_drops_the_queued_extraction_of_the_fact_s_message(
+    rt: Runtime, ollama: FakeOllama, cli: Callable[..., tuple[int, str]]
+) -> None:
+    """Found by a privacy review: `forget --purge` rewrote git history but left the extraction job of the
+    fact's message queued, the message's text in its arguments (in Redis and its append-only file)."""
+    ollama.script("好的，我知道了。")
+    say(rt, "我对花生过敏，吃了会起疹子")
+    line = next(x for x in memory_file(rt).splitlines() if "花生" in x)
+    job = extraction_job_id("default", line.split("from=")[1].split(";")[0])
+    assert fetch(job, rt.redis).args  # queued, the message's text in its arguments
+    code, out = cli("forget", entry_id(rt, "花生"), "--purge", "--user", "alice", "--tenant", "t1")
+    assert code == 0 and "purged" in out, out
+    with pytest.raises(NoSuchJobError):
+        fetch(job, rt.redis)
+    assert "花生" not in _redis_dump(rt.redis)
+
+
+def test_without_redis_a_forget_drops_every_chat_s_short_history(data_dir: Path, ollama: FakeOllama) -> None:
+    """Found by a privacy review: without Redis (the terminal chat, or a runtime built without it) the
+    short history lives in the process, and a forget did not reach it: the next turn of another chat
+    replayed the forgotten fact to the model."""
+    rt = make_runtime(data_dir, None, ollama=ollama)
+    say(rt, "记住我对花生过敏")
+    say(rt, "我对花生过敏，周末聚餐点什么好", group=True)  # the group chat's history now holds it
+    say(rt, f"/forget {entry_id(rt, '花生')[:8]}")  # forgotten in the private chat
+    say(rt, "今天吃什么好", group=True)
+    assert "花生" not in json.dumps(ollama.chat_requests[-1]["messages"], ensure_ascii=False)
+    say(rt, "那明天呢", group=True)  # positive control: the group chat's history goes on
+    assert "今天吃什么好" in json.dumps(ollama.chat_requests[-1]["messages"][1:-1], ensure_ascii=False)
+
+
+def test_a_reply_written_while_its_fact_was_forgotten_is_not_kept_in_clear(
+    rt: Runtime, ollama: FakeOllama
+) -> None:
+    """Found by a privacy review: a fact forgotten (from another chat, a card, the CLI) while the model was
+    writing a reply that quotes it: the reply was archived in clear, replayed as short history and queued
+    for extraction, so the fact came back in later prompts and searches."""
+    say(rt, "记住我对花生过敏")
+    ident = entry_id(rt, "花生")
+
+    def forget_meanwhile(_body: dict[str, Any]) -> str:
+        rt.memory.apply(ns(), [Forget(id=ident)])  # lands while this reply is being written
+        ollama.responder = None
+        return "你对花生过敏，聚餐时避开花生酱和宫保鸡丁。"
+
+    ollama.responder = forget_meanwhile
+    reply = say(rt, "我对什么过敏来着")
+    assert "花生" in reply and "花生" not in memory_file(rt)  # said before the forget landed, then gone
+    say(rt, "今天吃什么好")
+    assert "花生" not in json.dumps(ollama.chat_requests[-1]["messages"], ensure_ascii=False)
+    archived = raw_text(rt)
+    assert "花生" not in archived and "宫保鸡丁" not in archived, archived
+    assert "今天吃什么好" in archived and FORGOTTEN in archived  # the conversation is still recorded
+    run_jobs(rt, "memory")
+    assert "花生" not in memory_file(rt)  # and no extraction learns it back from the reply
