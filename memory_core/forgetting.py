@@ -11,6 +11,7 @@ from .dream_guard import coverage, key_terms
 from .entry import Entry
 from .errors import LineError
 from .lineformat import USED_KEY, RawMessage, parse_entry, parse_raw, render_raw
+from .meaning import carried
 from .profile import profile_digest, profile_inputs, split_lines, stored_digest, supported
 from .similarity import normalise
 from .store import ARCHIVE, MEMORY, PROFILE
@@ -34,6 +35,16 @@ class Forgotten:
     @classmethod
     def of(cls, entry: Entry) -> Forgotten:
         return cls(entry.id, entry.text, entry.origin)
+
+    @classmethod
+    def with_cuts(cls, entry: Entry, predecessors: Iterable[Entry]) -> list[Forgotten]:
+        """`entry`, and the clauses it was cut from in the lines it superseded (a remainder's words in its
+        old line, as past commits hold it): what `forget --purge` removes from git history."""
+        out = [cls.of(entry)]
+        for old in predecessors:
+            if old.id in entry.supersedes:
+                out += [cls(entry.id, c) for c in carried(entry.text, old.text)]
+        return out
 
 
 def _spans(targets: Sequence[Forgotten]) -> list[tuple[re.Pattern[str], str]]:

@@ -481,6 +481,14 @@ def clauses(text: str) -> list[str]:
     return [c.strip() for c in _CLAUSE.split(text) if c.strip()]
 
 
+def carried(part: str, whole: str) -> list[str]:
+    """The clauses of `whole` that `part` repeats (as `with_speaker` made them stand alone): what a
+    remainder cut out of `whole` (book `_keep_remainder`) took from it. [] unless `part` is such a cut."""
+    own = set(clauses(part))
+    cut = [c for c in clauses(whole) if c in own or with_speaker(c, whole) in own]
+    return cut if 0 < len(cut) < len(clauses(whole)) else []
+
+
 def with_speaker(clause: str, whole: str) -> str:
     """A clause cut out of `whole`, made to stand alone: 在字节跳动做后端开发 → 我在字节跳动做后端开发."""
     c = clause.strip()

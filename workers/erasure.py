@@ -52,13 +52,15 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
     """Forget `entry_id` and rewrite the namespace's git history so no commit holds it. An entry already
     forgotten (by chat, card, tool or a hand edit: those never purge) is found in git history by its id,
     and each text it ever had is removed from every commit."""
-    entry = runtime.writer.snapshot(ns)[0].get(entry_id)
+    book = runtime.writer.snapshot(ns)[0]
+    entry = book.get(entry_id)
     if entry is None:
         return _purge_gone(runtime, ns, entry_id)
+    before = [e for i in entry.supersedes if (e := book.get(i)) is not None]
 
     def rewrite(outcomes: list[Outcome]) -> None:
         if outcomes[0].ok:
-            _rewrite(runtime, ns, [Forgotten.of(entry)])
+            _rewrite(runtime, ns, Forgotten.with_cuts(entry, before))
 
     outcome = runtime.writer.submit_then(ns, [Forget(entry_id)], rewrite)[0]
     if not outcome.ok:
@@ -74,7 +76,8 @@ def _purge_gone(runtime: Runtime, ns: Namespace, given: str) -> Outcome:
         ident = resolve_id(past, given).id
     except NotFound:
         return Outcome("purge", "rejected:not_found", detail=f"no entry {given}, now or in git history")
-    targets = list({e.text: Forgotten.of(e) for e in past if e.id == ident}.values())
+    versions = [Forgotten.with_cuts(e, past) for e in past if e.id == ident]
+    targets = list({t.text: t for v in versions for t in v}.values())
     runtime.writer.submit_then(ns, [], lambda _outcomes: _rewrite(runtime, ns, targets))
     forget_around(runtime, ns, [t.origin for t in targets if t.origin])
     return Outcome("purge", "purged", id=ident, detail="already forgotten; now removed from git history too")

@@ -443,6 +443,10 @@ class MemoryService:
             self._raw[ns] = cache
         if cache.rewrites != rewrites or not set(cache.offsets) <= set(days):
             # Lines were rewritten in place (a forget) or days removed (an erase): rebuild from the Markdown.
+            if (
+                cache.rewrites != rewrites
+            ):  # and a save that raced the forget's drop leaves no old line on disk
+                store.drop_cache(ns, RAW_CACHE)
             cache = _RawCache(RawIndex(), {}, rewrites=rewrites)
             self._raw[ns] = cache
         grew = 0
@@ -491,7 +495,8 @@ class MemoryService:
 
     def _save_raw(self, ns: Namespace, cache: _RawCache) -> None:
         """The index and how far into each day file it has read switch together (one manifest). An index
-        built before a forget rewrote lines is not saved (it holds them)."""
+        built before a forget rewrote lines is not saved (it holds them); the forget's count is read again
+        after the save, so a forget that lands during it (its own drop first) deletes it again."""
         if int(self.runtime.store.state_value(ns, RAW_REWRITES) or 0) != cache.rewrites:
             return
         meta = {
@@ -502,6 +507,9 @@ class MemoryService:
         }
         try:
             self.runtime.store.save_cache(ns, RAW_CACHE, cache.index.dump(), meta)
+            if int(self.runtime.store.state_value(ns, RAW_REWRITES) or 0) != cache.rewrites:
+                self.runtime.store.drop_cache(ns, RAW_CACHE)
+                return
             cache.unsaved = 0
         except OSError as exc:
             log.warning("could not save the search index cache: %s", exc)

@@ -353,6 +353,7 @@ class FakeOllama(BackgroundServer):
         self.streamed_at: list[float] = []  # when each streamed answer finished (epoch seconds)
         self.streams_left = 0  # streamed answers the client stopped reading before their end
         self.embed_requests: list[dict[str, Any]] = []
+        self.on_embed: Callable[[dict[str, Any]], None] | None = None  # runs on each embed request, first
         self.errors: list[str] = []  # why the fake answered 5xx on its own (e.g. nothing scripted)
         self._script: collections.deque[Reply] = collections.deque()
         self._embed_faults: collections.deque[Reply] = collections.deque()
@@ -640,6 +641,8 @@ class FakeOllama(BackgroundServer):
             return _error(400, "invalid JSON body")
         with self.lock:
             self.embed_requests.append(body)
+        if self.on_embed is not None:
+            self.on_embed(body)  # what happens elsewhere while the client waits (a test's interleaving)
         model = str(body.get("model", ""))
         fault = await self._embed_fault(model)
         if fault is not None:

@@ -6,6 +6,7 @@ from files, git, vault, indexes and Redis. Each check has its positive control (
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -509,3 +510,97 @@ def test_a_reply_written_while_its_fact_was_forgotten_is_not_kept_in_clear(
     assert "今天吃什么好" in archived and FORGOTTEN in archived  # the conversation is still recorded
     run_jobs(rt, "memory")
     assert "花生" not in memory_file(rt)  # and no extraction learns it back from the reply
+
+
+def _index_holds(root: Path, text: str) -> bool:
+    """Does any file of a saved search index hold `text` (as UTF-8 or JSON-escaped)?"""
+    needles = (text.encode(), json.dumps(text)[1:-1].encode())
+    return any(n in p.read_bytes() for p in root.rglob("*") if p.is_file() for n in needles)
+
+
+def test_a_search_index_saved_around_a_forget_does_not_keep_the_fact_on_disk(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama
+) -> None:
+    """Found by a privacy review: a process saving the raw archive's search index while a forget rewrote the
+    archive could land its save after the forget deleted the saved index, leaving the forgotten message
+    in `.index/raw/` (never used for a search, but on disk). Any process that sees the index is older than
+    the last forget now deletes it. The race's outcome is set up on disk: the index as saved before the
+    forget, put back after the forget's drop."""
+    rt = make_runtime(data_dir, redis_url, ollama=ollama, git=True, embed_model="nomic-embed-text")
+    say(rt, "记住我对花生过敏")
+    say(rt, "今天天气不错")
+    for _ in range(2):  # the first search embeds the archive in the background and saves the index
+        rt.memory.search(ns(), "花生")
+        rt.memory.wait_for_embeddings()
+    root = rt.store.path(ns()) / ".index" / "raw"
+    assert _index_holds(root, "花生过敏")
+    stale = data_dir.parent / "stale-index"
+    shutil.copytree(root, stale)
+    rt.memory.apply(ns(), [Forget(id=entry_id(rt, "花生"))])
+    assert not _index_holds(root, "花生过敏")  # the forget deleted it
+
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(stale, root)  # the racing save lands after the forget's drop
+    other = make_runtime(data_dir, redis_url)  # another process (`lucid search`: no embedder, so no save)
+    hits = other.memory.search(ns(), "天气")
+    assert not _index_holds(root, "花生过敏")
+    assert any("今天天气不错" in h.text for h in hits)  # positive control: search still works
+
+
+@pytest.mark.parametrize("later", [False, True], ids=["purged", "forgotten-then-purged"])
+def test_forgetting_what_was_kept_of_a_superseded_line_cuts_it_from_that_line_too(
+    rt: Runtime, cli: Callable[..., tuple[int, str]], later: bool
+) -> None:
+    """Found by a privacy review: 我叫小王，在阿里巴巴上班 then 我叫小李 keeps 我在阿里巴巴上班 as its own entry,
+    and the old line stays as history. Forgetting the kept part left its words in that old line (and, after
+    a purge, in every commit). They are cut from it; what else it said stays as history."""
+    say(rt, "记住我叫小王，在阿里巴巴上班")
+    say(rt, "记住我叫小李")
+    kept = entry_id(rt, "我在阿里巴巴上班")
+    if later:
+        say(rt, f"/forget {kept[:8]}")
+        assert "阿里巴巴" not in memory_file(rt) and "~~我叫小王~~" in memory_file(rt)
+    code, out = cli("forget", kept, "--purge", "--user", "alice", "--tenant", "t1")
+    assert code == 0 and "purged" in out, out
+    files = memory_file(rt) + (rt.store.path(ns()) / "ARCHIVE.md").read_text()
+    assert "阿里巴巴" not in files, files
+    assert "阿里巴巴" not in _git_objects(rt)
+    assert "~~我叫小王~~" in files and "我叫小李" in files  # the name's history stays
+
+
+def test_an_index_saved_while_a_forget_lands_is_not_kept(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama
+) -> None:
+    """The raw search index is saved after its messages are embedded, off the turn. A forget that lands
+    while they are being embedded (another chat, the CLI) deletes the saved index; what is saved next
+    must be built from the rewritten archive, not the index being embedded. (The narrower race, a forget
+    landing inside the save itself, is closed by a count read after the save; no test can place a
+    forget there without patching the store.)"""
+    rt = make_runtime(data_dir, redis_url, ollama=ollama, git=True)
+    say(rt, "记住我对花生过敏")
+    say(rt, "今天天气不错")
+    ident = entry_id(rt, "花生")
+    root = rt.store.path(ns()) / ".index" / "raw"
+    shutil.rmtree(root, ignore_errors=True)  # a process that starts with nothing saved
+
+    def forget_meanwhile(body: dict[str, Any]) -> None:
+        if "记住我对花生过敏" in json.dumps(
+            body.get("input"), ensure_ascii=False
+        ):  # the message, not the entry
+            ollama.on_embed = None
+            rt.memory.apply(ns(), [Forget(id=ident)])  # from another chat, while the archive is embedded
+
+    ollama.on_embed = forget_meanwhile
+    searcher = make_runtime(data_dir, redis_url, ollama=ollama, chat=False, embed_model="nomic-embed-text")
+    for _ in range(2):  # the archive is embedded in the background, then the index is saved
+        searcher.memory.search(ns(), "天气")
+        searcher.memory.wait_for_embeddings()
+        if ollama.on_embed is None:
+            break  # asked at once: the next search would find the index stale and delete it anyway
+    assert ollama.on_embed is None and "花生" not in memory_file(rt)  # the forget landed meanwhile
+    assert not _index_holds(root, "花生过敏")
+    for _ in range(2):
+        hits = searcher.memory.search(ns(), "天气")
+        searcher.memory.wait_for_embeddings()
+    assert any("今天天气不错" in h.text for h in hits) and not _index_holds(root, "花生过敏")
+    assert (root / "manifest.json").exists()  # positive control: the index is saved again, without it
