@@ -57,6 +57,9 @@ class DreamReport:
     touched: dict[str, list[str]] = field(default_factory=dict)
     rejections: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # What the rejections quoted (a merge's lost terms, a profile line): shown to whoever ran the run (the
+    # CLI, /dream, the job's result), never written to DREAMS.md or a commit, where a forget cannot reach.
+    said: list[str] = field(default_factory=list)
     model: str | None = None
     llm_calls: int = 0
     prompt_tokens: int = 0
@@ -95,6 +98,7 @@ class DreamReport:
             "touched": {k: list(v) for k, v in self.touched.items()},
             "rejections": dict(self.rejections),
             "notes": list(self.notes),
+            "said": list(self.said),
             "model": self.model,
             "llm": {
                 "calls": self.llm_calls,

@@ -71,7 +71,7 @@ _EN_STOP = _words(
 # First characters and words that cannot start a name: pronouns, errands (我叫了外卖), time words, conjunctions
 # (如果我住在北京 is a hypothetical, not a person called 如果我).
 _ZH_NOT_NAME = _words(
-    """他 她 它 我 你 您 这 那 谁 某 有 每 别 人 一 了 过 车 醒 起 吃 回 去 来 出 睡 周末 今天 明天 昨天 平时 以前
+    """用户 他 她 它 我 你 您 这 那 谁 某 有 每 别 人 一 了 过 车 醒 起 吃 回 去 来 出 睡 周末 今天 明天 昨天 平时 以前
     现在 目前 最近 如果 要是 假如 虽然 因为 但是 所以 可能 也许 听说 据说 好像 感觉 觉得 希望 打算 准备 想 还 都 就
     只 也 才 又"""
 )

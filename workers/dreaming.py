@@ -180,7 +180,7 @@ class _Deep:
             self.merges.extend(review.merges)
             for reason, n in review.rejected.items():
                 self.report.reject(reason, n)
-            self.report.notes.extend(f"rejected {d}" for d in review.details[:8])
+            self.report.said.extend(f"rejected {d}" for d in review.details[:8])
 
     def apply(self, book: Book, snap: Snapshot, now: datetime) -> dict[str, str]:
         applied = apply_deep(book, self.merges, now)
@@ -318,7 +318,8 @@ class _Profile:
             self.report.notes.append("the model found too little for a profile")
         elif not verdict.accepted:
             self.report.reject(verdict.reason or "rejected")
-            self.report.notes.append(f"profile rejected ({verdict.reason}): {verdict.detail}")
+            self.report.notes.append(f"profile rejected ({verdict.reason})")
+            self.report.said.append(f"profile rejected ({verdict.reason}): {verdict.detail}")
         else:
             self.text = render_profile(verdict.lines, digest, now, len(inputs))
 
@@ -548,6 +549,7 @@ def format_report(report: dict[str, Any], data_dir: str | None = None) -> str:
         f"{llm.get('prompt_tokens', 0) + llm.get('completion_tokens', 0)} tokens"
     )
     lines.extend(f"  note: {n}" for n in report.get("notes", []))
+    lines.extend(f"  {n}" for n in report.get("said", []))
     if report.get("revision"):
         rev = str(report["revision"])[:10]
         hint = command_hint(f"undo {rev}", str(report.get("namespace", "")), data_dir)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from memory_core.entry import TYPES
 from memory_core.policy import CANONICAL, canonical_subject
+from memory_core.profile import about_someone_else
 from memory_core.subjects import Recognised, recognise
 
 LOCATION = [
@@ -278,6 +279,15 @@ def test_look_alikes_set_no_attribute(text: str) -> None:
 def test_third_party_facts_are_never_the_users(text: str) -> None:
     found = recognise(text)
     assert found is None or found.subject.startswith("person:")
+
+
+@pytest.mark.parametrize("text", ["用户住在杭州西湖区", "用户在阿里巴巴工作", "用户的名字叫小王"])
+def test_the_user_named_as_the_user_is_not_a_third_party(text: str) -> None:
+    """用户… is how extraction and profiles name the person (as `meaning.with_speaker` reads it): such a
+    line must not be filed as a person called 用户 (a profile of 用户住在… was refused as third-party)."""
+    found = recognise(text)
+    assert found is None or not found.subject.startswith("person:")
+    assert about_someone_else(text) is None
 
 
 @pytest.mark.parametrize(

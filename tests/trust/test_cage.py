@@ -71,5 +71,27 @@ class TestCageKeepsContent:
         assert "rejections: 1 missing_term" in ran.out and "东京区域" in ran.out
         assert sorted(lucid.current_texts()) == ["服务部署在 AWS", "服务部署在 AWS 东京区域"]
         journal = lucid.read("DREAMS.md")
-        assert "missing_term 1" in journal and "东京区域" in journal
+        assert "missing_term 1" in journal  # counted in the journal; its words are not kept there (a forget
+        assert "东京区域" not in journal  # of the fact could not reach them): the run's output says them
         assert "服务部署在 AWS 东京区域" in lucid.recall("东京")
+
+
+def test_a_rejected_profile_line_is_said_to_the_runner_not_kept_in_the_journal(
+    lucid: Lucid, fake: FakeOllama
+) -> None:
+    """DREAMS.md is committed and a forget does not rewrite it, so it keeps ids, counts and reasons only;
+    the words a rejection quotes go to whoever ran the dream (found by a privacy review: a profile line
+    the guard refused was kept there, quoting the person's facts)."""
+    lucid.import_lines(
+        [
+            fact("p1", "我对花生过敏", type="fact", at=at(-3)),
+            fact("p2", "我住在杭州西湖区", type="fact", at=at(-3)),
+            fact("p3", "我喜欢爬山", type="preference", at=at(-3)),
+        ]
+    )
+    fake.script("- 对花生过敏\n- 住在杭州西湖区\n- 养了一只叫豆豆的柯基，每天遛狗")
+    ran = lucid.with_model(fake).ok("dream", "--phase", "profile")
+    assert "profile rejected (unsupported): 养了一只叫豆豆的柯基" in ran.out  # the runner is told what
+    journal = lucid.read("DREAMS.md")
+    assert "profile rejected (unsupported)" in journal
+    assert "豆豆" not in journal and "花生" not in journal
