@@ -10,7 +10,7 @@ from datetime import datetime
 from .dream_guard import coverage, key_terms
 from .entry import Entry
 from .errors import LineError
-from .lineformat import USED_KEY, RawMessage, parse_entry, parse_raw, render_raw
+from .lineformat import USED_KEY, RawMessage, escape_inline, parse_entry, parse_raw, render_raw
 from .meaning import carried
 from .profile import profile_digest, profile_inputs, split_lines, stored_digest, supported
 from .similarity import normalise
@@ -48,11 +48,13 @@ class Forgotten:
 
 
 def _spans(targets: Sequence[Forgotten]) -> list[tuple[re.Pattern[str], str]]:
-    """(pattern, entry id) for each target text long enough to match, longest first."""
+    """(pattern, entry id) for each target text long enough to match, longest first; a text that a line
+    holds escaped (a backslash, a control character, `-->`) also as it stands in the line."""
     by_text: dict[str, str] = {}
     for t in targets:
         if len(t.text.strip()) >= MIN_SPAN_CHARS:
             by_text.setdefault(t.text.strip(), t.id)
+            by_text.setdefault(escape_inline(t.text.strip()), t.id)
     ordered = sorted(by_text, key=len, reverse=True)
     return [(re.compile(re.escape(text), re.I), by_text[text]) for text in ordered]
 

@@ -42,11 +42,17 @@ def _escape_char(m: re.Match[str]) -> str:
     return "\\\\" if ch == "\\" else "\\u{%x}" % ord(ch)
 
 
-def escape(text: str) -> str:
-    """Escape `text` for the visible part of a line. Bijective with `unescape`."""
+def escape_inline(text: str) -> str:
+    """`text` as it reads inside a line's visible part (what `escape` does away from the line's ends): how
+    a forgotten text is found in lines that quote it."""
     s = _SPECIAL.sub(_escape_char, text)
     # A comment can neither open nor close inside content.
-    s = s.replace("<!--", "<\\!--").replace("-->", "--\\>")
+    return s.replace("<!--", "<\\!--").replace("-->", "--\\>")
+
+
+def escape(text: str) -> str:
+    """Escape `text` for the visible part of a line. Bijective with `unescape`."""
+    s = escape_inline(text)
     if s and s[0] in _LEADING_MARKUP:
         s = "\\" + s
     # Leading/trailing white space would be lost to a reader's trim: spell it out.

@@ -604,3 +604,21 @@ def test_an_index_saved_while_a_forget_lands_is_not_kept(
         searcher.memory.wait_for_embeddings()
     assert any("今天天气不错" in h.text for h in hits) and not _index_holds(root, "花生过敏")
     assert (root / "manifest.json").exists()  # positive control: the index is saved again, without it
+
+
+def test_a_forgotten_text_is_found_where_a_line_holds_it_escaped(
+    rt: Runtime, cli: Callable[..., tuple[int, str]]
+) -> None:
+    """Found by a privacy review: a raw line stores a backslash or a control character escaped (`\\\\`,
+    `\\u{a}`), and the forget looked for the text as typed, so another message quoting a fact with a
+    Windows path kept it in clear, in the files and, after a purge, in git."""
+    fact = "我的项目在 D:\\work\\lucid-secret 目录"
+    say(rt, f"记住{fact}")
+    new_session(rt)  # (a line of the fact's session names its message as the session)
+    say(rt, f"顺便说下，{fact}，别告诉别人")  # another message quoting it: not the fact's origin
+    say(rt, "记住我住在余杭区")
+    assert "lucid-secret" in raw_text(rt)
+    code, out = cli("forget", entry_id(rt, "lucid-secret"), "--purge", "--user", "alice", "--tenant", "t1")
+    assert code == 0 and "purged" in out, out
+    assert "lucid-secret" not in raw_text(rt) and "lucid-secret" not in _git_objects(rt)
+    assert "顺便说下" in raw_text(rt) and "余杭区" in memory_file(rt)  # the rest of the line and memory stay
