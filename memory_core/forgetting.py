@@ -254,7 +254,7 @@ def purge_blob(data: bytes, targets: Sequence[Forgotten]) -> bytes:
     sources = {t.origin: t.id for t in targets if t.origin}
     sources.update({f"{o}:reply": i for o, i in list(sources.items())})
     spans = _spans(targets)
-    gone = [t.text for t in targets]
+    gone = [t.text for t in targets if t.text.strip()]  # "": only the id's lines and message go
     profile = "lucid:profile" in text
     out: list[str] = []
     for line in text.split("\n"):

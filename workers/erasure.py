@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,15 +58,18 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
         return _purge_gone(runtime, ns, entry_id)
     before = [e for i in entry.supersedes if (e := book.get(i)) is not None]
 
+    kept: list[str] = []
+
     def rewrite(outcomes: list[Outcome]) -> None:
         if outcomes[0].ok:
-            _rewrite(runtime, ns, Forgotten.with_cuts(entry, before))
+            kept.extend(_rewrite(runtime, ns, Forgotten.with_cuts(entry, before)))
 
     outcome = runtime.writer.submit_then(ns, [Forget(entry_id)], rewrite)[0]
     if not outcome.ok:
         return outcome
     forget_around(runtime, ns, [entry.origin] if entry.origin else [])
-    return Outcome(outcome.op_id, "purged", id=entry_id, detail="forgotten, and removed from git history")
+    detail = "forgotten, and removed from git history" + _kept_words(kept)
+    return Outcome(outcome.op_id, "purged", id=entry_id, detail=detail)
 
 
 def _purge_gone(runtime: Runtime, ns: Namespace, given: str) -> Outcome:
@@ -78,15 +81,36 @@ def _purge_gone(runtime: Runtime, ns: Namespace, given: str) -> Outcome:
         return Outcome("purge", "rejected:not_found", detail=f"no entry {given}, now or in git history")
     versions = [Forgotten.with_cuts(e, past) for e in past if e.id == ident]
     targets = list({t.text: t for v in versions for t in v}.values())
-    runtime.writer.submit_then(ns, [], lambda _outcomes: _rewrite(runtime, ns, targets))
+    kept: list[str] = []
+    runtime.writer.submit_then(ns, [], lambda _outcomes: kept.extend(_rewrite(runtime, ns, targets)))
     forget_around(runtime, ns, [t.origin for t in targets if t.origin])
-    return Outcome("purge", "purged", id=ident, detail="already forgotten; now removed from git history too")
+    detail = "already forgotten; now removed from git history too" + _kept_words(kept)
+    return Outcome("purge", "purged", id=ident, detail=detail)
 
 
-def _rewrite(runtime: Runtime, ns: Namespace, targets: Sequence[Forgotten]) -> None:
-    """Under the writer's lease: the history without `targets`, and the files on disk are what HEAD holds."""
-    rewrite_history(runtime.store.path(ns), targets)
+def _rewrite(runtime: Runtime, ns: Namespace, targets: Sequence[Forgotten]) -> list[str]:
+    """Under the writer's lease: the history without `targets`, and the files on disk are what HEAD holds.
+    A target's words that an entry still held says too (said again after the forget, or in another chat's
+    scope) are not cut: the rewrite reaches HEAD, so it would cut them from that entry as well. The target's
+    own lines and message still go. Returns the ids of the entries that kept them."""
+    book = runtime.writer.snapshot(ns)[0]
+    ids = {t.id for t in targets}
+    held = [e for e in book.entries() + book.archived() if e.id not in ids]
+    kept: list[str] = []
+    cut: list[Forgotten] = []
+    for t in targets:
+        sayers = [e.id for e in held if t.text.strip() and t.text.strip().casefold() in e.text.casefold()]
+        kept += sayers
+        cut.append(replace(t, text="") if sayers else t)
+    rewrite_history(runtime.store.path(ns), cut)
     runtime.store.record_written(ns, hashes=runtime.store.snapshot(ns).hashes)
+    return list(dict.fromkeys(kept))
+
+
+def _kept_words(kept: Sequence[str]) -> str:
+    if not kept:
+        return ""
+    return f"; its words stay where entry {', '.join(i[:8] for i in kept)} says them too (forget that too)"
 
 
 def forget_around(runtime: Runtime, ns: Namespace, origins: Sequence[str]) -> None:

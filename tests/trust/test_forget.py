@@ -622,3 +622,31 @@ def test_a_forgotten_text_is_found_where_a_line_holds_it_escaped(
     assert code == 0 and "purged" in out, out
     assert "lucid-secret" not in raw_text(rt) and "lucid-secret" not in _git_objects(rt)
     assert "顺便说下" in raw_text(rt) and "余杭区" in memory_file(rt)  # the rest of the line and memory stay
+
+
+def test_purging_a_fact_said_again_since_keeps_what_is_held_now(
+    rt: Runtime, ollama: FakeOllama, cli: Callable[..., tuple[int, str]]
+) -> None:
+    """Found in review: 我喜欢吃四川火锅 forgotten, then said again (a new entry), then the old id purged: the
+    rewrite reaches HEAD, and cutting the words everywhere cut them from the entry held now (data lost).
+    The old id's lines go; words an entry still says stay, and the purge says which entry keeps them."""
+    say(rt, "记住我喜欢吃四川火锅")
+    say(rt, "记住我住在余杭区")
+    old = entry_id(rt, "火锅")
+    say(rt, f"/forget {old[:8]}")
+    say(rt, "记住我喜欢吃四川火锅")  # said again: a new entry
+    new = entry_id(rt, "火锅")
+    assert new != old
+    ollama.script("- 住在余杭区\n- 喜欢吃四川火锅")
+    run_phase(rt, str(ns()), "profile")
+    profile = rt.store.path(ns()) / "PROFILE.md"
+    assert "余杭区" in profile.read_text() and "火锅" in profile.read_text()
+    code, out = cli("forget", old, "--purge", "--user", "alice", "--tenant", "t1")
+    assert code == 0 and "purged" in out and new[:8] in out, out
+    assert "我喜欢吃四川火锅" in memory_file(rt)  # nothing true is lost
+    assert "余杭区" in profile.read_text() and "火锅" in profile.read_text()  # nor the profile drawn from it
+    objects = _git_objects(rt)
+    assert f"id={old}" not in objects and "余杭区" in objects  # the old entry's lines left every commit
+    root = rt.store.path(ns())
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True)
+    assert status.stdout == ""
