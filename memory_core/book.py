@@ -33,7 +33,7 @@ from .lineformat import (
 )
 from .ops import Edit, Forget, Op, Outcome, Pin, Put, Remember, Touch, entry_from_json
 from .policy import CANONICAL, HAN, subject_key
-from .recall import is_shared
+from .recall import SHARE_KEY, is_shared
 from .secretscan import contains_secret, holds_redaction
 from .subjects import recognise
 
@@ -753,9 +753,13 @@ class Book:
         # rewritten elsewhere (a group's line in private): the new words are shown where they were said
         moved = op.scope is not None and policy.scope_key(op.scope) != policy.scope_key(entry.scope)
         scope = op.scope if moved else entry.scope
+        # The person shared the words they shared: the model's new words are not shared until they are
+        # (a rewording with a private or sensitive detail must not reach every group).
+        unshared = is_shared(entry) and policy.automatic(op.source)
+        extra = tuple((k, v) for k, v in entry.extra if k != SHARE_KEY) if unshared else entry.extra
         verdict = meaning.compare(text, entry.text)
         if verdict.kind in meaning.REWORDING:
-            self._set(entry.with_changes(text=text, scope=scope))
+            self._set(entry.with_changes(text=text, scope=scope, extra=extra))
             return Outcome(op.op_id, "updated", id=op.id)
         # Another meaning (余杭区 → 西湖区, or other words altogether): the old line stays as history.
         self._set(entry.with_changes(valid_to=now))
@@ -763,6 +767,7 @@ class Book:
             id=self._fresh_id(),
             text=text,
             scope=scope,
+            extra=extra,
             valid_from=now,
             at=now,
             supersedes=(entry.id,),

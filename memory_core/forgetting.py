@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -59,21 +60,28 @@ def _spans(targets: Sequence[Forgotten]) -> list[tuple[re.Pattern[str], str]]:
     return [(re.compile(re.escape(text), re.I), by_text[text]) for text in ordered]
 
 
-def redact_raw(day_text: str, targets: Sequence[Forgotten]) -> tuple[str, int]:
-    """A raw day file with the targets' lines marked and spans replaced; (new text, lines touched)."""
+def redact_raw(day_text: str, targets: Sequence[Forgotten]) -> tuple[str, int, list[str]]:
+    """A raw day file with the targets' lines marked and spans replaced; (new text, lines touched, the
+    messages of those lines: a reply's as its message, `om_1:reply` → `om_1`). Those messages said the fact
+    (the one it was learned from, one that said it again, a reply that used it): what they would teach an
+    extraction is refused, and their queued extractions dropped."""
     if not targets:
-        return day_text, 0
+        return day_text, 0, []
     sources = {t.origin: t.id for t in targets if t.origin}
     sources.update({f"{o}:reply": i for o, i in list(sources.items())})
     spans = _spans(targets)
     ids = {t.id for t in targets}
     out: list[str] = []
     touched = 0
+    said: list[str] = []
     for line in day_text.split("\n"):
         new = _redact_line(line, sources, spans, ids)
-        touched += new != line
+        if new != line:
+            touched += 1
+            with contextlib.suppress(LineError):  # an unreadable line has no message to name
+                said.append(parse_raw(new).id.removesuffix(":reply"))
         out.append(new)
-    return "\n".join(out), touched
+    return "\n".join(out), touched, list(dict.fromkeys(said))
 
 
 def _redact_line(

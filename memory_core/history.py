@@ -145,7 +145,8 @@ class RevertPlan:
 def plan_revert(before: Files, after: Files, current: Files, bring_back: bool = False) -> RevertPlan:
     """The undo of the change `before` → `after`, applied on `current`. Raises UndoRefused if a later
     change touched one of the same entries (or PROFILE.md), or if there is nothing to undo. An entry the
-    change forgot stays forgotten unless `bring_back` (an undo, or a hand edit: a line deleted by mistake)."""
+    change forgot stays forgotten unless `bring_back` (the undo of an undo: what it brought back). A line
+    deleted by hand is a forget too, and stays forgotten (docs/PRIVACY.md)."""
     changes = entry_changes(before, after)
     now = states(current)
     plan = RevertPlan()
@@ -537,7 +538,7 @@ def undo(writer: Writer, ns: Namespace, rev: str | None = None) -> Undone:
     def change(book: Book, snap: Snapshot) -> dict[str, str]:
         nonlocal restored
         current = {name: snap.text(name) for name in (MEMORY, ARCHIVE, PROFILE, DREAMS)}
-        plan = plan_revert(before, after, current, bring_back=_kind(subject) in ("undo", "hand edit"))
+        plan = plan_revert(before, after, current, bring_back=_kind(subject) == "undo")
         restored = apply_revert(book, plan, writer.clock())
         files: dict[str, str] = {}
         if plan.profile is not None:

@@ -25,7 +25,6 @@ from .lineformat import (
     MAX_LINE_CHARS,
     META_OPEN,
     RawMessage,
-    Unparsed,
     distinct_ids,
     format_time,
     parse_file,
@@ -662,10 +661,11 @@ class Writer:
         rewritten = False
         for day in sorted(set(self.store.raw_days(ns)) | set(raw)):
             text = raw.get(day) if day in raw else self.store.read_text_raw(ns, day)
-            new, touched = redact_raw(text or "", forgotten)
+            new, touched, said = redact_raw(text or "", forgotten)
             if touched:
                 raw[day] = new
                 rewritten = True
+                book.forgotten_from.update(said)  # a message that said it again teaches it no more
         return rewritten
 
     def _record(
@@ -898,21 +898,20 @@ def _message(counts: Counter[str]) -> str:
 
 
 def _scrub(text: str) -> tuple[str, int]:
-    """Redact secrets in the visible part of each line of a memory file; metadata is left alone."""
-    doc = parse_file(text)
-    if not any(contains_secret(e.text) for e in doc.entries()) and not any(
-        isinstance(it, Unparsed) and contains_secret(it.line) for sec in doc.sections for it in sec.items
-    ):
+    """Redact secrets in every line of a memory file: an entry's words, a heading, any other line, and a
+    line's metadata comment only when it holds one (ids and times are left alone)."""
+    if not contains_secret(text):
         return text, 0
     count = 0
     out = []
     for line in text.split("\n"):
         idx = line.rfind(META_OPEN)
         visible, meta = (line[:idx], line[idx:]) if idx >= 0 else (line, "")
-        if contains_secret(visible):
-            count += 1
-            visible = redact(visible)
-        out.append(visible + meta)
+        clean = (redact(visible) if contains_secret(visible) else visible) + (
+            redact(meta) if meta and contains_secret(meta) else meta
+        )
+        count += clean != line
+        out.append(clean)
     return "\n".join(out), count
 
 

@@ -25,6 +25,7 @@ from memory_core.ids import resolve_id
 from memory_core.namespace import Namespace, safe_component, stored_component
 from memory_core.ops import Forget, Outcome
 from memory_core.store import ARCHIVE, MEMORY
+from memory_core.writer import FORGOTTEN_FROM
 
 from .queues import extraction_job_id, fetch
 from .redis_keys import Keys
@@ -59,6 +60,7 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
     before = [e for i in entry.supersedes if (e := book.get(i)) is not None]
 
     kept: list[str] = []
+    said = set(forgotten_from(runtime, ns))
 
     def rewrite(outcomes: list[Outcome]) -> None:
         if outcomes[0].ok:
@@ -67,7 +69,7 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
     outcome = runtime.writer.submit_then(ns, [Forget(entry_id)], rewrite)[0]
     if not outcome.ok:
         return outcome
-    forget_around(runtime, ns, [entry.origin] if entry.origin else [])
+    forget_around(runtime, ns, [m for m in forgotten_from(runtime, ns) if m not in said])
     detail = "forgotten, and removed from git history" + _kept_words(kept)
     return Outcome(outcome.op_id, "purged", id=entry_id, detail=detail)
 
@@ -111,6 +113,11 @@ def _kept_words(kept: Sequence[str]) -> str:
     if not kept:
         return ""
     return f"; its words stay where entry {', '.join(i[:8] for i in kept)} says them too (forget that too)"
+
+
+def forgotten_from(runtime: Runtime, ns: Namespace) -> list[str]:
+    """The messages that said a forgotten fact (the writer's `forgotten_from`, newest last)."""
+    return [str(m) for m in runtime.store.state_value(ns, FORGOTTEN_FROM) or ()]
 
 
 def forget_around(runtime: Runtime, ns: Namespace, origins: Sequence[str]) -> None:

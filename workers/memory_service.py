@@ -42,6 +42,7 @@ from memory_core.recall import (
     recall,
     resident_snapshot,
     strong_terms,
+    visible_in,
 )
 from memory_core.store import ARCHIVE, MEMORY, PROFILE
 from memory_core.subjects import recognise
@@ -49,7 +50,7 @@ from memory_core.textindex import STOP_CHARS
 from memory_core.writer import FORGETS, RAW_REWRITES, VECTOR_CACHE
 
 from .embedding import VECTORS_FILE, Embeddings, from_settings
-from .erasure import forget_around, purge
+from .erasure import forget_around, forgotten_from, purge
 from .metrics import Metrics
 from .redis_backend import WRITES
 from .redis_keys import Keys
@@ -654,14 +655,21 @@ class MemoryService:
 
     def resident(self, ns: Namespace, now: datetime, chat_type: str, chat: str, session: str) -> list[Entry]:
         """The resident tier, frozen per session: the same entries for the session's life, minus any the
-        person removed or that stopped being current (a forget takes effect at once)."""
+        person removed, that stopped being current (a forget takes effect at once) or that this chat may no
+        longer see."""
         book = self.book(ns)
         ids = self._frozen_ids(ns, chat_type, chat, session)
         if ids is None:
             fresh = resident_snapshot(book.entries(), now, RESIDENT_BUDGET, chat_type, chat)
             ids = self._claim(ns, chat_type, chat, session, [e.id for e in fresh])
         by_id = {e.id: e for e in book.entries()}
-        entries = [by_id[i] for i in ids if i in by_id and by_id[i].current(now)]
+        # The group rule again, on every read: an entry unshared or rewritten in private since the session
+        # froze its list leaves the group's prompt at once.
+        entries = [
+            e
+            for i in ids
+            if (e := by_id.get(i)) is not None and e.current(now) and visible_in(e, chat_type, chat)
+        ]
         self._freeze(ns, chat_type, chat, session, [e.id for e in entries])
         return entries
 
@@ -725,11 +733,13 @@ class MemoryService:
     def apply(self, ns: Namespace, ops: Sequence[Op], timeout: float = 60.0) -> list[Outcome]:
         """Every write of a chat turn, a card, a tool and the CLI: the writer's rules, then what follows
         from them (a forget drops the short history; new or changed entries get vectors)."""
-        forgetting = [op.id for op in ops if isinstance(op, Forget)]
-        origins = [e.origin for i in forgetting if (e := self.book(ns).get(i)) is not None and e.origin]
+        forgetting = any(isinstance(op, Forget) for op in ops)
+        before = set(forgotten_from(self.runtime, ns)) if forgetting else set()
         outcomes = self.runtime.writer.submit(ns, ops, timeout=timeout)
         if any(o.status == "forgotten" for o in outcomes):
-            forget_around(self.runtime, ns, origins)
+            # every message that said the fact (learned from, said again, a reply that used it): the writer
+            # names them in `forgotten_from` as it marks their lines
+            forget_around(self.runtime, ns, [m for m in forgotten_from(self.runtime, ns) if m not in before])
         if self.embeddings is not None and any(
             o.kind in (Kind.ADDED, Kind.UPDATED, Kind.SUPERSEDED) for o in outcomes
         ):

@@ -650,3 +650,61 @@ def test_purging_a_fact_said_again_since_keeps_what_is_held_now(
     root = rt.store.path(ns())
     status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True)
     assert status.stdout == ""
+
+
+def test_a_restated_fact_s_queued_extraction_does_not_bring_it_back(rt: Runtime, ollama: FakeOllama) -> None:
+    """Found by a privacy review: a forget deleted the queued extraction of the message the fact was learned
+    from, but not of a later message that said it again: its text stayed in Redis, and its extraction wrote
+    the fact back. Every message whose raw line the forget marks is now treated as the fact's source."""
+    say(rt, "记住我对花生过敏")
+    run_jobs(rt, "memory")  # the remembered message's own extraction has run (nothing new)
+    say(
+        rt, "顺便说一句我对花生过敏，明天见"
+    )  # said again in passing: its extraction waits on the memory queue
+    ident = entry_id(rt, "花生")
+    assert rt.redis is not None and "我对花生过敏，明天见" in _redis_dump(rt.redis)  # queued, as turns do
+
+    assert "已忘掉" in say(rt, f"/forget {ident[:8]}")
+    assert "花生" not in memory_file(rt) and "花生过敏" not in raw_text(rt)  # the forget itself worked
+    assert "花生过敏" not in _redis_dump(rt.redis), "a queued job still holds the forgotten fact in Redis"
+
+
+def test_a_restated_fact_is_not_relearned_after_a_forget(rt: Runtime, ollama: FakeOllama) -> None:
+    say(rt, "记住我对花生过敏")
+    run_jobs(rt, "memory")
+    say(rt, "顺便说一句我对花生过敏，明天见")
+    ident = entry_id(rt, "花生")
+    assert "已忘掉" in say(rt, f"/forget {ident[:8]}")
+    assert "花生" not in memory_file(rt)
+
+    ollama.responder = lambda body: (
+        "[健康] 我对花生过敏" if "花生" in json.dumps(body, ensure_ascii=False) else "[]"
+    )
+    run_jobs(rt, "memory")  # the worker serves the memory queue after the chat queue
+    assert "花生" not in memory_file(rt), "a forgotten fact was written back by an extraction queued before"
+    say(rt, "我在杭州西湖区上班")  # positive control: another message's extraction still writes
+    ollama.responder = lambda body: (
+        "[事实] 我在杭州西湖区上班" if "西湖区" in json.dumps(body, ensure_ascii=False) else "[]"
+    )
+    run_jobs(rt, "memory")
+    assert "西湖区" in memory_file(rt)
+
+
+def test_undo_does_not_bring_back_a_line_forgotten_by_deleting_it(
+    rt: Runtime, ollama: FakeOllama, cli: Callable[..., tuple[int, str]]
+) -> None:
+    """Found by a privacy review: deleting a line by hand is a forget, yet a bare `lucid undo` right after
+    brought the line back into the next prompt (its messages already marked forgotten)."""
+    say(rt, "记住我是糖尿病患者")
+    say(rt, "记住我住在余杭区")
+    memory = rt.store.path(ns()) / "MEMORY.md"
+    memory.write_text("\n".join(x for x in memory.read_text().splitlines() if "糖尿病" not in x) + "\n")
+    say(rt, "今天天气不错")  # the hand edit is committed: a forget like any other
+    assert "糖尿病" not in raw_text(rt) and FORGOTTEN in raw_text(rt)
+
+    code, out = cli("undo", "--user", "alice", "--tenant", "t1")
+    # either refused, or whatever it undid did not bring the forgotten entry back
+    assert "糖尿病" not in memory_file(rt), f"undo ({code}: {out.strip()}) brought a forgotten memory back"
+    new_session(rt)
+    say(rt, "我平时要注意什么")
+    assert "糖尿病" not in system_prompt(ollama) and "余杭区" in system_prompt(ollama)

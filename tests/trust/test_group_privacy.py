@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from memory_core.sensitive import is_sensitive
 from tests.fakes.ollama import FakeOllama
 from tests.trust.turns import (
     entry_id,
@@ -205,3 +206,68 @@ def test_the_model_rewriting_a_group_memory_in_private_moves_it_out_of_the_group
     new_session(rt)
     say(rt, "我在哪工作？", group=True)
     assert "年薪" not in system_prompt(ollama) and "年薪" not in say(rt, "/memory", group=True)
+
+
+def test_unshare_takes_a_memory_out_of_the_running_group_session(rt: Runtime, ollama: FakeOllama) -> None:
+    """Found by a privacy review: the group's resident tier is frozen per session by id, and was re-read
+    without asking again whether the group may see each entry: an unshared memory (or one rewritten in
+    private) stayed in the group's prompt until the session ended."""
+    say(rt, "记住我喜欢喝美式咖啡")
+    ident = entry_id(rt, "美式")
+    assert "已分享" in say(rt, f"/share {ident[:8]}")
+    say(rt, "我平时喝什么", group=True)  # the group's session starts: the shared entry is resident there
+    assert "美式" in system_prompt(ollama)
+
+    assert "取消分享" in say(rt, f"/unshare {ident[:8]}")
+    assert "share=1" not in memory_file(rt)
+    assert "美式" not in say(rt, "/memory", group=True)  # the listing knows it is private again
+    say(rt, "大家下午好", group=True)  # same group session, a minute later
+    assert "美式" not in system_prompt(ollama), "an unshared (private) memory is still in the group's prompt"
+
+
+def test_a_group_memory_rewritten_in_private_leaves_the_group_session(
+    rt: Runtime, ollama: FakeOllama
+) -> None:
+    say(rt, "记住我喜欢爬山", group=True)  # a preference learned in the group: resident there
+    ident = entry_id(rt, "爬山")
+    assert "scope=g%3A" in memory_file(rt) or "scope=g:" in memory_file(rt)
+    new_session(rt)
+    say(rt, "周末有什么安排", group=True)  # a new group session: the entry is in its frozen resident tier
+    assert "- 我喜欢爬山" in system_prompt(ollama).split("## Standing memory")[1]
+
+    # in private, the model rewords it with more (private) detail: the entry moves to the private chat
+    ollama.script(tool(action="update", target=ident, text="我喜欢爬山，每周和前女友小美一起去"), "好的")
+    say(rt, "其实我喜欢爬山是因为每周和前女友小美一起去")
+    line = next(line for line in memory_file(rt).splitlines() if "小美" in line)
+    assert f"id={ident}" in line and "scope=g" not in line  # same id, now private
+    assert "小美" not in say(rt, "/memory", group=True)  # the listing knows it is private now
+
+    say(rt, "周末有什么安排", group=True)  # same group session
+    assert "小美" not in system_prompt(ollama), "a private rewording reached the group's prompt"
+
+
+def test_a_shared_memory_rewritten_with_a_health_detail_stays_out_of_groups(
+    rt: Runtime, ollama: FakeOllama
+) -> None:
+    """Found by a privacy review: a shared memory the model rewrote in private kept its share, so a health
+    detail said in private reached every group. The person shared their words; the model's are not."""
+    say(rt, "记住我喜欢喝美式咖啡")
+    ident = entry_id(rt, "美式")
+    assert "已分享" in say(rt, f"/share {ident[:8]}")  # the person shares a harmless preference
+
+    private = "我喜欢喝美式咖啡，医生说对我的抑郁症有帮助"
+    assert is_sensitive(private)
+    ollama.script(tool(action="update", target=ident, text=private), "好的")
+    say(rt, "其实我喝美式是因为医生说对我的抑郁症有帮助")  # said in private; the model rewrites the memory
+    assert "抑郁症" in memory_file(rt)
+
+    new_session(rt)
+    say(rt, "大家推荐点喝的", group=True)
+    listing = say(rt, "/memory", group=True)
+    assert "抑郁症" not in system_prompt(ollama), "a private health detail reached the group's prompt"
+    assert "抑郁症" not in listing, "a private health detail is listed in the group"
+    say(rt, "记住我喜欢喝拿铁")
+    assert "已分享" in say(rt, f"/share {entry_id(rt, '拿铁')[:8]}")  # positive control: a share still shows
+    new_session(rt)
+    say(rt, "大家推荐点喝的", group=True)
+    assert "拿铁" in system_prompt(ollama)

@@ -1,0 +1,59 @@
+"""A hand edit of MEMORY.md is committed with its secrets redacted (`writer._scrub`) wherever they were typed.
+Found by a privacy review: the scan looked only at entries' words and unreadable lines, so a secret typed
+into a heading or into a line's metadata comment was committed in clear, to the file and to git."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import redis
+
+from memory_core.secretscan import contains_secret
+from tests.fakes.ollama import FakeOllama
+from tests.trust.turns import make_runtime, memory_file, ns, say
+from workers.runtime import Runtime
+
+OLLAMA_REPLY = "好的。"
+TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+
+
+@pytest.fixture
+def rt(data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama) -> Runtime:
+    return make_runtime(data_dir, redis_url, ollama=ollama, git=True)
+
+
+def _git_objects(rt: Runtime) -> str:
+    done = subprocess.run(
+        ["git", "cat-file", "--batch-all-objects", "--batch"],
+        cwd=rt.store.path(ns()), capture_output=True, check=True,
+    )  # fmt: skip
+    return done.stdout.decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize(
+    "typed",
+    [
+        f"- 公司仓库的令牌 {TOKEN}",  # positive control: an entry line is redacted
+        f"## 工作 {TOKEN}",  # a heading
+        f"- 我喜欢喝茶 <!--m:id=0123456789abcdef;t=fact;subj={TOKEN}-->",  # a line's metadata comment
+        f"随手记一下 {TOKEN}",  # a line that is no entry
+    ],
+    ids=["entry_line", "heading", "metadata", "unparsed"],
+)
+def test_a_secret_typed_into_memory_md_by_hand_is_never_committed_in_clear(rt: Runtime, typed: str) -> None:
+    assert contains_secret(typed)
+    say(rt, "记住我喜欢爬山")
+    path = rt.store.path(ns()) / "MEMORY.md"
+    path.write_text(path.read_text() + "\n" + typed + "\n")
+    say(rt, "今天天气不错")  # the next batch commits the hand edit
+    assert (
+        "manual edit"
+        in subprocess.run(
+            ["git", "log", "--format=%s"], cwd=rt.store.path(ns()), capture_output=True, text=True
+        ).stdout
+    )
+    assert TOKEN not in memory_file(rt), "a credential stays in clear in MEMORY.md"
+    assert TOKEN not in _git_objects(rt), "a credential was committed in clear to git"
+    assert "爬山" in memory_file(rt)  # the rest of the file is as it was
