@@ -115,7 +115,8 @@ class _Model:
             )
         except LLMError as exc:  # unavailable: stop asking this run; refused: this call only
             r.reject("llm_error")
-            r.notes.append(f"model call failed: {str(exc)[:160]}")
+            r.notes.append(f"model call failed ({type(exc).__name__})")  # its text may quote the reply
+            r.said.append(f"model call failed: {str(exc)[:160]}")
             self.stopped = "unavailable" if isinstance(exc, LLMUnavailable) else "error"
             return None
         r.llm_calls += 1

@@ -9,7 +9,7 @@ import pytest
 
 from memory_core.dream_deep import Rejection, validate_merge
 from memory_core.entry import Entry
-from tests.fakes.ollama import FakeOllama
+from tests.fakes.ollama import FakeOllama, HttpError
 from tests.trust._history_helpers import Lucid, at, fact, fake_fixture, lucid_fixture  # noqa: F401
 
 
@@ -95,3 +95,14 @@ def test_a_rejected_profile_line_is_said_to_the_runner_not_kept_in_the_journal(
     journal = lucid.read("DREAMS.md")
     assert "profile rejected (unsupported)" in journal
     assert "豆豆" not in journal and "花生" not in journal
+
+
+def test_a_failed_model_call_s_text_is_said_not_kept_in_the_journal(lucid: Lucid, fake: FakeOllama) -> None:
+    """An error's text can quote what the model or the server read (a 4xx names the input it refused): the
+    journal keeps that the call failed and why by class, the runner is told the rest."""
+    lucid.import_lines([fact("p1", "我对花生过敏", type="fact", at=at(-3))])
+    fake.script(HttpError(400, "cannot parse input near '对花生过敏'"))
+    ran = lucid.with_model(fake).ok("dream", "--phase", "profile")
+    assert "model call failed: " in ran.out and "花生" in ran.out
+    journal = lucid.read("DREAMS.md")
+    assert "model call failed (LLMError)" in journal and "花生" not in journal
