@@ -20,7 +20,7 @@ import redis
 from rq.exceptions import NoSuchJobError
 
 from memory_core.errors import InvalidInput, LucidError, NotFound, StoreError
-from memory_core.forgetting import Forgotten, past_entries
+from memory_core.forgetting import FORGOTTEN, Forgotten, past_entries
 from memory_core.ids import resolve_id
 from memory_core.namespace import Namespace, safe_component, stored_component
 from memory_core.ops import Forget, Outcome
@@ -28,6 +28,7 @@ from memory_core.store import ARCHIVE, MEMORY
 from memory_core.writer import FORGOTTEN_FROM
 
 from .queues import extraction_job_id, fetch
+from .redis_backend import REWRITE_PARKED, run
 from .redis_keys import Keys
 
 if TYPE_CHECKING:
@@ -125,6 +126,20 @@ def forget_around(runtime: Runtime, ns: Namespace, origins: Sequence[str]) -> No
     message the fact came from."""
     drop_short_history(runtime, ns)
     drop_pending_extractions(runtime, ns, origins)
+    forget_parked_replies(runtime, ns, origins)
+
+
+def forget_parked_replies(runtime: Runtime, ns: Namespace, message_ids: Sequence[str]) -> None:
+    """A reply still waiting for Feishu (parked) to a message that said the fact or whose reply used it
+    goes out as the forgotten marker, not in clear, and its text leaves Redis."""
+    if runtime.redis is None or not message_ids:
+        return
+    script = runtime.redis.register_script(REWRITE_PARKED)
+    for message_id in message_ids:
+        try:
+            run(runtime.redis, script, [Keys.reply(ns.persona, message_id)], [FORGOTTEN])
+        except redis.RedisError as exc:
+            log.warning("could not forget a parked reply: %s", type(exc).__name__)
 
 
 def drop_short_history(runtime: Runtime, ns: Namespace) -> None:

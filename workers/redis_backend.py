@@ -59,6 +59,13 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# A parked reply (`workers.outbox`) to a message whose fact was forgotten: its text replaced, if it is still
+# parked (never a stray hash without the others' fields). KEYS: the reply's hash. ARGV: the new text.
+REWRITE_PARKED = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('HSET', KEYS[1], 'text', ARGV[1]) end
+return 0
+"""
+
 # The mailbox (`workers.mailbox`): per-person ordering and its recovery.
 
 # KEYS: the seen-keys (message id, event id), the job's key, the inbox, the inbox marks, the person's turn

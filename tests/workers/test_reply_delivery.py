@@ -308,3 +308,31 @@ def test_a_parked_reply_whose_retry_job_never_runs_is_rescued_by_the_sweeper(
     assert parked(rt) == [] and rt.redis.zcard("lucid:replies:due") == 0
     assert reply_calls(fake, first.message_id) == [first.message_id] * 5  # one uuid throughout
     assert metric(rt, "lucid_replies_rescued_total") == 1
+
+
+def test_a_parked_reply_that_quoted_a_fact_forgotten_since_goes_out_without_it(
+    rt: Runtime, fake: FakeFeishu
+) -> None:
+    """Found by a privacy review: a reply parked while Feishu was down kept its text in Redis after the
+    person forgot the fact it quoted (from another chat, a card, the CLI), and was delivered as it was."""
+    from memory_core.forgetting import FORGOTTEN
+    from memory_core.namespace import Namespace
+    from memory_core.ops import Forget
+
+    told = message(fake, "记住我对花生过敏")
+    send(rt, told)
+    assert work_until(rt, lambda: bool(replies(fake, told.message_id)), timeout=30)
+    asked = message(fake, "我对什么过敏")
+    fake.down()
+    send(rt, asked)
+    assert work_until(rt, lambda: len(parked(rt)) == 1, timeout=30)
+    assert rt.redis is not None and "花生" in rt.redis.hget(parked(rt)[0], "text").decode()
+
+    ns = Namespace.of("t1", "alice", "p")
+    ident = next(e.id for e in rt.memory.book(ns).entries() if "花生" in e.text)
+    assert rt.memory.apply(ns, [Forget(id=ident)])[0].status == "forgotten"
+    fake.up()
+    assert work_until(rt, lambda: bool(replies(fake, asked.message_id)), timeout=30)
+    [answer] = replies(fake, asked.message_id)
+    assert "花生" not in answer and FORGOTTEN in answer  # delivered, honestly marked
+    assert parked(rt) == []
