@@ -703,18 +703,19 @@ class Book:
             return Outcome(op.op_id, "rejected:not_found", detail=f"no entry {op.id}")
         if removed.origin:
             self.forgotten_from.add(removed.origin)
-        self._cut_from_predecessors(removed)
+        self.cut_from_predecessors(removed)
         self.changed = True
         return Outcome(op.op_id, "forgotten", id=op.id)
 
-    def _cut_from_predecessors(self, removed: Entry) -> None:
+    def cut_from_predecessors(self, removed: Entry) -> None:
         """A forgotten remainder's words also stand in the line it was cut from (`_keep_remainder`:
         我叫小王，在阿里上班 → 我叫小李 keeps 我在阿里上班): they are cut from that superseded line too, so
-        the history holds what was said of the rest (我叫小王) and not the forgotten fact."""
+        the history holds what was said of the rest (我叫小王) and not the forgotten fact. A line that is
+        current again (an undo of the supersede put it back) is whole and true: it is left alone."""
         for ident in removed.supersedes:
             old = self.get(ident)
             cut = meaning.carried(removed.text, old.text) if old is not None else []
-            if old is None or not cut:
+            if old is None or old.valid_to is None or not cut:
                 continue
             kept = [c for c in meaning.clauses(old.text) if c not in cut]
             sep = "，" if re.search(f"[{HAN}]", old.text) else ", "

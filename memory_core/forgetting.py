@@ -11,7 +11,7 @@ from datetime import datetime
 from .dream_guard import coverage, key_terms
 from .entry import Entry
 from .errors import LineError
-from .lineformat import USED_KEY, RawMessage, escape_inline, parse_entry, parse_raw, render_raw
+from .lineformat import USED_KEY, RawMessage, escape_inline, parse_entry, parse_raw, render_raw, reply_id
 from .meaning import carried
 from .profile import profile_digest, profile_inputs, split_lines, stored_digest, supported
 from .similarity import normalise
@@ -32,6 +32,9 @@ class Forgotten:
     id: str
     text: str
     origin: str | None = None
+    within: str | None = (
+        None  # only the lines of this entry lose `text` (a remainder's words in its old line)
+    )
 
     @classmethod
     def of(cls, entry: Entry) -> Forgotten:
@@ -44,7 +47,7 @@ class Forgotten:
         out = [cls.of(entry)]
         for old in predecessors:
             if old.id in entry.supersedes:
-                out += [cls(entry.id, c) for c in carried(entry.text, old.text)]
+                out += [cls(entry.id, c, within=old.id) for c in carried(entry.text, old.text)]
         return out
 
 
@@ -53,7 +56,7 @@ def _spans(targets: Sequence[Forgotten]) -> list[tuple[re.Pattern[str], str]]:
     holds escaped (a backslash, a control character, `-->`) also as it stands in the line."""
     by_text: dict[str, str] = {}
     for t in targets:
-        if len(t.text.strip()) >= MIN_SPAN_CHARS:
+        if t.within is None and len(t.text.strip()) >= MIN_SPAN_CHARS:
             by_text.setdefault(t.text.strip(), t.id)
             by_text.setdefault(escape_inline(t.text.strip()), t.id)
     ordered = sorted(by_text, key=len, reverse=True)
@@ -61,14 +64,14 @@ def _spans(targets: Sequence[Forgotten]) -> list[tuple[re.Pattern[str], str]]:
 
 
 def redact_raw(day_text: str, targets: Sequence[Forgotten]) -> tuple[str, int, list[str]]:
-    """A raw day file with the targets' lines marked and spans replaced; (new text, lines touched, the
-    messages of those lines: a reply's as its message, `om_1:reply` → `om_1`). Those messages said the fact
-    (the one it was learned from, one that said it again, a reply that used it): what they would teach an
-    extraction is refused, and their queued extractions dropped."""
+    """A raw day file with the targets' lines marked and spans replaced; (new text, lines touched, the ids
+    of those lines). Those messages said the fact (the one it was learned from, one that said it again, a
+    reply that used it, `om_1:reply`): what they would teach is refused. A reply's id is its own: the
+    person's message it answered may say other things, still to be learned."""
     if not targets:
         return day_text, 0, []
     sources = {t.origin: t.id for t in targets if t.origin}
-    sources.update({f"{o}:reply": i for o, i in list(sources.items())})
+    sources.update({reply_id(o): i for o, i in list(sources.items())})
     spans = _spans(targets)
     ids = {t.id for t in targets}
     out: list[str] = []
@@ -79,7 +82,7 @@ def redact_raw(day_text: str, targets: Sequence[Forgotten]) -> tuple[str, int, l
         if new != line:
             touched += 1
             with contextlib.suppress(LineError):  # an unreadable line has no message to name
-                said.append(parse_raw(new).id.removesuffix(":reply"))
+                said.append(parse_raw(new).id)
         out.append(new)
     return "\n".join(out), touched, list(dict.fromkeys(said))
 
@@ -236,13 +239,17 @@ def _held(line: str, where: str, held: set[str], profile: set[str]) -> bool:
         return False
 
 
-def past_entries(texts: Iterable[str]) -> list[Entry]:
+def past_entries(texts: Iterable[str], ids: Sequence[str]) -> list[Entry]:
     """Each distinct (id, text) among the entry lines of `texts` (past versions of MEMORY.md and
-    ARCHIVE.md): what `forget --purge` must find of an entry no longer in the files."""
+    ARCHIVE.md) whose id is one of `ids` or starts with one: what `forget --purge` must find of an entry
+    no longer in the files. Only lines naming one are parsed (a long history holds thousands of others)."""
+    needles = [f"id={i.strip().lower()}" for i in ids if i.strip()]
     seen: dict[tuple[str, str], Entry] = {}
     for text in texts:
+        if not any(n in text for n in needles):
+            continue
         for line in text.split("\n"):
-            if line.startswith("- ") and _ENTRY_ID.search(line):
+            if line.startswith("- ") and any(n in line for n in needles) and _ENTRY_ID.search(line):
                 try:
                     entry = parse_entry(line)
                 except LineError:
@@ -256,11 +263,12 @@ def purge_blob(data: bytes, targets: Sequence[Forgotten]) -> bytes:
     it on every blob of the history."""
     text = data.decode("utf-8", errors="surrogateescape")
     needles = [t.id for t in targets] + [t.origin for t in targets if t.origin]
+    needles += [t.within for t in targets if t.within]
     if not any(n in text for n in needles) and not any(p.search(text) for p, _ in _spans(targets)):
         return data  # most blobs of a history never held the entry
     ids = {t.id for t in targets}
     sources = {t.origin: t.id for t in targets if t.origin}
-    sources.update({f"{o}:reply": i for o, i in list(sources.items())})
+    sources.update({reply_id(o): i for o, i in list(sources.items())})
     spans = _spans(targets)
     gone = [t.text for t in targets if t.text.strip()]  # "": only the id's lines and message go
     profile = "lucid:profile" in text
@@ -269,6 +277,9 @@ def purge_blob(data: bytes, targets: Sequence[Forgotten]) -> bytes:
         found = _ENTRY_ID.search(line)
         if found and found.group(1) in ids:
             continue
+        for t in targets:
+            if found and t.within == found.group(1) and t.text:
+                line = line.replace(t.text, FORGOTTEN)  # the clause a forgotten remainder took from it
         if profile and line.lstrip().startswith(("-", "*")) and _drew_on(line, gone, []):
             continue
         if line.startswith("- ") and "<!--r:" in line:

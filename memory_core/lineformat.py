@@ -511,6 +511,14 @@ class RawMessage:
     extra: tuple[tuple[str, str], ...] = ()
 
 
+REPLY_SUFFIX = ":reply"
+
+
+def reply_id(message_id: str) -> str:
+    """The raw line id of the reply to `message_id` (a turn's answer is archived under it)."""
+    return message_id + REPLY_SUFFIX
+
+
 def render_raw(msg: RawMessage) -> str:
     pairs: list[tuple[str, str]] = [
         ("id", msg.id),

@@ -825,7 +825,10 @@ def _deleted_by_hand(before: Book | None, book: Book) -> list[Forgotten]:
     now = [*book.entries(), *book.archived()]
     ids, texts = {e.id for e in now}, {e.text for e in now}
     gone = [e for e in [*before.entries(), *before.archived()] if e.id not in ids and e.text not in texts]
-    return [Forgotten.of(e) for e in gone]
+    held = [*before.entries(), *before.archived()]
+    for e in gone:
+        book.cut_from_predecessors(e)  # as a forget does: a kept remainder leaves its old line too
+    return [f for e in gone for f in Forgotten.with_cuts(e, held)]
 
 
 def _forgets_or_relearns(op: Op) -> bool:

@@ -22,6 +22,7 @@ from memory_core.intents import (
     is_memorable,
     parse_intent,
 )
+from memory_core.lineformat import reply_id
 from memory_core.namespace import Namespace
 from memory_core.ops import Edit, Forget, Kind, Op, Outcome, Pin, Remember, Share
 from memory_core.policy import HAN, REFUSAL, RESIDENT_TYPES, asked_subject, subject_key
@@ -543,7 +544,7 @@ def session_search(mem: MemoryService, inbound: Inbound, args: dict[str, Any]) -
     limit = args.get("limit")
     k = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else 5
     hits = mem.search_conversations(
-        inbound.ns, query.strip()[:500], k=k, exclude=(inbound.message_id, f"{inbound.message_id}:reply")
+        inbound.ns, query.strip()[:500], k=k, exclude=(inbound.message_id, reply_id(inbound.message_id))
     )
     return {
         "results": [

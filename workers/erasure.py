@@ -22,6 +22,7 @@ from rq.exceptions import NoSuchJobError
 from memory_core.errors import InvalidInput, LucidError, NotFound, StoreError
 from memory_core.forgetting import FORGOTTEN, Forgotten, past_entries
 from memory_core.ids import resolve_id
+from memory_core.lineformat import REPLY_SUFFIX
 from memory_core.namespace import Namespace, safe_component, stored_component
 from memory_core.ops import Forget, Outcome
 from memory_core.store import ARCHIVE, MEMORY
@@ -77,12 +78,15 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
 
 def _purge_gone(runtime: Runtime, ns: Namespace, given: str) -> Outcome:
     """`forget --purge` of an id no longer in the files: every version of it git still holds is removed."""
-    past = past_entries(runtime.store.past_texts(ns, (MEMORY, ARCHIVE)))
+    past = past_entries(runtime.store.past_texts(ns, (MEMORY, ARCHIVE)), [given])
     try:
         ident = resolve_id(past, given).id
     except NotFound:
         return Outcome("purge", "rejected:not_found", detail=f"no entry {given}, now or in git history")
-    versions = [Forgotten.with_cuts(e, past) for e in past if e.id == ident]
+    own = [e for e in past if e.id == ident]
+    before = sorted({i for e in own for i in e.supersedes})  # the lines a kept remainder was cut from
+    older = past_entries(runtime.store.past_texts(ns, (MEMORY, ARCHIVE)), before) if before else []
+    versions = [Forgotten.with_cuts(e, older) for e in own]
     targets = list({t.text: t for v in versions for t in v}.values())
     kept: list[str] = []
     runtime.writer.submit_then(ns, [], lambda _outcomes: kept.extend(_rewrite(runtime, ns, targets)))
@@ -102,7 +106,8 @@ def _rewrite(runtime: Runtime, ns: Namespace, targets: Sequence[Forgotten]) -> l
     kept: list[str] = []
     cut: list[Forgotten] = []
     for t in targets:
-        sayers = [e.id for e in held if t.text.strip() and t.text.strip().casefold() in e.text.casefold()]
+        words = t.text.strip().casefold() if t.within is None else ""  # a scoped cut reaches its line only
+        sayers = [e.id for e in held if words and words in e.text.casefold()]
         kept += sayers
         cut.append(replace(t, text="") if sayers else t)
     rewrite_history(runtime.store.path(ns), cut)
@@ -121,12 +126,36 @@ def forgotten_from(runtime: Runtime, ns: Namespace) -> list[str]:
     return [str(m) for m in runtime.store.state_value(ns, FORGOTTEN_FROM) or ()]
 
 
-def forget_around(runtime: Runtime, ns: Namespace, origins: Sequence[str]) -> None:
-    """What a forget drops besides the files: the short history, and extraction jobs still holding the
-    message the fact came from."""
+def forget_around(runtime: Runtime, ns: Namespace, said: Sequence[str]) -> None:
+    """What a forget drops besides the files, for the raw lines that said the fact (`om_1`, or a reply
+    `om_1:reply`): the short history; a message's queued extraction; a reply's words in the extraction
+    of the message it answered (the message itself is still learned from); and a parked reply."""
+    messages = [m for m in said if not m.endswith(REPLY_SUFFIX)]
+    answered = [m.removesuffix(REPLY_SUFFIX) for m in said if m.endswith(REPLY_SUFFIX)]
     drop_short_history(runtime, ns)
-    drop_pending_extractions(runtime, ns, origins)
-    forget_parked_replies(runtime, ns, origins)
+    drop_pending_extractions(runtime, ns, messages)
+    forget_replies_in_extractions(runtime, ns, answered)
+    forget_parked_replies(runtime, ns, [*messages, *answered])
+
+
+def forget_replies_in_extractions(runtime: Runtime, ns: Namespace, message_ids: Sequence[str]) -> None:
+    """A queued extraction carries the reply beside the person's message (`turn._enqueue_extraction`):
+    the reply that used a forgotten fact is replaced by the forgotten marker there."""
+    if runtime.redis is None:
+        return
+    for message_id in message_ids:
+        try:
+            job = fetch(extraction_job_id(ns.persona, message_id), runtime.redis)
+            args = list(job.args)
+            if len(args) > 2 and args[2] != FORGOTTEN:
+                args[2] = FORGOTTEN
+                job.args = tuple(args)
+                job.description = job.get_call_string()  # RQ keeps the call, arguments included, there too
+                job.save()
+        except NoSuchJobError:
+            continue
+        except redis.RedisError as exc:
+            log.warning("could not forget a reply in a queued extraction: %s", type(exc).__name__)
 
 
 def forget_parked_replies(runtime: Runtime, ns: Namespace, message_ids: Sequence[str]) -> None:

@@ -439,15 +439,13 @@ class MemoryService:
         store.file(ns, ".index", RAW_CACHE)  # UnsafePath if .index or its folder is a link
         rewrites = int(store.state_value(ns, RAW_REWRITES) or 0)
         days = store.raw_sizes(ns)
-        if cache is None:
+        if cache is None or cache.rewrites != rewrites:  # first read, or a forget since: the saved index
             cache = self._load_raw(ns)
             self._raw[ns] = cache
+            if cache.rewrites != rewrites:  # built before the forget: it holds the lines it rewrote
+                store.drop_cache(ns, RAW_CACHE)  # (a save that raced the forget's drop, say)
         if cache.rewrites != rewrites or not set(cache.offsets) <= set(days):
             # Lines were rewritten in place (a forget) or days removed (an erase): rebuild from the Markdown.
-            if (
-                cache.rewrites != rewrites
-            ):  # and a save that raced the forget's drop leaves no old line on disk
-                store.drop_cache(ns, RAW_CACHE)
             cache = _RawCache(RawIndex(), {}, rewrites=rewrites)
             self._raw[ns] = cache
         grew = 0

@@ -17,7 +17,7 @@ import redis
 from memory_core.errors import LucidError
 from memory_core.forgetting import FORGOTTEN
 from memory_core.intents import asks_about_me, is_memorable
-from memory_core.lineformat import USED_KEY, USED_MAX, RawMessage
+from memory_core.lineformat import USED_KEY, USED_MAX, RawMessage, reply_id
 from memory_core.namespace import Namespace
 from memory_core.recall import used_by_reply
 from memory_core.secretscan import redact
@@ -237,7 +237,7 @@ def _converse(
         # A reply that forgot something names it ("forgotten: …"): it is archived marked, not in clear.
         forgot = any(o.status == "forgotten" for o in result.outcomes)
         said = _raw(
-            f"{inbound.message_id}:reply",
+            reply_id(inbound.message_id),
             runtime.clock(),
             persona.name,
             FORGOTTEN if forgot else result.reply,
@@ -305,7 +305,7 @@ def _unreadable(
         if not memory.learns:
             return
         said = _raw(
-            f"{inbound.message_id}:reply",
+            reply_id(inbound.message_id),
             runtime.clock(),
             persona.name,
             result.reply,

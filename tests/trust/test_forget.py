@@ -708,3 +708,33 @@ def test_undo_does_not_bring_back_a_line_forgotten_by_deleting_it(
     new_session(rt)
     say(rt, "我平时要注意什么")
     assert "糖尿病" not in system_prompt(ollama) and "余杭区" in system_prompt(ollama)
+
+
+def test_a_process_behind_a_forget_leaves_an_index_saved_since_in_place(
+    data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama
+) -> None:
+    """The other side of the check above: a process whose own index is older than the last forget deletes
+    a saved index only if that one is older too; one another process saved since is read, not embedded
+    again (found in review: every stale process deleted it)."""
+    rt = make_runtime(data_dir, redis_url, ollama=ollama, git=True, embed_model="nomic-embed-text")
+    say(rt, "记住我对花生过敏")
+    say(rt, "今天天气不错")
+    for _ in range(2):
+        rt.memory.search(ns(), "天气")
+        rt.memory.wait_for_embeddings()
+    make_runtime(data_dir, redis_url).memory.apply(ns(), [Forget(id=entry_id(rt, "花生"))])  # elsewhere
+    other = make_runtime(data_dir, redis_url, ollama=ollama, chat=False, embed_model="nomic-embed-text")
+    for _ in range(2):  # another process rebuilds the index from the rewritten archive and saves it
+        other.memory.search(ns(), "天气")
+        other.memory.wait_for_embeddings()
+    manifest = rt.store.path(ns()) / ".index" / "raw" / "manifest.json"
+    saved = json.loads(manifest.read_text())["generation"]
+    asked = len(ollama.embed_requests)
+    hits = rt.memory.search(ns(), "天气")  # the first process, its own index older than the forget
+    rt.memory.wait_for_embeddings()
+    assert any("今天天气不错" in h.text for h in hits)
+    assert json.loads(manifest.read_text())["generation"] == saved  # read, not deleted or saved again
+    passages = [
+        b for b in ollama.embed_requests[asked:] if "今天天气不错" in json.dumps(b, ensure_ascii=False)
+    ]
+    assert passages == []  # and the archive is not embedded a second time
