@@ -9,7 +9,7 @@ import operator
 import random
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -346,6 +346,12 @@ class _DedupIndex:
         return [e for i in sorted(wanted) if (e := self._entries.get(i)) is not None and e.current(now)]
 
 
+def _rejoined(kept: Sequence[str], whole: str) -> str:
+    """Clauses kept of `whole`, as one line that stands alone (its speaker put back on the first)."""
+    sep = "，" if re.search(f"[{HAN}]", whole) else ", "
+    return sep.join([meaning.with_speaker(kept[0], whole), *kept[1:]])
+
+
 class Book:
     """MEMORY.md + ARCHIVE.md of one namespace, as a mutable working copy for one batch."""
 
@@ -651,8 +657,7 @@ class Book:
         ]
         if not kept or len(kept) == len(parts):
             return
-        sep = "，" if re.search(f"[{HAN}]", old.text) else ", "
-        rest = sep.join([meaning.with_speaker(kept[0], old.text), *kept[1:]])
+        rest = _rejoined(kept, old.text)
         remainder = old.with_changes(
             id=self._fresh_id(),
             text=rest,
@@ -717,9 +722,7 @@ class Book:
             cut = meaning.carried(removed.text, old.text) if old is not None else []
             if old is None or old.valid_to is None or not cut:
                 continue
-            kept = [c for c in meaning.clauses(old.text) if c not in cut]
-            sep = "，" if re.search(f"[{HAN}]", old.text) else ", "
-            text = sep.join([meaning.with_speaker(kept[0], old.text), *kept[1:]])
+            text = _rejoined([c for c in meaning.clauses(old.text) if c not in cut], old.text)
             if ident in self.memory.entries:
                 self._set(old.with_changes(text=text))
             else:

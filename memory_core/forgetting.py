@@ -32,9 +32,8 @@ class Forgotten:
     id: str
     text: str
     origin: str | None = None
-    within: str | None = (
-        None  # only the lines of this entry lose `text` (a remainder's words in its old line)
-    )
+    # only the lines of this entry lose `text` (a remainder's words in the line it was cut from)
+    within: str | None = None
 
     @classmethod
     def of(cls, entry: Entry) -> Forgotten:
@@ -272,14 +271,17 @@ def purge_blob(data: bytes, targets: Sequence[Forgotten]) -> bytes:
     spans = _spans(targets)
     gone = [t.text for t in targets if t.text.strip()]  # "": only the id's lines and message go
     profile = "lucid:profile" in text
+    clauses: dict[str, list[str]] = {}  # entry id → the clauses a forgotten remainder took from its line
+    for t in targets:
+        if t.within and t.text:
+            clauses.setdefault(t.within, []).append(t.text)
     out: list[str] = []
     for line in text.split("\n"):
         found = _ENTRY_ID.search(line)
         if found and found.group(1) in ids:
             continue
-        for t in targets:
-            if found and t.within == found.group(1) and t.text:
-                line = line.replace(t.text, FORGOTTEN)  # the clause a forgotten remainder took from it
+        for clause in clauses.get(found.group(1), []) if found else []:
+            line = line.replace(clause, FORGOTTEN)
         if profile and line.lstrip().startswith(("-", "*")) and _drew_on(line, gone, []):
             continue
         if line.startswith("- ") and "<!--r:" in line:

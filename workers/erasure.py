@@ -71,7 +71,7 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
     outcome = runtime.writer.submit_then(ns, [Forget(entry_id)], rewrite)[0]
     if not outcome.ok:
         return outcome
-    forget_around(runtime, ns, [m for m in forgotten_from(runtime, ns) if m not in said])
+    forget_since(runtime, ns, said)
     detail = "forgotten, and removed from git history" + _kept_words(kept)
     return Outcome(outcome.op_id, "purged", id=entry_id, detail=detail)
 
@@ -124,6 +124,11 @@ def _kept_words(kept: Sequence[str]) -> str:
 def forgotten_from(runtime: Runtime, ns: Namespace) -> list[str]:
     """The messages that said a forgotten fact (the writer's `forgotten_from`, newest last)."""
     return [str(m) for m in runtime.store.state_value(ns, FORGOTTEN_FROM) or ()]
+
+
+def forget_since(runtime: Runtime, ns: Namespace, known: set[str]) -> None:
+    """`forget_around` for the messages a forget just added to `forgotten_from` (it held `known` before)."""
+    forget_around(runtime, ns, [m for m in forgotten_from(runtime, ns) if m not in known])
 
 
 def forget_around(runtime: Runtime, ns: Namespace, said: Sequence[str]) -> None:

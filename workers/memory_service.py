@@ -50,7 +50,7 @@ from memory_core.textindex import STOP_CHARS
 from memory_core.writer import FORGETS, RAW_REWRITES, VECTOR_CACHE
 
 from .embedding import VECTORS_FILE, Embeddings, from_settings
-from .erasure import forget_around, forgotten_from, purge
+from .erasure import forget_since, forgotten_from, purge
 from .metrics import Metrics
 from .redis_backend import WRITES
 from .redis_keys import Keys
@@ -737,7 +737,7 @@ class MemoryService:
         if any(o.status == "forgotten" for o in outcomes):
             # every message that said the fact (learned from, said again, a reply that used it): the writer
             # names them in `forgotten_from` as it marks their lines
-            forget_around(self.runtime, ns, [m for m in forgotten_from(self.runtime, ns) if m not in before])
+            forget_since(self.runtime, ns, before)
         if self.embeddings is not None and any(
             o.kind in (Kind.ADDED, Kind.UPDATED, Kind.SUPERSEDED) for o in outcomes
         ):

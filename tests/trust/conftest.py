@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -140,3 +140,21 @@ def ns_memory(runtime: Runtime, ns: Namespace) -> str:
 @pytest.fixture
 def fresh_redis(redis_client: redis.Redis) -> redis.Redis:
     return redis_client
+
+
+@pytest.fixture
+def cli(
+    data_dir: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., tuple[int, str]]:
+    """`lucid <command> --data <the test's data dir> …` in-process, on the suite's Redis, no model: (exit
+    code, what it printed)."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    for name in ("LUCID_CHAT_MODEL", "LUCID_DREAM_MODEL", "LUCID_EMBED_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*args: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = main([args[0], "--data", str(data_dir), *args[1:]])
+        return code, capsys.readouterr().out
+
+    return run

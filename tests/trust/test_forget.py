@@ -17,7 +17,6 @@ import redis
 from rq.exceptions import NoSuchJobError
 
 from bot.app import create_app
-from bot.cli import main as lucid
 from memory_core.forgetting import FORGOTTEN
 from memory_core.ops import Forget
 from tests.fakes.ollama import FakeOllama
@@ -45,22 +44,6 @@ OLLAMA_REPLY = "好的。"  # what the model answers when a test scripts nothing
 @pytest.fixture
 def rt(data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama) -> Runtime:
     return make_runtime(data_dir, redis_url, ollama=ollama, git=True)
-
-
-@pytest.fixture
-def cli(
-    data_dir: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> Callable[..., tuple[int, str]]:
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    for name in ("LUCID_CHAT_MODEL", "LUCID_DREAM_MODEL", "LUCID_EMBED_MODEL"):
-        monkeypatch.delenv(name, raising=False)
-
-    def run(*args: str) -> tuple[int, str]:
-        capsys.readouterr()
-        code = lucid([args[0], "--data", str(data_dir), *args[1:]])
-        return code, capsys.readouterr().out
-
-    return run
 
 
 def _git_objects(runtime: Runtime, user: str = "alice") -> str:

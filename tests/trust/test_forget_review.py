@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import redis
 
-from bot.cli import main as lucid
 from tests.fakes.ollama import FakeOllama
 from tests.trust.test_forget import _redis_dump
 from tests.trust.turns import entry_id, make_runtime, memory_file, new_session, ns, raw_text, run_jobs, say
@@ -21,22 +20,6 @@ from workers.runtime import Runtime
 @pytest.fixture
 def rt(data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama) -> Runtime:
     return make_runtime(data_dir, redis_url, ollama=ollama, git=True)
-
-
-@pytest.fixture
-def cli(
-    data_dir: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> Callable[..., tuple[int, str]]:
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    for name in ("LUCID_CHAT_MODEL", "LUCID_DREAM_MODEL", "LUCID_EMBED_MODEL"):
-        monkeypatch.delenv(name, raising=False)
-
-    def run(*args: str) -> tuple[int, str]:
-        capsys.readouterr()
-        code = lucid([args[0], "--data", str(data_dir), *args[1:]])
-        return code, capsys.readouterr().out
-
-    return run
 
 
 def _extractor(body: dict) -> str:
