@@ -8,7 +8,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -552,10 +552,16 @@ class MemoryService:
         return explain(query, hit.text, around)
 
     def active_recall(
-        self, ns: Namespace, query: str, session: str, chat: str, already: str = ""
+        self,
+        ns: Namespace,
+        query: str,
+        session: str,
+        chat: str,
+        already: str = "",
+        covered: Collection[str] = (),
     ) -> list[Snippet]:
         """Snippets of past conversation for `query` (as many as `self.snippets` allows): no LLM, a time
-        budget, a breaker."""
+        budget, a breaker. `covered`: messages the block already holds a fact learned from."""
         breaker = self._breakers.setdefault(ns, _Breaker())
         started = time.monotonic()
         if breaker.open(started) or len(query.strip()) < 2 or not pulls_memory(query):
@@ -591,8 +597,8 @@ class MemoryService:
         shown: dict[str, int] = {}  # message id -> its place in `out` (a pair's neighbour too)
         out: list[Snippet] = []
         for hit in hits:
-            if hit.id in shown:
-                continue  # already in the block as another snippet's neighbour
+            if hit.id in shown or hit.id in covered:
+                continue  # already in the block: as another snippet's neighbour, or a fact learned from it
             near = None
             if hit.id in bare:
                 # scored by single characters, a name or a date only: no evidence in or next to it
@@ -724,7 +730,8 @@ class MemoryService:
         partial = memory_block(profile, resident, recalled)
         snippets: list[Snippet] = []
         if chat_type != "group" and asks:
-            snippets = self.active_recall(ns, query, session, chat, already=partial)
+            covered = {e.origin for e in (*resident, *(s.entry for s in recalled)) if e.origin}
+            snippets = self.active_recall(ns, query, session, chat, already=partial, covered=covered)
         block = memory_block(profile, resident, recalled, snippets) if snippets else partial
         return Assembly(block, resident, recalled, snippets, profile)
 

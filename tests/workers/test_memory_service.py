@@ -66,6 +66,22 @@ def test_active_recall_shows_a_reply_found_through_the_question_it_answers(data_
     assert "o1" not in got
 
 
+def test_a_line_a_recalled_fact_was_learned_from_gives_its_place_to_another(data_dir: Path) -> None:
+    """The block's lines of past conversation add what its facts do not already say: the line a recalled
+    fact was learned from is not shown again beside it, and the next line found takes its place."""
+    svc = _service(data_dir, snippets=SnippetRule(count=1))
+    _say(svc, "k1", "我在京都住过岚山附近的民宿", "s-old", days_ago=30)
+    _say(svc, "k2", "京都的岚山竹林早上人少", "s-old", days_ago=20)
+    first = svc.assemble(NS, "京都的民宿怎么样", chat_type="p2p", chat="oc_alice", session="s1", now=NOW)
+    assert [s.message_id for s in first.snippets] == ["k1"]  # the best line, while no fact holds it
+    learned = Remember(text="住过京都岚山附近的民宿", source="extraction", origin="k1")
+    assert svc.apply(NS, [learned])[0].ok
+    got = svc.assemble(NS, "京都的民宿怎么样", chat_type="p2p", chat="oc_alice", session="s2", now=NOW)
+    assert [s.entry.origin for s in got.recalled] == ["k1"]
+    assert [s.message_id for s in got.snippets] == ["k2"]
+    assert "岚山竹林" in got.block and "我在京都住过岚山" not in got.block
+
+
 def test_active_recall_in_a_private_chat_never_shows_a_groups_lines(data_dir: Path) -> None:
     """What the person heard or said in a group (others' words among it) stays in that group: a private
     turn's earlier-conversation lines come from one-to-one chats only, as the model's session_search does."""
