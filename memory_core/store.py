@@ -1202,9 +1202,11 @@ _isolated = False
 
 def kill_point(name: str) -> None:
     """The fault suite's SIGKILL inside a write (LUCID_KILL_POINT=append|tenure|objects|index|ref|pack) or a
-    cache save."""
+    cache save; or its SIGSTOP there (LUCID_PAUSE_POINT: a process paused past its lease, then woken)."""
     if os.environ.get("LUCID_KILL_POINT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("LUCID_PAUSE_POINT") == name:
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _isolate_git_config() -> None:

@@ -393,7 +393,7 @@ class Writer:
         """Commit what this tenure's batches wrote (group commit), then let the lease go."""
         try:
             if ns in self._deferred and lease.held():
-                self._commit_deferred(ns)
+                self._commit_deferred(ns, lease)
         finally:
             self._deferred.pop(ns, None)  # not committed (lease lost): the journal tells the next holder
             lease.release()
@@ -419,7 +419,7 @@ class Writer:
             report = self._batch(ns, lease, _decode(raw_ops), defer=True)
             raw_ops = report.queued if report is not None else []
             if time.monotonic() - committed >= self.commit_every and lease.held():
-                self._commit_deferred(ns)
+                self._commit_deferred(ns, lease)
                 committed = time.monotonic()
         return lease.held()
 
@@ -445,7 +445,7 @@ class Writer:
             report = BatchReport()
             before: Book | None = None
             if snap.hand_edited() and ns in self._deferred:
-                self._commit_deferred(ns)  # the writer's own batches first, then the person's edit
+                self._commit_deferred(ns, lease)  # the writer's own batches first, then the person's edit
             if snap.hand_edited():
                 before = self._committed_book(ns, snap)
                 snap, report.redacted = self._commit_hand_edit(ns, lease, snap)
@@ -504,21 +504,13 @@ class Writer:
                         "outcomes": [o.to_json() for o in report.outcomes],
                     }
                     hashes = self.store.replace_files(ns, snap, files, raw, journal)
+                    # After the files (a crash before leaves the raw marks), under the same fence: a holder
+                    # that lost the lease meanwhile never writes back a state older than the new holder's.
+                    self._after_files(ns, book, held_from, bool(forgotten), bool(rewritten))
             except ConcurrentChange:
                 self.store.clear_journal(ns)
                 log.info("namespace %s changed under the batch (hand edit); re-reading", ns.key)
                 continue
-            if book.forgotten_from != set(held_from):  # after the files: a crash before leaves the raw marks
-                kept = [*held_from, *(book.forgotten_from - set(held_from))]  # it only grows
-                self.store.set_state_value(ns, FORGOTTEN_FROM, kept[-FORGOTTEN_FROM_KEPT:])
-            if forgotten:  # no process may keep a forgotten text's vector on disk (see VECTOR_CACHE)
-                self.store.set_state_value(ns, FORGETS, int(self.store.state_value(ns, FORGETS) or 0) + 1)
-                self.store.drop_cache(ns, VECTOR_CACHE)
-            if rewritten:  # raw lines changed in place: every process's search index must rebuild
-                self.store.set_state_value(
-                    ns, RAW_REWRITES, int(self.store.state_value(ns, RAW_REWRITES) or 0) + 1
-                )
-                self.store.drop_cache(ns, RAW_CACHE)  # the saved one holds the old lines and their vectors
             exact: dict[str, bytes | None] = {
                 name: as_bytes(files[name]) if name in files else snap.files.get(name) for name in TRACKED
             }
@@ -537,14 +529,30 @@ class Writer:
             if message is not None or change is not None:
                 group.message = msg
             if not defer:
-                report.revision = self._commit_deferred(ns, written)
+                report.revision = self._commit_deferred(ns, lease, written)
             if forgotten:  # the cache holds no text that was forgotten
-                self._save_index(ns, book, 0)
+                self._save_index(ns, lease, book, 0)
             report.queued = self._publish(ns, ops, report.outcomes, lease if let_go else None)
             if lease.held():  # after the answers: the writers waiting on them do not pay for it
-                self._save_index(ns, book, max(INDEX_SAVE_EVERY, len(book.memory.entries) // 16))
+                self._save_index(ns, lease, book, max(INDEX_SAVE_EVERY, len(book.memory.entries) // 16))
             return report
         raise ConcurrentEdit(f"{ns} kept changing during the write; nothing was applied")
+
+    def _after_files(
+        self, ns: Namespace, book: Book, held_from: list[str], forgot: bool, rewritten: bool
+    ) -> None:
+        """The namespace's state that follows from a batch's files (the caller holds `fenced`)."""
+        if book.forgotten_from != set(held_from):
+            kept = [*held_from, *(book.forgotten_from - set(held_from))]  # it only grows
+            self.store.set_state_value(ns, FORGOTTEN_FROM, kept[-FORGOTTEN_FROM_KEPT:])
+        if forgot:  # no process may keep a forgotten text's vector on disk (see VECTOR_CACHE)
+            self.store.set_state_value(ns, FORGETS, int(self.store.state_value(ns, FORGETS) or 0) + 1)
+            self.store.drop_cache(ns, VECTOR_CACHE)
+        if rewritten:  # raw lines changed in place: every process's search index must rebuild
+            self.store.set_state_value(
+                ns, RAW_REWRITES, int(self.store.state_value(ns, RAW_REWRITES) or 0) + 1
+            )
+            self.store.drop_cache(ns, RAW_CACHE)  # the saved one holds the old lines and their vectors
 
     def _load_index(self, ns: Namespace, book: Book) -> None:
         held = self.store.load_cache(ns, _INDEX_CACHE)
@@ -552,14 +560,18 @@ class Writer:
             with contextlib.suppress(OSError):  # no readable cache: the index is built from the text
                 book.index_from(held[1](_INDEX_FILE))
 
-    def _save_index(self, ns: Namespace, book: Book, every: int) -> None:
+    def _save_index(self, ns: Namespace, lease: Lease, book: Book, every: int) -> None:
         """Save the dedup index's keys if building it read `every` texts the saved ones lacked (0: now): the
-        next process to lead this namespace then does not read thousands of lines while the others wait."""
+        next process to lead this namespace then does not read thousands of lines while the others wait.
+        Under the fence: keys saved by a holder that lost the lease could hold a text forgotten since."""
         if every and book.index_missed < every:
             return
         try:
-            self.store.save_cache(ns, _INDEX_CACHE, {_INDEX_FILE: book.index_bytes()}, {})
+            with self.store.fenced(ns, lease.token, lease.held):
+                self.store.save_cache(ns, _INDEX_CACHE, {_INDEX_FILE: book.index_bytes()}, {})
             book.index_saved()
+        except LeaseLost:
+            log.warning("lease of %s lost; its dedup keys are left to the next holder", ns.key)
         except OSError as exc:
             log.warning("could not save the dedup index cache of %s: %s", ns.key, exc)
             if not every:  # after a forget: the keys on disk may hold the forgotten text, so none are kept
@@ -568,26 +580,34 @@ class Writer:
                 except OSError as gone:
                     log.error("the dedup keys of %s may keep a forgotten text: %s", ns.key, gone)
 
-    def _commit_deferred(self, ns: Namespace, written: dict[str, object] | None = None) -> str | None:
+    def _commit_deferred(
+        self, ns: Namespace, lease: Lease, written: dict[str, object] | None = None
+    ) -> str | None:
         """One git commit of the batches written since the last (their exact bytes); messages and hit counts
-        alone fold into such a HEAD of this turn. `written`: the last batch's record, saved after it."""
+        alone fold into such a HEAD of this turn. `written`: the last batch's record, saved after it. Under
+        the fence: a holder that lost the lease leaves its journal to the next, which commits the files."""
         group = self._deferred.pop(ns, None)
         if group is None:
             return None
         kill_point("tenure")  # the batches are written and their outcomes published; the commit is not made
-        counts = Counter(group.counts)
-        amend, folded = self._foldable(ns, group.now) if group.message is None else (None, Counter())
-        if amend is not None:
-            counts.update(folded)
-        msg = group.message or _message(counts)
-        revision = self.store.commit(ns, msg, group.exact, amend=amend)
-        record = dict(written or {})
-        if revision is not None:
-            fold = {"rev": revision, "at": format_time(group.now), "counts": dict(counts)}
-            record["fold"] = fold if group.filler else None
-        if record:
-            self.store.record_written(ns, **record)
-        self.store.clear_journal(ns)
+        try:
+            with self.store.fenced(ns, lease.token, lease.held):
+                counts = Counter(group.counts)
+                amend, folded = self._foldable(ns, group.now) if group.message is None else (None, Counter())
+                if amend is not None:
+                    counts.update(folded)
+                msg = group.message or _message(counts)
+                revision = self.store.commit(ns, msg, group.exact, amend=amend)
+                record = dict(written or {})
+                if revision is not None:
+                    fold = {"rev": revision, "at": format_time(group.now), "counts": dict(counts)}
+                    record["fold"] = fold if group.filler else None
+                if record:
+                    self.store.record_written(ns, **record)
+                self.store.clear_journal(ns)
+        except LeaseLost as exc:
+            log.warning("lease of %s lost before its commit; the next holder commits it (%s)", ns.key, exc)
+            return None
         return revision
 
     def _foldable(self, ns: Namespace, now: datetime) -> tuple[str | None, Counter[str]]:

@@ -962,6 +962,80 @@ def test_a_writer_sigkilled_mid_commit_leaves_a_repository_the_next_writer_commi
     assert git(root, "show", "HEAD:MEMORY.md") == (root / "MEMORY.md").read_text("utf-8")
 
 
+_PAUSED = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import redis
+    from memory_core.namespace import Namespace
+    from memory_core.ops import Forget, Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+    client = redis.Redis.from_url(sys.argv[2])
+    # a 1 s lease: the next writer takes it soon after this process stops renewing it
+    writer = Writer(Store(Path(sys.argv[1])), RedisLocker(client, ttl_ms=1000), RedisOpQueue(client))
+    ops = [Remember(text="暂停的写者记下的事"), Forget(id=sys.argv[3])]
+    out = writer.submit(Namespace.of("t", "paused", "p"), ops)
+    print(json.dumps([o.status for o in out]), flush=True)
+    """
+)
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_writer_paused_past_its_lease_before_its_commit_leaves_history_and_caches_to_the_next(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A writer writes its batch (a new memory, a forget), then stops before its git commit long enough
+    for its lease to lapse; the next writer commits that batch from its journal and forgets 我在余杭区上班.
+    When the first wakes up it neither commits its own view (which still holds the forgotten fact) over
+    the newer history nor saves its dedup keys (which hold the text): nothing of the forgotten fact is
+    left outside git's older commits, and nothing acknowledged is lost."""
+    from memory_core.ops import Forget, Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+
+    data = tmp_path / "data"
+    ns = Namespace.of("t", "paused", "p")
+    writer = Writer(Store(data), RedisLocker(redis_client), RedisOpQueue(redis_client))
+    place, tea = writer.submit(ns, [Remember(text="我在余杭区上班"), Remember(text="我喜欢喝乌龙茶")])
+    assert place.id and tea.id
+    env = {**dict(__import__("os").environ), "LUCID_PAUSE_POINT": "tenure"}
+    paused = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED, str(data), redis_url, tea.id],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _stopped(paused.pid):  # its files are written; its commit is not made
+            assert paused.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert writer.submit(ns, [Forget(id=place.id)])[0].status == "forgotten"  # waits out the lease
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    out, err = paused.communicate(timeout=120)
+    assert paused.returncode == 0, err[-2000:]
+    assert json.loads(out.splitlines()[-1]) == ["added", "forgotten"]
+    root = ns.path(data)
+    head = git(root, "show", "HEAD:MEMORY.md")
+    assert "暂停的写者记下的事" in head and "余杭区" not in head and "乌龙茶" not in head
+    assert head == (root / "MEMORY.md").read_text("utf-8")
+    assert git(root, "status", "--porcelain").strip() == ""
+    held = [p for p in root.rglob("*") if p.is_file() and ".git" not in p.relative_to(root).parts]
+    assert [p for p in held if "余杭区".encode() in p.read_bytes()] == []
+    fsck = subprocess.run(["git", "-C", str(root), "fsck", "--strict"], capture_output=True, text=True)
+    assert fsck.returncode == 0, fsck.stderr
+
+
 _LEADER = textwrap.dedent(
     """
     import json, sys
