@@ -507,6 +507,14 @@ class Writer:
                     # After the files (a crash before leaves the raw marks), under the same fence: a holder
                     # that lost the lease meanwhile never writes back a state older than the new holder's.
                     self._after_files(ns, book, held_from, bool(forgotten), bool(rewritten))
+                    mark = (
+                        hashes.get(MEMORY) if rendered else snap.rendered if snap.rendered_memory() else None
+                    )
+                    written: dict[str, object] = {"hashes": hashes, "rendered": mark}
+                    if (
+                        defer
+                    ):  # else recorded with the commit's fold, in one write (the journal covers the gap)
+                        self.store.record_written(ns, **written)
             except ConcurrentChange:
                 self.store.clear_journal(ns)
                 log.info("namespace %s changed under the batch (hand edit); re-reading", ns.key)
@@ -518,10 +526,6 @@ class Writer:
                 exact[f"raw/{day}"] = as_bytes(text)
             if rendered:
                 book.settle()  # the files now hold this book: the next batch may append to them
-            mark = hashes.get(MEMORY) if rendered else snap.rendered if snap.rendered_memory() else None
-            written: dict[str, object] = {"hashes": hashes, "rendered": mark}
-            if defer:  # else recorded with the commit's fold, in one write (the journal covers the gap)
-                self.store.record_written(ns, **written)
             if change is None:
                 self._books[ns] = (version_of(hashes), book)
             group = self._deferred.setdefault(ns, _Deferred())
