@@ -201,6 +201,38 @@ def named_words(ix: RawIndex, query: str, k: int, w: float) -> list[str]:
     return ids(ix, top_slots(speaker_lift(ix, query, weighted(ix._bm25, wts)), k))
 
 
+#: A capitalised word not at the start of a sentence: a name, a place, a title (general English).
+ENTITY = re.compile(r"(?<![.!?] )(?<!^)\b[A-Z][a-z]{2,}\b")
+
+
+def entity_links(ix: RawIndex, query: str, k: int, docs: int, w: float) -> list[str]:
+    """Entity links (issue 17's "entity links"): the names the first pass's top `docs` hits mention, other
+    than the speakers and the question's own words, lift every turn that mentions them by w × the best
+    score × the share of those names it holds (multi-hop: the other turns about the same person or place)."""
+    scores = product_scores(ix, query)
+    top = top_slots(scores, docs)
+    if top.size == 0 or not w:
+        return ids(ix, top_slots(scores, k))
+    asked = set(tokenize(query))
+    speakers = {t for names, _ in ix._speaker_names for t in tokenize(" ".join(sorted(names)))}
+    ents: set[str] = set()
+    for slot in top:
+        msg = ix._msg(int(slot))
+        ents |= {m.lower() for m in ENTITY.findall(msg.text)} - asked - speakers
+    if not ents:
+        return ids(ix, top_slots(scores, k))
+    best = float(scores.max())
+    lifted = scores.copy()
+    for slot in range(scores.size):
+        msg = ix._msgs[slot]
+        if msg is None:
+            continue
+        held = ents & {m.lower() for m in ENTITY.findall(msg.text)}
+        if held:
+            lifted[slot] += w * best * len(held) / len(ents)
+    return ids(ix, top_slots(lifted, k))
+
+
 class _Fixed:
     def __init__(self, v: np.ndarray) -> None:
         self.v = v
@@ -266,6 +298,12 @@ def locomo_family(family: str) -> dict[str, RawRank]:
         for gamma in (0.25, 0.5, 1.0, 2.0):
             out[f"coverage^{gamma}"] = lambda ix, q, k, g=gamma: covered(ix, q, k, g)
         out["coverage check: shipped"] = lambda ix, q, k: covered(ix, q, k, 0.0)
+    elif family == "entities":
+        for d in (1, 3, 5):
+            for w in (0.1, 0.2, 0.4):
+                out[f"entity links from top {d} w {w}"] = lambda ix, q, k, d=d, w=w: entity_links(
+                    ix, q, k, d, w
+                )
     elif family == "names":
         for w in (0.0, 0.25, 0.5, 0.75):
             out[f"named speaker's words at weight {w}"] = lambda ix, q, k, w=w: named_words(ix, q, k, w)
