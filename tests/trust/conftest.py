@@ -127,6 +127,12 @@ def ollama(request: pytest.FixtureRequest) -> Iterator[FakeOllama]:
         yield fake
 
 
+@pytest.fixture
+def rt(data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama) -> Runtime:
+    """A chat runtime with git history (forget and purge tests read it); a module may define its own."""
+    return make_runtime(data_dir, redis_url, ollama=ollama, git=True)
+
+
 def turn_runtime(data_dir: Path, redis_url: str, ollama: FakeOllama | None = None) -> Runtime:
     """The runtime a chat turn uses: real Redis, real files, the real ollama client against FakeOllama."""
     return make_runtime(data_dir, redis_url, ollama=ollama, timeout=2.0, dream_model=None)

@@ -41,11 +41,6 @@ from workers.runtime import Runtime
 OLLAMA_REPLY = "好的。"  # what the model answers when a test scripts nothing
 
 
-@pytest.fixture
-def rt(data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama) -> Runtime:
-    return make_runtime(data_dir, redis_url, ollama=ollama, git=True)
-
-
 def _git_objects(runtime: Runtime, user: str = "alice") -> str:
     """Every object of the namespace's repository, as text (what a `git` user could dig out)."""
     done = subprocess.run(

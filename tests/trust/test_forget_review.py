@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-import redis
 
 from tests.fakes.ollama import FakeOllama
 from tests.trust.test_forget import _redis_dump
-from tests.trust.turns import entry_id, make_runtime, memory_file, new_session, ns, raw_text, run_jobs, say
+from tests.trust.turns import entry_id, memory_file, new_session, ns, raw_text, run_jobs, say
 from workers.runtime import Runtime
-
-
-@pytest.fixture
-def rt(data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama) -> Runtime:
-    return make_runtime(data_dir, redis_url, ollama=ollama, git=True)
 
 
 def _extractor(body: dict) -> str:

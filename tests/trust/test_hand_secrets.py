@@ -5,23 +5,15 @@ into a heading or into a line's metadata comment was committed in clear, to the 
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
-import redis
 
 from memory_core.secretscan import contains_secret
-from tests.fakes.ollama import FakeOllama
-from tests.trust.turns import make_runtime, memory_file, ns, say
+from tests.trust.turns import memory_file, ns, say
 from workers.runtime import Runtime
 
 OLLAMA_REPLY = "好的。"
 TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
-
-
-@pytest.fixture
-def rt(data_dir: Path, redis_url: str, redis_client: redis.Redis, ollama: FakeOllama) -> Runtime:
-    return make_runtime(data_dir, redis_url, ollama=ollama, git=True)
 
 
 def _git_objects(rt: Runtime) -> str:
