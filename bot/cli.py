@@ -96,13 +96,13 @@ def _done(args: argparse.Namespace, outcome: Outcome, ident: str) -> int:
 
 @command("forget")
 def cmd_forget(args: argparse.Namespace, rt: Runtime) -> int:
+    if args.purge:  # resolves a prefix among the current entries and those git history holds
+        outcome = rt.memory.purge(_ns(args), args.id)
+        return _done(args, outcome, outcome.id or args.id)
     entry, _ = _entry(args, rt)
     ident = entry.id if entry else args.id
-    if args.purge:
-        outcome = rt.memory.purge(_ns(args), ident)
-    else:
-        outcome = rt.memory.apply(_ns(args), [Forget(id=ident)])[0]
-    return _done(args, outcome, outcome.id or ident)  # a purge resolves a forgotten id's prefix itself
+    outcome = rt.memory.apply(_ns(args), [Forget(id=ident)])[0]
+    return _done(args, outcome, outcome.id or ident)
 
 
 @command("erase")

@@ -54,11 +54,22 @@ fr.RepoFilter(args, blob_callback=blob, commit_callback=commit).run()
 def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
     """Forget `entry_id` and rewrite the namespace's git history so no commit holds it. An entry already
     forgotten (by chat, card, tool or a hand edit: those never purge) is found in git history by its id,
-    and each text it ever had is removed from every commit."""
+    and each text it ever had is removed from every commit. `entry_id` may be a prefix: it must name one
+    entry among the current ones and those git history holds (a prefix naming both is ambiguous)."""
     book = runtime.writer.snapshot(ns)[0]
-    entry = book.get(entry_id)
+    entry = book.get(entry_id.strip().lower())
     if entry is None:
-        return _purge_gone(runtime, ns, entry_id)
+        current = book.entries() + book.archived()
+        past = past_entries(runtime.store.past_texts(ns, (MEMORY, ARCHIVE)), [entry_id])
+        try:
+            entry_id = resolve_id([*current, *past], entry_id).id
+        except NotFound:
+            return Outcome(
+                "purge", "rejected:not_found", detail=f"no entry {entry_id}, now or in git history"
+            )
+        entry = book.get(entry_id)
+        if entry is None:
+            return _purge_gone(runtime, ns, entry_id)
     before = [e for i in entry.supersedes if (e := book.get(i)) is not None]
 
     kept: list[str] = []
@@ -76,14 +87,9 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
     return Outcome(outcome.op_id, "purged", id=entry_id, detail=detail)
 
 
-def _purge_gone(runtime: Runtime, ns: Namespace, given: str) -> Outcome:
+def _purge_gone(runtime: Runtime, ns: Namespace, ident: str) -> Outcome:
     """`forget --purge` of an id no longer in the files: every version of it git still holds is removed."""
-    past = past_entries(runtime.store.past_texts(ns, (MEMORY, ARCHIVE)), [given])
-    try:
-        ident = resolve_id(past, given).id
-    except NotFound:
-        return Outcome("purge", "rejected:not_found", detail=f"no entry {given}, now or in git history")
-    own = [e for e in past if e.id == ident]
+    own = past_entries(runtime.store.past_texts(ns, (MEMORY, ARCHIVE)), [ident])
     before = sorted({i for e in own for i in e.supersedes})  # the lines a kept remainder was cut from
     older = past_entries(runtime.store.past_texts(ns, (MEMORY, ARCHIVE)), before) if before else []
     versions = [Forgotten.with_cuts(e, older) for e in own]

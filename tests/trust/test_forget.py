@@ -433,6 +433,29 @@ def test_a_fact_forgotten_in_chat_can_still_be_purged_from_git_history(
     assert "余杭区" in memory_file(rt) and "喝茶" in memory_file(rt)
 
 
+def test_a_purge_prefix_naming_a_current_and_a_forgotten_entry_is_ambiguous(
+    rt: Runtime, cli: Callable[..., tuple[int, str]], tmp_path: Path
+) -> None:
+    """A prefix given to `forget --purge` names what git history holds too: one shared by a current entry
+    and an already-forgotten one is refused as ambiguous, instead of purging the current one, which
+    the person still means to keep."""
+    rows = [
+        {"kind": "fact", "id": "abcd1111aaaa0000", "text": "我对花生过敏"},
+        {"kind": "fact", "id": "abcd2222bbbb0000", "text": "我住在余杭区"},
+    ]
+    path = tmp_path / "two.jsonl"
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", "utf-8")
+    who = ("--user", "alice", "--tenant", "t1")
+    assert cli("import", str(path), *who)[0] == 0
+    assert cli("forget", "abcd1111", *who)[0] == 0  # forgotten, still in git history
+    code, _ = cli("forget", "abcd", "--purge", *who)
+    assert code == 2  # ambiguous: one clear error, nothing forgotten or rewritten
+    assert "余杭区" in memory_file(rt) and "花生过敏" in _git_objects(rt)
+    code, out = cli("forget", "abcd1", "--purge", *who)
+    assert code == 0 and "abcd1111aaaa0000" in out, out
+    assert "花生" not in _git_objects(rt) and "余杭区" in memory_file(rt)
+
+
 def test_a_purge_drops_the_queued_extraction_of_the_fact_s_message(
     rt: Runtime, ollama: FakeOllama, cli: Callable[..., tuple[int, str]]
 ) -> None:
