@@ -713,6 +713,11 @@ def _clean(text: str) -> str:
     return " ".join(t.split())
 
 
+def shows(block: str, entry: Entry) -> bool:
+    """Whether `memory_block` put `entry`'s line in `block` (the token budget drops lines that do not fit)."""
+    return f"\n- {_clean(entry.text)}\n" in f"\n{block}\n"
+
+
 def memory_block(
     profile: str | None,
     resident: Sequence[Entry],

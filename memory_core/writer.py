@@ -549,9 +549,10 @@ class Writer:
         if book.forgotten_from != set(held_from):
             kept = [*held_from, *(book.forgotten_from - set(held_from))]  # it only grows
             self.store.set_state_value(ns, FORGOTTEN_FROM, kept[-FORGOTTEN_FROM_KEPT:])
-        if forgot:  # no process may keep a forgotten text's vector on disk (see VECTOR_CACHE)
+        if forgot:  # no process may keep a forgotten text's vector or dedup keys on disk (see VECTOR_CACHE)
             self.store.set_state_value(ns, FORGETS, int(self.store.state_value(ns, FORGETS) or 0) + 1)
             self.store.drop_cache(ns, VECTOR_CACHE)
+            self.store.drop_cache(ns, _INDEX_CACHE)  # saved again after the commit, unless the lease is lost
         if rewritten:  # raw lines changed in place: every process's search index must rebuild
             self.store.set_state_value(
                 ns, RAW_REWRITES, int(self.store.state_value(ns, RAW_REWRITES) or 0) + 1

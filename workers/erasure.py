@@ -56,8 +56,9 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
     forgotten (by chat, card, tool or a hand edit: those never purge) is found in git history by its id,
     and each text it ever had is removed from every commit. `entry_id` may be a prefix: it must name one
     entry among the current ones and those git history holds (a prefix naming both is ambiguous)."""
+    entry_id = entry_id.strip().lower()
     book = runtime.writer.snapshot(ns)[0]
-    entry = book.get(entry_id.strip().lower())
+    entry = book.get(entry_id)
     if entry is None:
         current = book.entries() + book.archived()
         past = past_entries(runtime.store.past_texts(ns, (MEMORY, ARCHIVE)), [entry_id])

@@ -41,6 +41,7 @@ from memory_core.recall import (
     pulls_memory,
     recall,
     resident_snapshot,
+    shows,
     strong_terms,
     visible_in,
 )
@@ -730,7 +731,8 @@ class MemoryService:
         partial = memory_block(profile, resident, recalled)
         snippets: list[Snippet] = []
         if chat_type != "group" and asks:
-            covered = {e.origin for e in (*resident, *(s.entry for s in recalled)) if e.origin}
+            shown = (e for e in (*resident, *(s.entry for s in recalled)) if shows(partial, e))
+            covered = {e.origin for e in shown if e.origin}  # only what the budget let into the block
             snippets = self.active_recall(ns, query, session, chat, already=partial, covered=covered)
         block = memory_block(profile, resident, recalled, snippets) if snippets else partial
         return Assembly(block, resident, recalled, snippets, profile)

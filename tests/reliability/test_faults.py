@@ -982,9 +982,25 @@ _PAUSED = textwrap.dedent(
 )
 
 
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+def _paused_writer(data: Path, redis_url: str, forget: str) -> subprocess.Popen[str]:
+    """`_PAUSED` in a process of its own, once it has stopped itself at `tenure` (SIGSTOP): its batch is
+    written, its commit not made, and its 1 s lease no longer renewed."""
+    env = {**dict(__import__("os").environ), "LUCID_PAUSE_POINT": "tenure"}
+    paused = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED, str(data), redis_url, forget],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        with open(f"/proc/{paused.pid}/stat") as stat:
+            if stat.read().rsplit(")", 1)[1].split()[0] == "T":
+                return paused
+        assert paused.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 def test_a_writer_paused_past_its_lease_before_its_commit_leaves_history_and_caches_to_the_next(
@@ -1005,20 +1021,8 @@ def test_a_writer_paused_past_its_lease_before_its_commit_leaves_history_and_cac
     writer = Writer(Store(data), RedisLocker(redis_client), RedisOpQueue(redis_client))
     place, tea = writer.submit(ns, [Remember(text="我在余杭区上班"), Remember(text="我喜欢喝乌龙茶")])
     assert place.id and tea.id
-    env = {**dict(__import__("os").environ), "LUCID_PAUSE_POINT": "tenure"}
-    paused = subprocess.Popen(
-        [sys.executable, "-c", _PAUSED, str(data), redis_url, tea.id],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    paused = _paused_writer(data, redis_url, tea.id)  # its files are written; its commit is not made
     try:
-        deadline = time.monotonic() + 120
-        while not _stopped(paused.pid):  # its files are written; its commit is not made
-            assert paused.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
         assert writer.submit(ns, [Forget(id=place.id)])[0].status == "forgotten"  # waits out the lease
     finally:
         paused.send_signal(signal.SIGCONT)
@@ -1034,6 +1038,41 @@ def test_a_writer_paused_past_its_lease_before_its_commit_leaves_history_and_cac
     assert [p for p in held if "余杭区".encode() in p.read_bytes()] == []
     fsck = subprocess.run(["git", "-C", str(root), "fsck", "--strict"], capture_output=True, text=True)
     assert fsck.returncode == 0, fsck.stderr
+
+
+def test_a_forget_by_a_writer_that_loses_its_lease_before_saving_its_keys_leaves_none_holding_the_text(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The dedup keys (texts in clear under `.index/`) are dropped with the forget's files, inside their
+    fence: a writer that forgets 我在余杭区上班 and loses its lease before saving fresh keys leaves no
+    older keys file holding the text, whatever the next holder saves or not."""
+    from memory_core.ops import Forget, Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+
+    data = tmp_path / "data"
+    ns = Namespace.of("t", "paused", "p")
+    writer = Writer(Store(data), RedisLocker(redis_client), RedisOpQueue(redis_client))
+    place, _, milk = writer.submit(
+        ns, [Remember(text="我在余杭区上班"), Remember(text="我喜欢喝乌龙茶"), Remember(text="我不喝牛奶")]
+    )
+    assert place.id and milk.id
+    assert writer.submit(ns, [Forget(id=milk.id)])[0].status == "forgotten"  # keys saved, 余杭区 among them
+    root = ns.path(data)
+    keys = [p for p in (root / ".index").rglob("*") if p.is_file() and "余杭区".encode() in p.read_bytes()]
+    assert keys  # what the test is about: a keys file holding the text before its forget
+    paused = _paused_writer(data, redis_url, place.id)
+    try:
+        assert writer.submit(ns, [Remember(text="下一个写者记下的事")])[0].status == "added"
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    out, err = paused.communicate(timeout=120)
+    assert paused.returncode == 0, err[-2000:]
+    assert json.loads(out.splitlines()[-1]) == ["added", "forgotten"]
+    held = [p for p in root.rglob("*") if p.is_file() and ".git" not in p.relative_to(root).parts]
+    assert [p for p in held if "余杭区".encode() in p.read_bytes()] == []
+    assert "下一个写者记下的事" in git(root, "show", "HEAD:MEMORY.md")
 
 
 _LEADER = textwrap.dedent(

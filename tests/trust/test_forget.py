@@ -454,6 +454,9 @@ def test_a_purge_prefix_naming_a_current_and_a_forgotten_entry_is_ambiguous(
     code, out = cli("forget", "abcd1", "--purge", *who)
     assert code == 0 and "abcd1111aaaa0000" in out, out
     assert "花生" not in _git_objects(rt) and "余杭区" in memory_file(rt)
+    code, out = cli("forget", " ABCD2222BBBB0000 ", "--purge", *who)  # a full id, as typed
+    assert code == 0 and "purged" in out, out
+    assert "余杭区" not in memory_file(rt) and "余杭区" not in _git_objects(rt)
 
 
 def test_a_purge_drops_the_queued_extraction_of_the_fact_s_message(

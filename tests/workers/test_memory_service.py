@@ -82,6 +82,27 @@ def test_a_line_a_recalled_fact_was_learned_from_gives_its_place_to_another(data
     assert "岚山竹林" in got.block and "我在京都住过岚山" not in got.block
 
 
+def test_a_line_whose_fact_the_token_budget_left_out_is_still_shown(data_dir: Path) -> None:
+    """The skip above holds only for facts the block really shows: a recalled fact the token budget cut
+    leaves its line of conversation free to be shown."""
+    svc = _service(data_dir, snippets=SnippetRule(count=1))
+    _say(svc, "k1", "我在京都住过岚山附近的民宿，老板叫田中，一晚八千日元", "s-old", days_ago=30)
+    _say(svc, "k2", "京都的岚山竹林早上人少", "s-old", days_ago=20)
+    notes = "京都的民宿攻略笔记：" + "，".join(
+        f"第{i}家民宿在京都的祇园附近价格适中早餐不错" for i in range(42)
+    )
+    fact = "住过京都岚山附近的民宿，老板叫田中，一晚八千日元（" + "细节" * 60 + "）"
+    ops = [
+        Remember(text=notes),
+        Remember(text=notes.replace("笔记", "记录")),
+        Remember(text=fact, origin="k1"),
+    ]
+    assert [o.status for o in svc.apply(NS, ops)] == ["added"] * 3
+    got = svc.assemble(NS, "京都的民宿怎么样", chat_type="p2p", chat="oc_alice", session="s1", now=NOW)
+    assert "k1" in [s.entry.origin for s in got.recalled] and "细节细节" not in got.block  # recalled, cut
+    assert [s.message_id for s in got.snippets] == ["k1"] and "老板叫田中" in got.block
+
+
 def test_active_recall_in_a_private_chat_never_shows_a_groups_lines(data_dir: Path) -> None:
     """What the person heard or said in a group (others' words among it) stays in that group: a private
     turn's earlier-conversation lines come from one-to-one chats only, as the model's session_search does."""
