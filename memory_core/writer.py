@@ -552,7 +552,10 @@ class Writer:
         if forgot:  # no process may keep a forgotten text's vector or dedup keys on disk (see VECTOR_CACHE)
             self.store.set_state_value(ns, FORGETS, int(self.store.state_value(ns, FORGETS) or 0) + 1)
             self.store.drop_cache(ns, VECTOR_CACHE)
-            self.store.drop_cache(ns, _INDEX_CACHE)  # saved again after the commit, unless the lease is lost
+            try:  # the keys hold texts in clear: saved again after the commit, unless the lease is lost
+                self.store.drop_cache(ns, _INDEX_CACHE)
+            except OSError as exc:
+                log.error("the dedup keys of %s may keep a forgotten text: %s", ns.key, exc)
         if rewritten:  # raw lines changed in place: every process's search index must rebuild
             self.store.set_state_value(
                 ns, RAW_REWRITES, int(self.store.state_value(ns, RAW_REWRITES) or 0) + 1
@@ -577,13 +580,8 @@ class Writer:
             book.index_saved()
         except LeaseLost:
             log.warning("lease of %s lost; its dedup keys are left to the next holder", ns.key)
-        except OSError as exc:
+        except OSError as exc:  # a forget dropped the older keys with its files (`_after_files`)
             log.warning("could not save the dedup index cache of %s: %s", ns.key, exc)
-            if not every:  # after a forget: the keys on disk may hold the forgotten text, so none are kept
-                try:
-                    self.store.drop_cache(ns, _INDEX_CACHE)
-                except OSError as gone:
-                    log.error("the dedup keys of %s may keep a forgotten text: %s", ns.key, gone)
 
     def _commit_deferred(
         self, ns: Namespace, lease: Lease, written: dict[str, object] | None = None
