@@ -511,9 +511,8 @@ class Writer:
                         hashes.get(MEMORY) if rendered else snap.rendered if snap.rendered_memory() else None
                     )
                     written: dict[str, object] = {"hashes": hashes, "rendered": mark}
-                    if (
-                        defer
-                    ):  # else recorded with the commit's fold, in one write (the journal covers the gap)
+                    # Undeferred, it is recorded with the commit's fold in one write (the journal covers the gap).
+                    if defer:
                         self.store.record_written(ns, **written)
             except ConcurrentChange:
                 self.store.clear_journal(ns)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from rq.exceptions import NoSuchJobError
 
+from memory_core.entry import Entry
 from memory_core.errors import InvalidInput, LucidError, NotFound, StoreError
 from memory_core.forgetting import FORGOTTEN, Forgotten, past_entries
 from memory_core.ids import resolve_id
@@ -70,7 +71,7 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
             )
         entry = book.get(entry_id)
         if entry is None:
-            return _purge_gone(runtime, ns, entry_id)
+            return _purge_gone(runtime, ns, [e for e in past if e.id == entry_id])
     before = [e for i in entry.supersedes if (e := book.get(i)) is not None]
 
     kept: list[str] = []
@@ -88,9 +89,10 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
     return Outcome(outcome.op_id, "purged", id=entry_id, detail=detail)
 
 
-def _purge_gone(runtime: Runtime, ns: Namespace, ident: str) -> Outcome:
-    """`forget --purge` of an id no longer in the files: every version of it git still holds is removed."""
-    own = past_entries(runtime.store.past_texts(ns, (MEMORY, ARCHIVE)), [ident])
+def _purge_gone(runtime: Runtime, ns: Namespace, own: list[Entry]) -> Outcome:
+    """`forget --purge` of an id no longer in the files: every version of it git still holds (`own`, the
+    history's lines of that id, read once by `purge`) is removed."""
+    ident = own[0].id
     before = sorted({i for e in own for i in e.supersedes})  # the lines a kept remainder was cut from
     older = past_entries(runtime.store.past_texts(ns, (MEMORY, ARCHIVE)), before) if before else []
     versions = [Forgotten.with_cuts(e, older) for e in own]
