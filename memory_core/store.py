@@ -1202,7 +1202,8 @@ _isolated = False
 
 def kill_point(name: str) -> None:
     """The fault suite's SIGKILL inside a write (LUCID_KILL_POINT=append|tenure|objects|index|ref|pack) or a
-    cache save; or its SIGSTOP there (LUCID_PAUSE_POINT: a process paused past its lease, then woken)."""
+    cache save; or its SIGSTOP there (LUCID_PAUSE_POINT: a process paused past its lease, then woken; `then`:
+    before a purge's history rewrite)."""
     if os.environ.get("LUCID_KILL_POINT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get("LUCID_PAUSE_POINT") == name:

@@ -352,11 +352,14 @@ class Writer:
         self, ns: Namespace, ops: Sequence[Op], then: Callable[[list[Outcome]], None]
     ) -> list[Outcome]:
         """Apply `ops` as one batch, then run `then(outcomes)` before the lease is released, so no other
-        batch lands in between (`forget --purge` rewrites git history there)."""
+        batch lands in between (`forget --purge` rewrites git history there). `then` runs under the fence:
+        a holder that lost the lease is refused (LeaseLost), and a newer one waits for it to end."""
         with self._lease(ns) as lease:
             report = self._batch(ns, lease, [(None, op) for op in ops])
             assert report is not None  # only a version check returns None
-            then(report.outcomes)
+            kill_point("then")
+            with self.store.fenced(ns, lease.token, lease.held):
+                then(report.outcomes)
         return report.outcomes
 
     def flush(self, ns: Namespace) -> None:

@@ -20,7 +20,7 @@ import redis
 from rq.exceptions import NoSuchJobError
 
 from memory_core.entry import Entry
-from memory_core.errors import InvalidInput, LucidError, NotFound, StoreError
+from memory_core.errors import InvalidInput, LeaseLost, LucidError, NotFound, StoreError
 from memory_core.forgetting import FORGOTTEN, Forgotten, past_entries
 from memory_core.ids import resolve_id
 from memory_core.lineformat import REPLY_SUFFIX
@@ -81,7 +81,10 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
         if outcomes[0].ok:
             kept.extend(_rewrite(runtime, ns, Forgotten.with_cuts(entry, before)))
 
-    outcome = runtime.writer.submit_then(ns, [Forget(entry_id)], rewrite)[0]
+    try:
+        outcome = runtime.writer.submit_then(ns, [Forget(entry_id)], rewrite)[0]
+    except LeaseLost as exc:
+        return _lease_lost(entry_id, exc)
     if not outcome.ok:
         return outcome
     forget_since(runtime, ns, said)
@@ -98,7 +101,10 @@ def _purge_gone(runtime: Runtime, ns: Namespace, own: list[Entry]) -> Outcome:
     versions = [Forgotten.with_cuts(e, older) for e in own]
     targets = list({t.text: t for v in versions for t in v}.values())
     kept: list[str] = []
-    runtime.writer.submit_then(ns, [], lambda _outcomes: kept.extend(_rewrite(runtime, ns, targets)))
+    try:
+        runtime.writer.submit_then(ns, [], lambda _outcomes: kept.extend(_rewrite(runtime, ns, targets)))
+    except LeaseLost as exc:
+        return _lease_lost(ident, exc)
     forget_around(runtime, ns, [t.origin for t in targets if t.origin])
     detail = "already forgotten; now removed from git history too" + _kept_words(kept)
     return Outcome("purge", "purged", id=ident, detail=detail)
@@ -122,6 +128,14 @@ def _rewrite(runtime: Runtime, ns: Namespace, targets: Sequence[Forgotten]) -> l
     rewrite_history(runtime.store.path(ns), cut)
     runtime.store.record_written(ns, hashes=runtime.store.snapshot(ns).hashes)
     return list(dict.fromkeys(kept))
+
+
+def _lease_lost(ident: str, exc: LeaseLost) -> Outcome:
+    """The writer lease lapsed before the rewrite (the process was paused): another holder may have written
+    since, so git history was left as it is; the purge can simply be run again."""
+    log.warning("purge of %s refused: %s", ident, exc)
+    detail = "git history was not rewritten: the writer lease was lost meanwhile; run the purge again"
+    return Outcome("purge", "rejected:lease_lost", id=ident, detail=detail)
 
 
 def _kept_words(kept: Sequence[str]) -> str:

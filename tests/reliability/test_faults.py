@@ -985,9 +985,14 @@ _PAUSED = textwrap.dedent(
 def _paused_writer(data: Path, redis_url: str, forget: str) -> subprocess.Popen[str]:
     """`_PAUSED` in a process of its own, once it has stopped itself at `tenure` (SIGSTOP): its batch is
     written, its commit not made, and its 1 s lease no longer renewed."""
-    env = {**dict(__import__("os").environ), "LUCID_PAUSE_POINT": "tenure"}
+    return _paused(_PAUSED, [str(data), redis_url, forget], "tenure")
+
+
+def _paused(script: str, args: list[str], point: str) -> subprocess.Popen[str]:
+    """`script` in a process of its own, once it has stopped itself at `LUCID_PAUSE_POINT=point`."""
+    env = {**dict(__import__("os").environ), "LUCID_PAUSE_POINT": point}
     paused = subprocess.Popen(
-        [sys.executable, "-c", _PAUSED, str(data), redis_url, forget],
+        [sys.executable, "-c", script, *args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -999,7 +1004,7 @@ def _paused_writer(data: Path, redis_url: str, forget: str) -> subprocess.Popen[
         with open(f"/proc/{paused.pid}/stat") as stat:
             if stat.read().rsplit(")", 1)[1].split()[0] == "T":
                 return paused
-        assert paused.poll() is None and time.monotonic() < deadline
+        assert paused.poll() is None and time.monotonic() < deadline, paused.communicate()[1][-2000:]
         time.sleep(0.05)
 
 
@@ -1073,6 +1078,75 @@ def test_a_forget_by_a_writer_that_loses_its_lease_before_saving_its_keys_leaves
     held = [p for p in root.rglob("*") if p.is_file() and ".git" not in p.relative_to(root).parts]
     assert [p for p in held if "余杭区".encode() in p.read_bytes()] == []
     assert "下一个写者记下的事" in git(root, "show", "HEAD:MEMORY.md")
+
+
+_PURGING = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import redis
+    from memory_core.entry import utcnow
+    from memory_core.namespace import Namespace
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.erasure import purge
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+    from workers.runtime import Runtime
+    from workers.settings import Settings
+    client = redis.Redis.from_url(sys.argv[2])
+    store = Store(Path(sys.argv[1]))
+    # a 1 s lease: the next writer takes it soon after this process stops renewing it
+    writer = Writer(store, RedisLocker(client, ttl_ms=1000), RedisOpQueue(client))
+    runtime = Runtime(Settings(data_dir=Path(sys.argv[1])), store, writer, client, utcnow)
+    out = purge(runtime, Namespace.of("t", "paused", "p"), sys.argv[3])
+    print(json.dumps(out.to_json(), ensure_ascii=False), flush=True)
+    """
+)
+
+
+def test_a_purge_paused_past_its_lease_before_its_rewrite_leaves_the_next_writers_batch_whole(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """`forget --purge` forgets 我在余杭区上班, then stops before rewriting git history long enough for its
+    lease to lapse; the next writer writes a batch (a new memory, a forget) and stops before committing it.
+    When the purge wakes up it must not rewrite: git-filter-repo ends with a hard reset to the rewritten
+    HEAD, which would put back the files the newer batch replaced. It says the history was not rewritten,
+    nothing acknowledged is lost, and the purge run again removes the text from every commit."""
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from tests.reliability.harness import git_everything
+    from tests.trust.turns import make_runtime
+    from workers.erasure import purge
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+
+    data = tmp_path / "data"
+    ns = Namespace.of("t", "paused", "p")
+    writer = Writer(Store(data), RedisLocker(redis_client), RedisOpQueue(redis_client))
+    place, tea = writer.submit(ns, [Remember(text="我在余杭区上班"), Remember(text="我喜欢喝乌龙茶")])
+    assert place.id and tea.id
+    purging = _paused(_PURGING, [str(data), redis_url, place.id], "then")  # forgotten; history not rewritten
+    try:
+        writing = _paused_writer(data, redis_url, tea.id)  # the next holder: files written, commit not made
+    finally:
+        purging.send_signal(signal.SIGCONT)
+    out, err = purging.communicate(timeout=120)
+    writing.send_signal(signal.SIGCONT)
+    written, werr = writing.communicate(timeout=120)
+    assert purging.returncode == 0 and writing.returncode == 0, (err + werr)[-2000:]
+    refused = json.loads(out.splitlines()[-1])
+    assert refused["status"] == "rejected:lease_lost" and "run the purge again" in refused["detail"]
+    assert json.loads(written.splitlines()[-1]) == ["added", "forgotten"]
+    assert writer.submit(ns, [Remember(text="再下一个写者记下的事")])[0].status == "added"
+    root = ns.path(data)
+    head = git(root, "show", "HEAD:MEMORY.md")
+    assert "暂停的写者记下的事" in head and "再下一个写者记下的事" in head  # nothing acknowledged is lost
+    assert "乌龙茶" not in head and "余杭区" not in head  # and nothing forgotten comes back
+    assert head == (root / "MEMORY.md").read_text("utf-8")
+    with make_runtime(data, redis_url, git=True) as rt:
+        assert purge(rt, ns, place.id).status == "purged"  # run again: now the history is rewritten
+    assert "余杭区" not in git_everything(root)
+    assert "暂停的写者记下的事" in git(root, "show", "HEAD:MEMORY.md")
 
 
 _LEADER = textwrap.dedent(
