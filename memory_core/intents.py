@@ -8,7 +8,7 @@ from typing import Literal
 
 from .injection import carries_instruction
 from .policy import HAN
-from .subjects import recognise
+from .subjects import ZH_RELATIONS, recognise
 
 IntentKind = Literal["remember", "forget", "question", "statement", "chitchat", "none"]
 
@@ -123,6 +123,8 @@ _QUESTION_EN = re.compile(
 )
 _QUESTION_ZH = re.compile(
     r"哪|什么|谁|几点|几岁|多少|怎么|为什么|为啥|啥|是否|有没有|是不是|还记得|记不记得|知不知道"
+    # how old / tall / long / far, at the end only: 我学了几年 and 我来了没多久 tell, 我女儿多大了 asks
+    r"|(?<![没不])(?:多大|多高|多重|多久|多远|多长(?:时间)?|几号|何时)(?:了|呢|啊|呀|啦)?[。.~～]*$"
 )
 _NOT_QUESTION = re.compile(r"^(?:我也?不知道|不知道|我忘了|我忘记|随便|不管)")
 _FIRST_PERSON = re.compile(r"^(?:我(?!们)|i\b|i'm\b|i've\b|i'd\b|i'll\b|my\b|me\b)", re.I)
@@ -137,10 +139,16 @@ def _payload(text: str) -> str:
     return text
 
 
+# "其实我对花生过敏" / "actually, I'm vegan": a frank opener before the first person changes nothing.
+_LEAD_FRANK = re.compile(
+    r"^(?:其实|实际上|说实话|老实说|话说|actually|honestly)(?:[\s,，。:：]+|(?=我))", re.I
+)
+
+
 def _lead_stripped(text: str) -> str:
     previous = None
     while previous != text:
-        previous, text = text, _LEAD.sub("", text).strip()
+        previous, text = text, _LEAD_FRANK.sub("", _LEAD.sub("", text)).strip()
     return text
 
 
@@ -341,16 +349,25 @@ def asks_about_me(text: str) -> bool:
 
 # A first-person statement is durable when it says what someone habitually does, has, is or likes; a
 # passing remark (I'm so tired today, 我刚吃完饭) is not. Errs towards not storing.
+_HAS = "有(?:一|两|三|四|五|个|只|条|位|辆|套|台)|养了|养着"
+_STUDIES = "在.{0,12}(?:工作|上班|读书|上学|念书|实习|上(?:小学|初中|高中|中学|大学|幼儿园))"
 _DURABLE_ZH = re.compile(
     r"^我(?:平时|一般|通常|经常|主要|基本上|大多|一直|每天|每周|每个月|每年|从小)?(?:都)?"
-    r"(?:养了|养着|有(?:一|两|三|个|只|条|位|辆|套|台)|是(?!不是)|叫|姓|属|信|来自|老家|毕业于|在.{1,12}(?:工作|上班|读书|上学|实习)|"
+    rf"(?:{_HAS}|是(?!不是)|叫|姓|属|信|来自|老家|毕业于|{_STUDIES}|"
     r"喜欢|不喜欢|讨厌|爱|偏爱|习惯|不吃|吃素|不喝|会说|会讲|说|讲|用|写|开|玩|练|学|住|搬|对.{1,8}过敏)"
+    # the people in the person's life, as the English "my daughter is five" (我女儿今年五岁, 我老婆是老师)
+    rf"|^我的?(?:{ZH_RELATIONS})们?(?:平时|一般|通常|经常|一直|现在|都|也)*"
+    rf"(?:今年|是(?!不是)|叫|姓|属|来自|老家|毕业于|{_HAS}|{_STUDIES}|住|"
+    r"喜欢|不喜欢|讨厌|爱吃|不吃|吃素|不喝|对.{1,8}过敏)"
+    rf"|^我家(?:里)?(?:{_HAS}|住)"
 )
 _DURABLE_EN = re.compile(
     r"^(?:i|i'm|i am|i've|i have|my)\b(?:\s+(?:mostly|usually|often|always|generally|mainly|normally|"
     r"really|also|still|mostly))?\s*"
     r"(?:write|code|program|use|speak|work|live|have|own|play|drink|eat|like|love|prefer|hate|dislike|study|"
     r"teach|run|ride|drive|cook|read|watch|listen|am an?\b|'m an?\b|a\b|an\b|been|got|grew up|"
+    r"(?:allergic|intolerant|lactose|gluten|vegetarian|vegan|pescatarian|diabetic|celiac|coeliac)\b|"
+    r"(?:don't|do not|can't|cannot|never) (?:eat|drink)\b|"
     r"(?:\w+\s){0,2}(?:is|are|was|lives|works|likes|name))",
     re.I,
 )

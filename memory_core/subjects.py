@@ -187,12 +187,14 @@ _TESTS: dict[str, Callable[[str, bool], bool]] = {
     ),
 }
 
-_ZH_REL = (
+#: Who a person's relations are, as a regex alternation (我女儿…, 王芳是我的同事): a statement about one of them
+#: is about the person's life too (`intents.is_durable_statement`).
+ZH_RELATIONS = (
     "联合创始人|创始人|合伙人|同事|老板|上司|领导|经理|主管|导师|老师|同学|好朋友|朋友|闺蜜|室友|邻居|客户|"
     "助理|妻子|老婆|丈夫|老公|女朋友|男朋友|对象|爱人|爸爸|妈妈|父亲|母亲|儿子|女儿|哥哥|姐姐|弟弟|妹妹|表哥|表姐|"
-    "表弟|表妹|叔叔|阿姨|爷爷|奶奶|外公|外婆|CEO|CTO|HR|队友"
+    "表弟|表妹|叔叔|阿姨|爷爷|奶奶|外公|外婆|爸妈|父母|孩子|宝宝|CEO|CTO|HR|队友"
 )
-_ZH_REL_WORDS = tuple(_ZH_REL.split("|"))
+_ZH_REL_WORDS = tuple(ZH_RELATIONS.split("|"))
 
 # One rule per line: language, subject, test, anchored pattern; `{…}` are macros, named groups v = value,
 # n = a third party's name. Order is precedence: 我在东八区 is a time zone, 我在阿里巴巴工作 an employer.
@@ -205,7 +207,7 @@ _MACROS = {
     "{LANG}": r"(?P<v>简体中文|繁体中文|中文|汉语|普通话|简体|繁体|英文|英语|日语|日文|韩语|韩文|法语|德语|西班牙语|俄语|粤语|"
     r"葡萄牙语|意大利语|阿拉伯语|越南语|泰语|(?:(?:simplified |traditional )?chinese|english|mandarin|cantonese|"
     r"japanese|korean|french|german|spanish|russian|portuguese|italian|arabic|hindi|vietnamese|thai|dutch)\b)",
-    "{ZH_REL}": _ZH_REL,
+    "{ZH_REL}": ZH_RELATIONS,
     "{HAN}": HAN,
     "{EN_REL}": r"co-?founder|founder|partner|colleague|co-?worker|boss|manager|best friend|friend|roommate|"
     r"flatmate|neighbou?r|client|assistant|teacher|mentor|wife|husband|girlfriend|boyfriend|fianc[eé]e?|spouse|"

@@ -105,6 +105,8 @@ QUESTION = [
     "what did I say about my job",
     "how old am I",
     "is my birthday in May",
+    "我女儿多大了",
+    "我们多久没见了？",
 ]
 STATEMENT = [
     "我在余杭区",
@@ -126,6 +128,9 @@ STATEMENT = [
     "I'll remember that",
     "I remember that day",
     "我记住了",
+    "我来杭州没多久",
+    "我学了几年钢琴",
+    "其实我对花生过敏",
 ]
 CHITCHAT = [
     "你好",

@@ -30,6 +30,15 @@ def rt(data_dir: Path, redis_url: str, redis_client: redis.Redis) -> Runtime:
         ("我养了一条狗叫旺财", "我记住了"),
         ("I have two cats called Miso and Tofu", "I'll remember"),
         ("我平时用Vim写代码", "我记住了"),
+        # the people in one's life, in Chinese as in English (My sister lives in Berlin)
+        ("我女儿今年五岁，叫朵朵", "我记住了"),
+        ("我老婆是老师", "我记住了"),
+        ("我儿子在上小学", "我记住了"),
+        ("我家有两只猫", "我记住了"),
+        # health, in English as in Chinese (我对花生过敏); a frank opener changes nothing
+        ("I'm allergic to peanuts", "I'll remember"),
+        ("I don't eat pork", "I'll remember"),
+        ("其实我对花生过敏", "我记住了"),
     ],
 )
 def test_a_durable_first_person_statement_is_stored_and_the_reply_says_what(
@@ -48,6 +57,9 @@ def test_a_durable_first_person_statement_is_stored_and_the_reply_says_what(
         ("I think it might rain", "Noted"),
         ("I have a question about Python", "Noted"),
         ("我是说你可以换个方法", "收到"),
+        ("我老婆在做饭", "收到"),
+        ("我女儿今天发烧了", "收到"),
+        ("我老婆有点不高兴", "收到"),
     ],
 )
 def test_a_passing_remark_is_not_stored_and_the_reply_does_not_pretend(
@@ -122,3 +134,10 @@ def test_an_english_question_is_answered_from_memory_in_english(rt: Runtime) -> 
     rt.writer.submit(ns(), [Remember("My sister lives in Berlin", source="user")])
     reply, _ = turn(rt, "Where does my sister live?")
     assert reply.startswith("I remember") and "Berlin" in reply and "记" not in reply
+
+
+def test_a_question_about_someone_in_ones_life_is_answered_from_memory(rt: Runtime) -> None:
+    turn(rt, "我女儿今年五岁，叫朵朵")
+    reply, _ = turn(rt, "我女儿多大了")
+    assert reply.startswith("我记得") and "我女儿今年五岁，叫朵朵" in reply
+    assert memory_file(rt).count("我女儿") == 1  # asked, not stored as a statement
