@@ -10,7 +10,10 @@
 Compared in the same run:
 - `batched`: the product's writer (Redis lease + fencing + shared op queue: whoever holds the lease applies
   every pending op of the namespace as one batch, one git commit);
-- `baseline`: the same writer with a host-local lock and no queue, i.e. one lock / read / write / commit per op.
+- `baseline`: the same writer with a host-local lock and no queue, i.e. one lock / read / write / commit per op;
+- `perop_lease` (many-namespace rows): the same writer with the product's Redis lease and no queue, one lease /
+  read / write / commit per op: the per-op writer with the same lock, so that the product's row against it is
+  what batching and the shared queue cost, and `baseline` against it what a lock across hosts costs.
 Each op is one `remember` of a fresh text; latency is measured per op in the submitting process, the wall
 from a common start once every process is ready to its last answer. The hot rows also give the namespace's
 commits (group commit: fewer than batches).
@@ -43,6 +46,9 @@ def _text(rng: random.Random) -> str:
     return "".join(chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(14))
 
 
+PEROP = "perop+"  # a url so prefixed: the Redis lease without the queue (`perop_lease`)
+
+
 def _writer(data: Path, url: str | None) -> Writer:
     store = Store(data)
     if url is None:
@@ -51,8 +57,8 @@ def _writer(data: Path, url: str | None) -> Writer:
 
     from workers.redis_backend import RedisLocker, RedisOpQueue
 
-    client = redis.Redis.from_url(url)
-    return Writer(store, RedisLocker(client), RedisOpQueue(client))
+    client = redis.Redis.from_url(url.removeprefix(PEROP))
+    return Writer(store, RedisLocker(client), None if url.startswith(PEROP) else RedisOpQueue(client))
 
 
 def child(data: Path, url: str | None, seed: int, ops: int, namespaces: list[str]) -> None:
@@ -261,7 +267,7 @@ def main() -> None:
             }
         many = [str(Namespace.of("bench", f"u{i}", "default")) for i in range(args.namespaces)]
         per = args.namespaces // args.procs
-        spreads = (("batched", server.url), ("baseline", None))
+        spreads = (("batched", server.url), ("baseline", None), ("perop_lease", PEROP + server.url))
         for mode, url in spreads:
             data = tmp / f"many-{mode}"
             results[f"namespaces_{mode}"] = spread(data, url, args.procs, per, many)
@@ -272,6 +278,11 @@ def main() -> None:
         hb, hl = results["hot_batched"], results["hot_baseline"]
         assert isinstance(hb, dict) and isinstance(hl, dict)
         results["hot_speedup"] = round(hb["ops_per_s"] / hl["ops_per_s"], 2)
+        for row in ("namespaces", "namespaces_warm"):  # the product's ops/s over each per-op arm's
+            for arm in ("baseline", "perop_lease"):
+                ours, theirs = results[f"{row}_batched"], results[f"{row}_{arm}"]
+                assert isinstance(ours, dict) and isinstance(theirs, dict)
+                results[f"{row}_vs_{arm}"] = round(ours["ops_per_s"] / theirs["ops_per_s"], 2)
         print(json.dumps(results, indent=None if args.json else 2))
     finally:
         server.stop()
