@@ -17,11 +17,13 @@ import shutil
 import signal
 import stat
 import threading
+import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -403,6 +405,8 @@ class Store:
         self.data_dir = Path(data_dir)
         self.git_enabled = git
         self._commits: dict[str, int] = {}  # commits made by this process, by namespace (packing)
+        self._checked: dict[str, str] = {}  # namespace → the boot the writer last checked its git in (`mend`)
+        self._read_ok: dict[str, str] = {}  # and the boot a reader found its loose objects whole in
         self._roots: dict[Namespace, tuple[Path, str]] = {}
 
     def _root(self, ns: Namespace) -> tuple[Path, str]:
@@ -860,7 +864,21 @@ class Store:
     # In-process with pygit2: libgit2 writes objects by temp file + rename; we replace the ref and the index
     # with `atomic_write`, so a writer killed mid-commit leaves no `.lock` to refuse the next commit.
 
-    def _repo(self, ns: Namespace, checked: bool = False) -> pygit2.Repository:
+    def _repo(self, ns: Namespace) -> pygit2.Repository:
+        """For reading: the first open since a boot refuses a repository with cut objects (`mend`) instead of
+        hanging in libgit2 on one."""
+        if boot_id() not in (self._checked.get(str(ns)), self._read_ok.get(str(ns))):
+            objects = self.file(ns, ".git", "objects")
+            cut = [o for o in _loose_objects(objects) if not _loose_whole(self.data_dir, objects, o)]
+            if cut:
+                raise StoreError(
+                    f"the git history of {ns} has {len(cut)} object(s) a crash cut short; the next write "
+                    "mends it (the memory files are whole)"
+                )
+            _note(self._read_ok, ns)
+        return self._open(ns)
+
+    def _open(self, ns: Namespace, checked: bool = False) -> pygit2.Repository:
         """`checked`: the caller has just opened the namespace's folder and `.git` by opens that refuse a link
         (`commit`), so the lstat walk of `file()` would only repeat them."""
         _isolate_git_config()
@@ -869,16 +887,17 @@ class Store:
         except pygit2.GitError as exc:
             raise StoreError(f"cannot open the git repository of {ns}: {exc}") from exc
 
-    def ensure_repo(self, ns: Namespace) -> None:
+    def ensure_repo(self, ns: Namespace) -> bool:
+        """Make the namespace's folder and repository if missing; returns whether the repository is new."""
         root = self._at(ns)
         with folder_beneath(self.data_dir, root) as folder:  # made if missing
             if not self.git_enabled:
-                return
+                return False
             if _exists_at(folder, ".git", f"{root}/.git"):
                 ignore = f"{root}/.gitignore"
                 if not _exists_at(folder, ".gitignore", ignore):  # a writer killed at creation
                     atomic_write(self.data_dir, ignore, _GITIGNORE.encode(), durable=False)
-                return
+                return False
         # .gitignore first: a writer killed before it was written left a repository whose next commit
         # tracked the writer's own `.lucid/` files.
         atomic_write(self.data_dir, f"{root}/.gitignore", _GITIGNORE.encode(), durable=False)
@@ -887,6 +906,73 @@ class Store:
             tmp = _git_skeleton(folder)
             _no_link_at(folder, ".git", f"{root}/.git")
             os.replace(tmp, ".git", src_dir_fd=folder, dst_dir_fd=folder)
+        return True
+
+    def mend_after_boot(self, ns: Namespace) -> None:
+        """`mend` once a boot, before the writer's first batch of `ns` in this process reads anything of git:
+        the boot `written.json` was last committed in (`BOOT`) tells a process started since it (no crash
+        since) that there is nothing to check."""
+        if self._checked.get(str(ns)) == boot_id():
+            return
+        if self.written_value(ns, BOOT) != boot_id():
+            self.mend(ns)
+        _note(self._checked, ns)
+
+    def mend(self, ns: Namespace) -> bool:
+        """Make the namespace's git whole after a power cut (under the writer lease; docs/RELIABILITY.md):
+        cut loose objects dropped, those the files still hold written again, the branch on the newest whole
+        commit. The files are never touched. Returns whether anything was mended."""
+        if not self.git_enabled:
+            return False
+        git = self.file(ns, ".git")
+        if not git.is_dir():
+            return False
+        mended = _mend_skeleton(self.data_dir, git)
+        objects = git / "objects"
+        cut = {oid for oid in _loose_objects(objects) if not _loose_whole(self.data_dir, objects, oid)}
+        if not cut and not mended:
+            return False
+        for oid in cut:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(objects / oid[:2] / oid[2:])
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(git / "index")  # derived from HEAD's tree; the next commit writes it again
+        repo = self._open(ns)
+        restored = 0
+        for data in self._work_files(ns):
+            if str(pygit2.hash(data)) in cut:
+                repo.create_blob(data)
+                restored += 1
+        repo = self._open(ns)  # nothing cached from before the objects were dropped
+        ref = git.joinpath(*_branch(repo).split("/"))
+        was = _head_target(repo)
+        tip = _whole_tip(self.data_dir, repo, objects)
+        if tip is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(ref)  # no commit is whole: the next one starts the history again
+        elif tip != was:
+            atomic_write(self.data_dir, ref, f"{tip}\n".encode(), durable=False)
+        log.warning(
+            "git of %s mended after a crash: %d cut objects dropped (%d written again from the files), "
+            "branch %s → %s",
+            ns.key,
+            len(cut),
+            restored,
+            str(was)[:10] if was else "-",
+            str(tip)[:10] if tip else "(none: history starts again)",
+        )
+        return True
+
+    def _work_files(self, ns: Namespace) -> Iterator[bytes]:
+        """The bytes of every file the writer commits, as they are on disk now."""
+        for name in (*TRACKED, ".gitignore"):
+            data = self._maybe(self._at(ns, name))
+            if data is not None:
+                yield data
+        for day in self.raw_days(ns):
+            data = self._maybe(self._at(ns, "raw", day))
+            if data is not None:
+                yield data
 
     def head(self, ns: Namespace) -> str | None:
         """The full id of the newest commit, or None before the first one (or without git)."""
@@ -940,7 +1026,7 @@ class Store:
     def _commit(
         self, ns: Namespace, message: str, exact: Mapping[str, bytes | None] | None, amend: str | None
     ) -> str | None:
-        repo = self._repo(ns, checked=True)
+        repo = self._open(ns, checked=True)
         head = None if repo.head_is_unborn else repo[repo.head.target].peel(pygit2.Commit)
         # The index file is replaced by `_write_index` (a temp file renamed into place), never locked.
         tmp = os.path.join(self._at(ns, ".git"), f"index.{os.getpid()}.{os.urandom(4).hex()}.tmp")
@@ -1268,6 +1354,117 @@ def _blob(repo: pygit2.Repository, index: pygit2.Index, name: str, data: bytes) 
     return repo.create_blob(data)
 
 
+@cache
+def boot_id() -> str:
+    """This boot's id (Linux; elsewhere the boot time to ten seconds): a power cut is followed by another."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return str(round(time.time() - time.monotonic(), -1))
+
+
+def _note(checked: dict[str, str], ns: Namespace) -> None:
+    """Note `ns` as checked in this boot (bounded: a long-lived process sees every namespace)."""
+    if len(checked) > 4096:
+        checked.clear()
+    checked[str(ns)] = boot_id()
+
+
+BOOT = "boot"  # the boot `written.json` was recorded in: the first commit after another one checks git first
+
+
+def _loose_whole(base: Path, objects: Path, oid: str) -> bool:
+    """Whether a loose object is whole: it inflates to `kind size\\0` and `size` bytes whose SHA-1 is `oid`."""
+    try:
+        raw = read_beneath(base, objects / oid[:2] / oid[2:])
+        stream = zlib.decompressobj()
+        data = stream.decompress(raw)
+    except (OSError, zlib.error):
+        return False
+    head, nul, body = data.partition(b"\0")
+    kind, _, size = head.partition(b" ")
+    return (
+        stream.eof
+        and bool(nul)
+        and kind in (b"blob", b"tree", b"commit", b"tag")
+        and size.isdigit()
+        and int(size) == len(body)
+        and hashlib.sha1(data).hexdigest() == oid
+    )
+
+
+def _mend_skeleton(base: Path, git: Path) -> bool:
+    """Write HEAD and config again where a power cut left them empty (or zeros), and drop an index whose
+    checksum fails (derived: the next commit writes it); returns whether anything was."""
+    mended = False
+    for name, data in _SKELETON_FILES:
+        try:
+            now = read_beneath(base, git / name)
+        except FileNotFoundError:
+            now = b""
+        if not now.strip(b"\0"):
+            atomic_write(base, git / name, data)
+            mended = True
+    with contextlib.suppress(FileNotFoundError):
+        index = read_beneath(base, git / "index")
+        if len(index) < 32 or hashlib.sha1(index[:-20]).digest() != index[-20:]:
+            os.unlink(git / "index")
+            mended = True
+    return mended
+
+
+def _whole_tip(base: Path, repo: pygit2.Repository, objects: Path) -> pygit2.Oid | None:
+    """The newest commit whose tree and blobs are all there (every loose object left is whole, packs are
+    synced): HEAD's, or else the newest whole commit that no other whole commit descends from."""
+
+    def whole(oid: pygit2.Oid) -> pygit2.Commit | None:
+        try:
+            commit = repo[oid]
+        except (KeyError, ValueError, pygit2.GitError):
+            return None
+        if not isinstance(commit, pygit2.Commit) or not _tree_whole(repo, commit.tree_id):
+            return None
+        return commit
+
+    head = _head_target(repo)
+    if head is not None and whole(head) is not None:
+        return head
+    ids = _loose_objects(objects)
+    for pack in (objects / "pack").glob("pack-*.pack"):
+        ids.extend(_pack_ids(base, pack))
+    commits = [
+        c
+        for oid in ids
+        if repo.odb.read_header(oid)[0] == pygit2.enums.ObjectType.COMMIT
+        if (c := whole(pygit2.Oid(hex=oid))) is not None
+    ]
+    parents = {p for c in commits for p in c.parent_ids}
+    tips = [c for c in commits if c.id not in parents]
+    return max(tips, key=lambda c: (c.commit_time, str(c.id))).id if tips else None
+
+
+def _head_target(repo: pygit2.Repository) -> pygit2.Oid | None:
+    """The commit id the branch names, whether or not that object is there."""
+    try:
+        target = repo.references["HEAD"].resolve().target
+    except (KeyError, pygit2.GitError):
+        return None
+    return target if isinstance(target, pygit2.Oid) else None
+
+
+def _tree_whole(repo: pygit2.Repository, tree: pygit2.Oid) -> bool:
+    if not repo.odb.exists(tree):
+        return False
+    for entry in repo[tree].peel(pygit2.Tree):
+        if entry.filemode == pygit2.enums.FileMode.TREE:
+            if not _tree_whole(repo, entry.id):
+                return False
+        elif not repo.odb.exists(entry.id):
+            return False
+    return True
+
+
 def _branch(repo: pygit2.Repository) -> str:
     """The ref HEAD names (refs/heads/main), whether or not it has a commit yet."""
     target = repo.references["HEAD"].target
@@ -1310,6 +1507,8 @@ def _pack_ids(base: Path, pack: Path) -> list[str]:
 
 def _loose_objects(objects: Path) -> list[str]:
     out: list[str] = []
+    if not objects.is_dir():
+        return out
     with os.scandir(objects) as fan:
         for d in fan:
             if len(d.name) == 2 and d.is_dir(follow_symlinks=False):

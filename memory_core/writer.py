@@ -53,6 +53,7 @@ from .secretscan import contains_secret, redact, redact_long
 from .sharing import share
 from .store import (
     ARCHIVE,
+    BOOT,
     DREAMS,
     MEMORY,
     PROFILE,
@@ -60,6 +61,7 @@ from .store import (
     Snapshot,
     Store,
     as_bytes,
+    boot_id,
     kill_point,
     version_of,
 )
@@ -440,7 +442,8 @@ class Writer:
         """Apply one batch; files are written and synced and the journal kept before any outcome is published.
         `defer`: commit at the lease's end; `let_go`: release with the outcomes unless others queued."""
         self.store.claim_fence(ns, lease.token)
-        self.store.ensure_repo(ns)
+        if not self.store.ensure_repo(ns):
+            self.store.mend_after_boot(ns)  # before anything below reads git (a new repository holds nothing)
         if ns not in self._deferred:  # else the journal is this tenure's own
             self._recover(ns)
         for _attempt in range(_RETRIES):
@@ -603,12 +606,11 @@ class Writer:
                     counts.update(folded)
                 msg = group.message or _message(counts)
                 revision = self.store.commit(ns, msg, group.exact, amend=amend)
-                record = dict(written or {})
+                record = {**(written or {}), BOOT: boot_id()}  # checked in this boot (`mend_after_boot`)
                 if revision is not None:
                     fold = {"rev": revision, "at": format_time(group.now), "counts": dict(counts)}
                     record["fold"] = fold if group.filler else None
-                if record:
-                    self.store.record_written(ns, **record)
+                self.store.record_written(ns, **record)
                 self.store.clear_journal(ns)
         except LeaseLost as exc:
             log.warning("lease of %s lost before its commit; the next holder commits it (%s)", ns.key, exc)
