@@ -1371,16 +1371,20 @@ def _note(checked: dict[str, str], ns: Namespace) -> None:
     checked[str(ns)] = boot_id()
 
 
-BOOT = "boot"  # the boot `written.json` was recorded in: the first commit after another one checks git first
+BOOT = "boot"  # `written.json`: the boot of the last commit; a first batch in another boot checks git first
 
 
 def _loose_whole(base: Path, objects: Path, oid: str) -> bool:
-    """Whether a loose object is whole: it inflates to `kind size\\0` and `size` bytes whose SHA-1 is `oid`."""
+    """Whether a loose object is whole: it inflates to `kind size\\0` and `size` bytes whose SHA-1 is `oid`
+    (one packed since it was listed is; a read that fails otherwise is an error, not a cut object)."""
     try:
         raw = read_beneath(base, objects / oid[:2] / oid[2:])
-        stream = zlib.decompressobj()
+    except FileNotFoundError:
+        return True
+    stream = zlib.decompressobj()
+    try:
         data = stream.decompress(raw)
-    except (OSError, zlib.error):
+    except zlib.error:
         return False
     head, nul, body = data.partition(b"\0")
     kind, _, size = head.partition(b" ")
