@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from memory_core.errors import LucidError
 from memory_core.store import cut_objects
 from workers import embedded_redis
 from workers.settings import LOCAL_EMBEDDER, Persona, Settings, ollama_embed_model, safe_url
@@ -77,8 +78,11 @@ def check_git_history(settings: Settings) -> Check:
     for top, dirs, _ in os.walk(base):
         if ".git" in dirs:
             seen += 1
-            if cut_objects(base, Path(top) / ".git"):
-                cut.append(os.path.relpath(top, base))
+            try:
+                if cut_objects(base, Path(top) / ".git"):
+                    cut.append(os.path.relpath(top, base))
+            except (OSError, LucidError) as exc:  # unreadable: the other checks say why (links, permissions)
+                cut.append(f"{os.path.relpath(top, base)} (unreadable: {exc})")
         dirs[:] = [d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(top, d))]
     if not cut:
         return Check("git history", True, f"{seen} namespace(s), no object cut short")

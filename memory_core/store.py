@@ -868,7 +868,10 @@ class Store:
         """For reading: the first open since a boot refuses a repository with cut objects (`mend`) instead of
         hanging in libgit2 on one."""
         if boot_id() not in (self._checked.get(str(ns)), self._read_ok.get(str(ns))):
-            cut = cut_objects(self.data_dir, self.file(ns, ".git"))
+            try:
+                cut = cut_objects(self.data_dir, self.file(ns, ".git"))
+            except OSError as exc:
+                raise StoreError(f"cannot read the git history of {ns}: {exc.strerror or exc}") from exc
             if cut:
                 raise StoreError(
                     f"the git history of {ns} has {len(cut)} object(s) a crash cut short; the next write "
@@ -907,20 +910,22 @@ class Store:
             os.replace(tmp, ".git", src_dir_fd=folder, dst_dir_fd=folder)
         return True
 
-    def mend_after_boot(self, ns: Namespace) -> None:
+    def mend_after_boot(self, ns: Namespace, token: int, still_held: Callable[[], bool]) -> None:
         """`mend` once a boot, before the writer's first batch of `ns` in this process reads anything of git:
         the boot `written.json` was last committed in (`BOOT`) tells a process started since it (no crash
-        since) that there is nothing to check."""
+        since) that there is nothing to check. Under the fence of lease `token`."""
         if self._checked.get(str(ns)) == boot_id():
             return
         if self.written_value(ns, BOOT) != boot_id():
-            self.mend(ns)
+            with self.fenced(ns, token, still_held):
+                self.mend(ns)
         _note(self._checked, ns)
 
     def mend(self, ns: Namespace) -> bool:
-        """Make the namespace's git whole after a power cut (under the writer lease; docs/RELIABILITY.md):
+        """Make the namespace's git whole after a power cut (under the writer's fence; docs/RELIABILITY.md):
         cut loose objects dropped, those the files still hold written again, the branch on the newest whole
-        commit. The files are never touched. Returns whether anything was mended."""
+        commit and the files committed on it. The files are never touched. Returns whether anything was
+        mended."""
         if not self.git_enabled:
             return False
         git = self.file(ns, ".git")
@@ -929,13 +934,12 @@ class Store:
         mended = _mend_skeleton(self.data_dir, git)
         objects = git / "objects"
         cut = set(cut_objects(self.data_dir, git))
-        if not cut and not mended:
-            return False
         for oid in cut:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(objects / oid[:2] / oid[2:])
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(git / "index")  # derived from HEAD's tree; the next commit writes it again
+        if cut:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(git / "index")  # derived from HEAD's tree; the next commit writes it again
         repo = self._open(ns)
         restored = 0
         for data in self._work_files(ns):
@@ -943,14 +947,19 @@ class Store:
                 repo.create_blob(data)
                 restored += 1
         repo = self._open(ns)  # nothing cached from before the objects were dropped
-        ref = git.joinpath(*_branch(repo).split("/"))
         was = _head_target(repo)
-        tip = _whole_tip(self.data_dir, repo, objects)
-        if tip is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(ref)  # no commit is whole: the next one starts the history again
-        elif tip != was:
-            atomic_write(self.data_dir, ref, f"{tip}\n".encode(), durable=False)
+        tip = _whole_tip(self.data_dir, repo, objects)  # checked even when nothing is cut: an earlier mend
+        if tip != was:  # may have died between dropping objects and moving the branch
+            ref = git.joinpath(*_branch(repo).split("/"))
+            if tip is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(ref)  # no commit is whole: the next one starts the history again
+            else:
+                atomic_write(self.data_dir, ref, f"{tip}\n".encode(), durable=False)
+            # Every file as it is now, raw days included (a batch's commit names only its own days).
+            self._commit(ns, "recover after a crash", None, None)
+        if not (cut or mended or tip != was):
+            return False
         log.warning(
             "git of %s mended after a crash: %d cut objects dropped (%d written again from the files), "
             "branch %s → %s",
@@ -1014,7 +1023,7 @@ class Store:
             exact = {**exact, ".gitignore": _GITIGNORE.encode()}
         try:
             return self._commit(ns, message, exact, amend)
-        except (pygit2.GitError, OSError) as exc:
+        except (pygit2.GitError, OSError, KeyError) as exc:
             if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
                 raise StoreError(
                     f"disk full while committing {ns} to git: the files are written and are committed "
@@ -1424,33 +1433,64 @@ def _mend_skeleton(base: Path, git: Path) -> bool:
 
 
 def _whole_tip(base: Path, repo: pygit2.Repository, objects: Path) -> pygit2.Oid | None:
-    """The newest commit whose tree and blobs are all there (every loose object left is whole, packs are
-    synced): HEAD's, or else the newest whole commit that no other whole commit descends from."""
+    """The newest commit that is whole with all its history: HEAD's if it is, else the deepest such commit
+    no other one descends from. Every loose object left is whole and a packed commit comes with all it
+    reaches (packs are synced, and a commit's objects are never newer than it), so only loose commits are
+    walked."""
+    loose = set(_loose_objects(objects))
+    known: dict[pygit2.Oid, bool] = {}
 
-    def whole(oid: pygit2.Oid) -> pygit2.Commit | None:
-        try:
+    def whole(start: pygit2.Oid) -> bool:  # iterative: a namespace that could not pack has long loose lines
+        todo = [start]
+        while todo:
+            oid = todo[-1]
+            if oid in known:
+                todo.pop()
+                continue
+            if not repo.odb.exists(oid) or str(oid) not in loose:
+                known[oid] = repo.odb.exists(oid)
+                continue
             commit = repo[oid]
-        except (KeyError, ValueError, pygit2.GitError):
-            return None
-        if not isinstance(commit, pygit2.Commit) or not _tree_whole(repo, commit.tree_id):
-            return None
-        return commit
+            if not isinstance(commit, pygit2.Commit) or not _tree_whole(repo, commit.tree_id):
+                known[oid] = False
+                continue
+            waiting = [p for p in commit.parent_ids if p not in known]
+            if waiting:
+                todo.extend(waiting)
+            else:
+                known[oid] = all(known[p] for p in commit.parent_ids)
+        return known[start]
 
     head = _head_target(repo)
-    if head is not None and whole(head) is not None:
+    if head is not None and whole(head):
         return head
-    ids = _loose_objects(objects)
+    ids = list(loose)
     for pack in (objects / "pack").glob("pack-*.pack"):
         ids.extend(_pack_ids(base, pack))
-    commits = [
-        c
-        for oid in ids
-        if repo.odb.read_header(oid)[0] == pygit2.enums.ObjectType.COMMIT
-        if (c := whole(pygit2.Oid(hex=oid))) is not None
-    ]
-    parents = {p for c in commits for p in c.parent_ids}
-    tips = [c for c in commits if c.id not in parents]
-    return max(tips, key=lambda c: (c.commit_time, str(c.id))).id if tips else None
+    commits: dict[pygit2.Oid, pygit2.Commit] = {}
+    for hex_id in ids:
+        oid = pygit2.Oid(hex=hex_id)
+        if repo.odb.read_header(oid)[0] == pygit2.enums.ObjectType.COMMIT and whole(oid):
+            commits[oid] = repo[oid].peel(pygit2.Commit)
+    depth: dict[pygit2.Oid, int] = {}
+
+    def deep(oid: pygit2.Oid) -> int:
+        """Commits on its first-parent line (memoised, iterative: histories are long)."""
+        line: list[pygit2.Oid] = []
+        at: pygit2.Oid | None = oid
+        while at is not None and at not in depth:
+            line.append(at)
+            first = commits[at].parent_ids if at in commits else []
+            at = first[0] if first else None
+        n = depth[at] if at is not None else -1
+        for step in reversed(line):
+            n += 1
+            depth[step] = n
+        return depth[oid]
+
+    parents = {p for c in commits.values() for p in c.parent_ids}
+    tips = [c for c in commits.values() if c.id not in parents]
+    return max(tips, key=lambda c: (deep(c.id), c.commit_time, str(c.id))).id if tips else None
 
 
 def _head_target(repo: pygit2.Repository) -> pygit2.Oid | None:

@@ -443,7 +443,8 @@ class Writer:
         `defer`: commit at the lease's end; `let_go`: release with the outcomes unless others queued."""
         self.store.claim_fence(ns, lease.token)
         if not self.store.ensure_repo(ns):
-            self.store.mend_after_boot(ns)  # before anything below reads git (a new repository holds nothing)
+            # before anything below reads git (a new repository holds nothing)
+            self.store.mend_after_boot(ns, lease.token, lease.held)
         if ns not in self._deferred:  # else the journal is this tenure's own
             self._recover(ns)
         for _attempt in range(_RETRIES):

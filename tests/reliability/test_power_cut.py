@@ -7,17 +7,19 @@ writer or reader that hangs fails the test instead of stalling the suite."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from memory_core.lineformat import parse_file
+from memory_core.lineformat import RawMessage, parse_file
 from memory_core.namespace import Namespace
-from memory_core.ops import Remember
+from memory_core.ops import Record, Remember, message_to_json
 from memory_core.store import MEMORY, Store
 from memory_core.writer import Writer
 from tests.reliability.harness import ROOT
@@ -76,6 +78,19 @@ def _remembered(root: Path) -> Counter[str]:
     return Counter(e.text for e in parse_file((root / MEMORY).read_text("utf-8")).entries())
 
 
+def _another_boot(root: Path) -> None:
+    """`written.json` as a restart finds it: recorded in the boot before."""
+    written = root / ".lucid" / "written.json"
+    record = json.loads(written.read_text())
+    assert record["boot"]  # the boot the last commit was made in
+    written.write_text(json.dumps({**record, "boot": "a boot before the power cut"}))
+
+
+def _object(root: Path, rev: str) -> Path:
+    oid = git(root, "rev-parse", rev).stdout.strip()
+    return root / ".git" / "objects" / oid[:2] / oid[2:]
+
+
 def _whole_and_clean(root: Path) -> None:
     fsck = git(root, "fsck", "--strict", "--no-dangling")
     assert fsck.returncode == 0, fsck.stderr
@@ -131,10 +146,7 @@ def test_a_cut_object_the_files_still_hold_is_written_again_after_a_restart_and_
     head = git(root, "rev-parse", "HEAD").stdout.strip()
     blob = git(root, "rev-parse", "HEAD:MEMORY.md").stdout.strip()
     _cut(root / ".git" / "objects" / blob[:2] / blob[2:], "cut")
-    written = root / ".lucid" / "written.json"
-    record = json.loads(written.read_text())
-    assert record["boot"]  # the boot the last commit was made in
-    written.write_text(json.dumps({**record, "boot": "a boot before the power cut"}))
+    _another_boot(root)
 
     assert _step(data, "我女儿今年五岁") == "added"
 
@@ -175,3 +187,96 @@ def test_an_index_cut_alone_is_dropped_and_no_commit_is_lost(tmp_path: Path) -> 
 
     _whole_and_clean(root)
     assert git(root, "merge-base", "--is-ancestor", head, "HEAD").returncode == 0
+
+
+@pytest.mark.parametrize("rev", ["HEAD~1:MEMORY.md", "HEAD~1"])
+def test_an_object_cut_inside_history_moves_the_branch_behind_it_and_history_reads(
+    rev: str, tmp_path: Path
+) -> None:
+    """Cut below HEAD (a blob no file holds any more, or a commit): HEAD's own objects are there, but its
+    history is not whole; the branch goes back before the cut and the files are committed on it."""
+    data = tmp_path / "data"
+    writer = Writer(Store(data))
+    texts = ["我在杭州西湖区上班", "我喜欢喝咖啡", "我养了一只猫", "我女儿今年五岁"]
+    for text in texts:
+        assert writer.submit(NS, [Remember(text=text)])[0].status == "added"
+    root = NS.path(data)
+    kept = git(root, "rev-parse", "HEAD~2").stdout.strip()
+    _cut(_object(root, rev), "cut")
+    _another_boot(root)
+
+    assert _step(data, "我老婆是老师") == "added"
+
+    assert _remembered(root) == Counter([*texts, "我老婆是老师"])
+    _whole_and_clean(root)
+    assert int(_step(data, "history")) >= 3  # read, not refused or failed
+    assert git(root, "merge-base", "--is-ancestor", kept, "HEAD").returncode == 0
+
+
+def test_the_raw_days_of_the_commits_lost_are_committed_again(tmp_path: Path) -> None:
+    """A batch's commit names only its own raw days: when the branch moves back, every file is committed as
+    it is, or a day's messages would stay uncommitted (and a purge's hard reset would take them)."""
+    data = tmp_path / "data"
+    writer = Writer(Store(data))
+    when = datetime(2026, 12, 5, 10, tzinfo=UTC)
+    for i, text in enumerate(["我在杭州西湖区上班", "我喜欢喝咖啡"]):
+        message = Record(message=message_to_json(RawMessage(f"om_{i}", when, "u", f"第{i}条消息", "oc_1")))
+        assert [o.status for o in writer.submit(NS, [message, Remember(text=text)])] == ["recorded", "added"]
+    root = NS.path(data)
+    _cut(_object(root, "HEAD"), "cut")
+    _another_boot(root)
+
+    assert _step(data, "我养了一只猫") == "added"
+
+    _whole_and_clean(root)
+    day = root / "raw" / "2026-12-05.md"
+    assert git(root, "show", "HEAD:raw/2026-12-05.md").stdout == day.read_text("utf-8")
+    assert "om_1" in day.read_text("utf-8")
+
+
+def test_a_mend_that_died_after_dropping_the_cut_objects_is_finished_by_the_next(tmp_path: Path) -> None:
+    """The cut objects are gone (dropped) but the branch still names one of them."""
+    data = tmp_path / "data"
+    writer = Writer(Store(data))
+    for text in ("我在杭州西湖区上班", "我喜欢喝咖啡"):
+        assert writer.submit(NS, [Remember(text=text)])[0].status == "added"
+    root = NS.path(data)
+    _object(root, "HEAD").unlink()
+    _another_boot(root)
+
+    assert _step(data, "我养了一只猫") == "added"
+
+    assert _remembered(root) == Counter(["我在杭州西湖区上班", "我喜欢喝咖啡", "我养了一只猫"])
+    _whole_and_clean(root)
+
+
+def test_the_branch_goes_back_to_the_deepest_whole_line_not_to_the_latest_dated_commit(
+    tmp_path: Path,
+) -> None:
+    """A commit nothing descends from (a fold amends HEAD and leaves the commit it replaced), dated later
+    than the main line as a clock wrong after a boot dates it: HEAD's commit cut, the branch goes back to
+    the main line's newest whole commit, not to that older state."""
+    data = tmp_path / "data"
+    writer = Writer(Store(data))
+    for text in ("我在杭州西湖区上班", "我喜欢喝咖啡", "我养了一只猫", "我女儿今年五岁"):
+        assert writer.submit(NS, [Remember(text=text)])[0].status == "added"
+    root = NS.path(data)
+    when = "2030-01-01T00:00:00+00:00"
+    who = {"GIT_AUTHOR_NAME": "Lucid", "GIT_AUTHOR_EMAIL": "lucid@localhost", "GIT_AUTHOR_DATE": when}
+    env = {**os.environ, **who, "GIT_COMMITTER_NAME": "Lucid", "GIT_COMMITTER_EMAIL": "lucid@localhost"}
+    aside = subprocess.run(
+        ["git", "-C", str(root), "commit-tree", "HEAD~3^{tree}", "-p", "HEAD~3", "-m", "memory: 1 recorded"],
+        env={**env, "GIT_COMMITTER_DATE": when},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    keep = git(root, "rev-parse", "HEAD~1").stdout.strip()
+    _cut(_object(root, "HEAD"), "cut")
+    _another_boot(root)
+
+    assert _step(data, "我老婆是老师") == "added"
+
+    _whole_and_clean(root)
+    assert git(root, "merge-base", "--is-ancestor", keep, "HEAD").returncode == 0
+    assert git(root, "merge-base", "--is-ancestor", aside, "HEAD").returncode == 1
