@@ -948,26 +948,42 @@ class Store:
                 restored += 1
         repo = self._open(ns)  # nothing cached from before the objects were dropped
         was = _head_target(repo)
-        tip = _whole_tip(self.data_dir, repo, objects)  # checked even when nothing is cut: an earlier mend
-        if tip != was:  # may have died between dropping objects and moving the branch
+        tip, broken = _whole_tip(self.data_dir, repo, objects)  # checked even when nothing is cut
+        for oid in broken:  # not whole: left loose, the packer would pack them as if they were
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(objects / oid[:2] / oid[2:])
+        if tip != was:
             ref = git.joinpath(*_branch(repo).split("/"))
             if tip is None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(ref)  # no commit is whole: the next one starts the history again
             else:
                 atomic_write(self.data_dir, ref, f"{tip}\n".encode(), durable=False)
-            # Every file as it is now, raw days included (a batch's commit names only its own days).
-            self._commit(ns, "recover after a crash", None, None)
-        if not (cut or mended or tip != was):
+        # Every file the writer wrote as it is now, raw days included (a batch's commit names only its own):
+        # the branch may stand behind them (moved here, by an earlier mend that died, or a lost ref). A file
+        # edited by hand keeps the branch's version, for the writer's hand-edit path to redact and commit.
+        recorded = self._written(ns).get("hashes") or {}
+        exact: dict[str, bytes | None] = {
+            f"raw/{day}": self._maybe(self._at(ns, "raw", day)) for day in self.raw_days(ns)
+        }
+        for name in TRACKED:
+            now = self._maybe(self._at(ns, name))
+            if now is not None and recorded.get(name) == _sha(now):
+                exact[name] = now
+        if self._maybe(self._at(ns, ".gitignore")) is not None:
+            exact[".gitignore"] = _GITIGNORE.encode()
+        committed = self._commit(ns, "recover after a crash", exact, None)
+        if not (cut or mended or broken or tip != was or committed):
             return False
         log.warning(
             "git of %s mended after a crash: %d cut objects dropped (%d written again from the files), "
-            "branch %s → %s",
+            "branch %s → %s%s",
             ns.key,
-            len(cut),
+            len(cut) + len(broken),
             restored,
             str(was)[:10] if was else "-",
             str(tip)[:10] if tip else "(none: history starts again)",
+            ", the files committed on it" if committed else "",
         )
         return True
 
@@ -1432,11 +1448,12 @@ def _mend_skeleton(base: Path, git: Path) -> bool:
     return mended
 
 
-def _whole_tip(base: Path, repo: pygit2.Repository, objects: Path) -> pygit2.Oid | None:
+def _whole_tip(base: Path, repo: pygit2.Repository, objects: Path) -> tuple[pygit2.Oid | None, list[str]]:
     """The newest commit that is whole with all its history: HEAD's if it is, else the deepest such commit
-    no other one descends from. Every loose object left is whole and a packed commit comes with all it
-    reaches (packs are synced, and a commit's objects are never newer than it), so only loose commits are
-    walked."""
+    no other one descends from; and the loose commits and trees that are not. Every loose object left is
+    whole and a packed commit comes with all it reaches (packs are synced, a commit's objects are never
+    newer than it, and `mend` drops the loose ones that are not whole before they are packed), so only
+    loose commits are walked."""
     loose = set(_loose_objects(objects))
     known: dict[pygit2.Oid, bool] = {}
 
@@ -1461,9 +1478,17 @@ def _whole_tip(base: Path, repo: pygit2.Repository, objects: Path) -> pygit2.Oid
                 known[oid] = all(known[p] for p in commit.parent_ids)
         return known[start]
 
+    broken = []
+    for hex_id in loose:
+        kind = repo.odb.read_header(hex_id)[0]
+        oid = pygit2.Oid(hex=hex_id)
+        if (kind == pygit2.enums.ObjectType.COMMIT and not whole(oid)) or (
+            kind == pygit2.enums.ObjectType.TREE and not _tree_whole(repo, oid)
+        ):
+            broken.append(hex_id)
     head = _head_target(repo)
     if head is not None and whole(head):
-        return head
+        return head, broken
     ids = list(loose)
     for pack in (objects / "pack").glob("pack-*.pack"):
         ids.extend(_pack_ids(base, pack))
@@ -1490,7 +1515,7 @@ def _whole_tip(base: Path, repo: pygit2.Repository, objects: Path) -> pygit2.Oid
 
     parents = {p for c in commits.values() for p in c.parent_ids}
     tips = [c for c in commits.values() if c.id not in parents]
-    return max(tips, key=lambda c: (deep(c.id), c.commit_time, str(c.id))).id if tips else None
+    return max(tips, key=lambda c: (deep(c.id), c.commit_time, str(c.id))).id if tips else None, broken
 
 
 def _head_target(repo: pygit2.Repository) -> pygit2.Oid | None:

@@ -280,3 +280,77 @@ def test_the_branch_goes_back_to_the_deepest_whole_line_not_to_the_latest_dated_
     _whole_and_clean(root)
     assert git(root, "merge-base", "--is-ancestor", keep, "HEAD").returncode == 0
     assert git(root, "merge-base", "--is-ancestor", aside, "HEAD").returncode == 1
+
+
+def test_a_hand_edit_made_before_the_cut_is_redacted_not_committed_as_it_stands(tmp_path: Path) -> None:
+    """The files are committed on the branch the mend moved, but one edited by hand keeps the branch's
+    version: the writer's hand-edit path redacts its secret and counts the deleted line as forgotten."""
+    data = tmp_path / "data"
+    writer = Writer(Store(data))
+    for text in ("我在杭州西湖区上班", "我喜欢喝咖啡", "我养了一只猫"):
+        assert writer.submit(NS, [Remember(text=text)])[0].status == "added"
+    root = NS.path(data)
+    memory = root / MEMORY
+    secret = "sk-proj-Zq8xW3vB7nK2mT9pL4rY6hJ1cF5dG0sA"
+    kept = [line for line in memory.read_text("utf-8").split("\n") if "咖啡" not in line]
+    memory.write_text("\n".join(kept).rstrip("\n") + f"\n\nmy key {secret}\n", "utf-8")
+    _cut(_object(root, "HEAD"), "cut")
+    _another_boot(root)
+
+    assert _step(data, "我女儿今年五岁") == "added"
+
+    _whole_and_clean(root)
+    assert secret not in git(root, "log", "-p", "--all").stdout
+    assert secret not in memory.read_text("utf-8") and "咖啡" not in memory.read_text("utf-8")
+    assert json.loads((root / ".lucid" / "state.json").read_text()).get("forgets") == 1
+
+
+def test_a_ref_whose_last_move_was_lost_gets_the_files_committed_on_it(tmp_path: Path) -> None:
+    """Nothing is cut, but the branch names an older whole commit (its last rename did not reach the disk,
+    or a mend died before its commit): the raw days written since are committed, not left behind."""
+    data = tmp_path / "data"
+    writer = Writer(Store(data))
+    when = datetime(2026, 12, 5, 10, tzinfo=UTC)
+    for i in range(2):
+        message = Record(message=message_to_json(RawMessage(f"om_{i}", when, "u", f"第{i}条消息", "oc_1")))
+        assert writer.submit(NS, [message])[0].status == "recorded"
+        assert writer.submit(NS, [Remember(text=f"第{i}件事")])[0].status == "added"
+    root = NS.path(data)
+    (root / ".git" / "refs" / "heads" / "main").write_text(git(root, "rev-parse", "HEAD~1").stdout)
+    _another_boot(root)
+
+    assert _step(data, "我养了一只猫") == "added"
+
+    _whole_and_clean(root)
+    assert git(root, "show", "HEAD:raw/2026-12-05.md").stdout == (root / "raw" / "2026-12-05.md").read_text()
+
+
+def test_commits_a_mend_left_behind_are_not_packed_as_whole_for_the_next_power_cut(tmp_path: Path) -> None:
+    """Two power cuts with packing between them, in a namespace past `REPACK_ALL_OBJECTS` (packed by adding
+    the loose objects, reachable or not): the commits the first mend moved the branch off (their history
+    holds a dropped blob, and that line is longer than the one grown since) must not come back as the
+    second mend's choice once packed."""
+    data = tmp_path / "data"
+    writer = Writer(Store(data))
+    for i in range(88):  # ~270 objects, packed as they come
+        assert writer.submit(NS, [Remember(text=f"第一次停电前的第{i}件事")])[0].status == "added"
+    for i in range(9):  # each from a fresh process, which packs nothing on its first commit: a loose tail
+        assert Writer(Store(data)).submit(NS, [Remember(text=f"尾巴上的第{i}件事")])[0].status == "added"
+    root = NS.path(data)
+    _cut(_object(root, "HEAD~8:MEMORY.md"), "cut")
+    _another_boot(root)
+    assert _step(data, "第一次停电后的事") == "added"
+    between = Writer(Store(data))  # one process: its fourth commit packs (nothing is cut now)
+    packs = set((root / ".git" / "objects" / "pack").glob("pack-*.pack"))
+    for i in range(4):
+        assert between.submit(NS, [Remember(text=f"两次停电之间的第{i}件事")])[0].status == "added"
+    assert set((root / ".git" / "objects" / "pack").glob("pack-*.pack")) - packs
+    packed = git(root, "rev-parse", "HEAD").stdout.strip()
+    assert between.submit(NS, [Remember(text="第二次停电前的事")])[0].status == "added"  # a loose HEAD
+    _cut(_object(root, "HEAD"), "cut")
+    _another_boot(root)
+
+    assert _step(data, "第二次停电后的事") == "added"
+
+    _whole_and_clean(root)
+    assert git(root, "merge-base", "--is-ancestor", packed, "HEAD").returncode == 0
