@@ -962,6 +962,9 @@ class Store:
         # Every file the writer wrote as it is now, raw days included (a batch's commit names only its own):
         # the branch may stand behind them (moved here, by an earlier mend that died, or a lost ref). A file
         # edited by hand keeps the branch's version, for the writer's hand-edit path to redact and commit.
+        journal = self.read_journal(ns)
+        if journal:  # an append the cut tore is taken back first (as `_recover` will: it is idempotent)
+            self.undo_cut_appends(ns, journal)
         recorded = self._written(ns).get("hashes") or {}
         exact: dict[str, bytes | None] = {
             f"raw/{day}": self._maybe(self._at(ns, "raw", day)) for day in self.raw_days(ns)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -32,11 +33,16 @@ _STEP = textwrap.dedent(
     from pathlib import Path
     from memory_core.errors import StoreError
     from memory_core.namespace import Namespace
-    from memory_core.ops import Remember
+    from datetime import UTC, datetime
+    from memory_core.lineformat import RawMessage
+    from memory_core.ops import Record, Remember, message_to_json
     from memory_core.store import Store
     from memory_core.writer import Writer
     data, ns, what = Path(sys.argv[1]), Namespace.parse(sys.argv[2]), sys.argv[3]
-    if what == "history":
+    if what == "record":  # with LUCID_KILL_POINT=append: killed halfway through appending the line
+        message = RawMessage("om_torn", datetime(2026, 12, 5, 11, tzinfo=UTC), "u", "撕裂的消息", "oc_1")
+        Writer(Store(data)).submit(ns, [Record(message=message_to_json(message))])
+    elif what == "history":
         try:
             print(len(Store(data).history(ns)))
         except StoreError as exc:
@@ -47,16 +53,18 @@ _STEP = textwrap.dedent(
 )
 
 
-def _step(data: Path, what: str) -> str:
-    """`history` (a reader) or a text to remember (the next writer), in a fresh process, after the cut."""
+def _step(data: Path, what: str, kill: str = "") -> str:
+    """`history` (a reader) or a text to remember (the next writer), in a fresh process, after the cut;
+    `record` with `kill`: a writer killed at that kill point."""
     out = subprocess.run(
         [sys.executable, "-c", _STEP, str(data), str(NS), what],
         cwd=ROOT,
+        env={**os.environ, "LUCID_KILL_POINT": kill} if kill else None,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.returncode == (-signal.SIGKILL if kill else 0), out.stderr[-2000:]
     return out.stdout.strip()
 
 
@@ -354,3 +362,23 @@ def test_commits_a_mend_left_behind_are_not_packed_as_whole_for_the_next_power_c
 
     _whole_and_clean(root)
     assert git(root, "merge-base", "--is-ancestor", packed, "HEAD").returncode == 0
+
+
+def test_an_append_the_cut_tore_is_taken_back_before_the_files_are_committed(tmp_path: Path) -> None:
+    """Killed halfway through appending a message (what a power cut leaves of an unsynced append), then a
+    boot: the torn half line never reaches git, not even in a commit a later one undoes."""
+    data = tmp_path / "data"
+    when = datetime(2026, 12, 5, 10, tzinfo=UTC)
+    message = Record(message=message_to_json(RawMessage("om_0", when, "u", "第一条消息", "oc_1")))
+    assert Writer(Store(data)).submit(NS, [message])[0].status == "recorded"
+    root = NS.path(data)
+    _step(data, "record", kill="append")
+    day = root / "raw" / "2026-12-05.md"
+    assert "om_torn" in day.read_text("utf-8", errors="replace")  # the torn half is on disk
+    _another_boot(root)
+
+    assert _step(data, "我养了一只猫") == "added"
+
+    _whole_and_clean(root)
+    assert "om_torn" not in day.read_text("utf-8", errors="replace")
+    assert "om_torn" not in git(root, "log", "-p", "--all").stdout
