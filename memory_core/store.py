@@ -908,6 +908,7 @@ class Store:
             tmp = _git_skeleton(folder)
             _no_link_at(folder, ".git", f"{root}/.git")
             os.replace(tmp, ".git", src_dir_fd=folder, dst_dir_fd=folder)
+        _note(self._checked, ns)  # made in this boot: nothing in it to mend (a tenure's later batches too)
         return True
 
     def mend_after_boot(self, ns: Namespace, token: int, still_held: Callable[[], bool]) -> None:

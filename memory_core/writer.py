@@ -442,9 +442,8 @@ class Writer:
         """Apply one batch; files are written and synced and the journal kept before any outcome is published.
         `defer`: commit at the lease's end; `let_go`: release with the outcomes unless others queued."""
         self.store.claim_fence(ns, lease.token)
-        if not self.store.ensure_repo(ns):
-            # before anything below reads git (a new repository holds nothing)
-            self.store.mend_after_boot(ns, lease.token, lease.held)
+        self.store.ensure_repo(ns)
+        self.store.mend_after_boot(ns, lease.token, lease.held)  # before anything below reads git
         if ns not in self._deferred:  # else the journal is this tenure's own
             self._recover(ns)
         for _attempt in range(_RETRIES):
@@ -517,7 +516,8 @@ class Writer:
                     mark = (
                         hashes.get(MEMORY) if rendered else snap.rendered if snap.rendered_memory() else None
                     )
-                    written: dict[str, object] = {"hashes": hashes, "rendered": mark}
+                    # BOOT: this boot's writer has checked git (`mend_after_boot`, at the batch's start)
+                    written: dict[str, object] = {"hashes": hashes, "rendered": mark, BOOT: boot_id()}
                     # Undeferred, it is recorded with the commit's fold in one write (the journal covers the gap).
                     if defer:
                         self.store.record_written(ns, **written)
@@ -607,7 +607,7 @@ class Writer:
                     counts.update(folded)
                 msg = group.message or _message(counts)
                 revision = self.store.commit(ns, msg, group.exact, amend=amend)
-                record = {**(written or {}), BOOT: boot_id()}  # checked in this boot (`mend_after_boot`)
+                record = {**(written or {}), BOOT: boot_id()}
                 if revision is not None:
                     fold = {"rev": revision, "at": format_time(group.now), "counts": dict(counts)}
                     record["fold"] = fold if group.filler else None
