@@ -133,7 +133,9 @@ def test_git_objects_a_power_cut_left_cut_are_a_warning_naming_the_namespace(dat
     for ns in (hit, whole):
         assert writer.submit(ns, [Remember(text="停电前记下的事")])[0].status == "added"
     settings = Settings(data_dir=data_dir, redis_url="redis://127.0.0.1:1/0", personas={})
-    assert doctor.check_git_history(settings).line() == "[ok  ] git history: 2 namespace(s), no object cut short"
+    assert (
+        doctor.check_git_history(settings).line() == "[ok  ] git history: 2 namespace(s), no object cut short"
+    )
     objects = sorted((hit.path(data_dir) / ".git" / "objects").glob("??/" + "?" * 38))
     objects[0].chmod(0o644)
     objects[0].write_bytes(objects[0].read_bytes()[:9])  # what a power cut leaves of an unsynced file
