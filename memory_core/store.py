@@ -1399,7 +1399,7 @@ def _note(checked: dict[str, str], ns: Namespace) -> None:
     checked[str(ns)] = boot_id()
 
 
-BOOT = "boot"  # `written.json`: the boot of the last commit; a first batch in another boot checks git first
+BOOT = "boot"  # `written.json`: the boot of the last batch; a first batch in another boot checks git first
 
 
 def cut_objects(base: Path, git: Path) -> list[str]:
