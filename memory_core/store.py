@@ -889,17 +889,17 @@ class Store:
         except pygit2.GitError as exc:
             raise StoreError(f"cannot open the git repository of {ns}: {exc}") from exc
 
-    def ensure_repo(self, ns: Namespace) -> bool:
-        """Make the namespace's folder and repository if missing; returns whether the repository is new."""
+    def ensure_repo(self, ns: Namespace) -> None:
+        """Make the namespace's folder and repository if missing."""
         root = self._at(ns)
         with folder_beneath(self.data_dir, root) as folder:  # made if missing
             if not self.git_enabled:
-                return False
+                return
             if _exists_at(folder, ".git", f"{root}/.git"):
                 ignore = f"{root}/.gitignore"
                 if not _exists_at(folder, ".gitignore", ignore):  # a writer killed at creation
                     atomic_write(self.data_dir, ignore, _GITIGNORE.encode(), durable=False)
-                return False
+                return
         # .gitignore first: a writer killed before it was written left a repository whose next commit
         # tracked the writer's own `.lucid/` files.
         atomic_write(self.data_dir, f"{root}/.gitignore", _GITIGNORE.encode(), durable=False)
@@ -909,11 +909,10 @@ class Store:
             _no_link_at(folder, ".git", f"{root}/.git")
             os.replace(tmp, ".git", src_dir_fd=folder, dst_dir_fd=folder)
         _note(self._checked, ns)  # made in this boot: nothing in it to mend (a tenure's later batches too)
-        return True
 
     def mend_after_boot(self, ns: Namespace, token: int, still_held: Callable[[], bool]) -> None:
         """`mend` once a boot, before the writer's first batch of `ns` in this process reads anything of git:
-        the boot `written.json` was last committed in (`BOOT`) tells a process started since it (no crash
+        the boot of the writer's last batch (`BOOT` in `written.json`) tells a process started since it (no crash
         since) that there is nothing to check. Under the fence of lease `token`."""
         if self._checked.get(str(ns)) == boot_id():
             return
@@ -941,10 +940,15 @@ class Store:
         if cut:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(git / "index")  # derived from HEAD's tree; the next commit writes it again
+        journal = self.read_journal(ns)
+        if journal:  # an append the cut tore is taken back first (as `_recover` will: it is idempotent)
+            self.undo_cut_appends(ns, journal)
+        names = [*TRACKED, ".gitignore", *(f"raw/{day}" for day in self.raw_days(ns))]
+        on_disk = {name: self._maybe(self._at(ns, *name.split("/"))) for name in names}
         repo = self._open(ns)
         restored = 0
-        for data in self._work_files(ns):
-            if str(pygit2.hash(data)) in cut:
+        for data in on_disk.values():
+            if data is not None and str(pygit2.hash(data)) in cut:
                 repo.create_blob(data)
                 restored += 1
         repo = self._open(ns)  # nothing cached from before the objects were dropped
@@ -963,18 +967,13 @@ class Store:
         # Every file the writer wrote as it is now, raw days included (a batch's commit names only its own):
         # the branch may stand behind them (moved here, by an earlier mend that died, or a lost ref). A file
         # edited by hand keeps the branch's version, for the writer's hand-edit path to redact and commit.
-        journal = self.read_journal(ns)
-        if journal:  # an append the cut tore is taken back first (as `_recover` will: it is idempotent)
-            self.undo_cut_appends(ns, journal)
         recorded = self._written(ns).get("hashes") or {}
-        exact: dict[str, bytes | None] = {
-            f"raw/{day}": self._maybe(self._at(ns, "raw", day)) for day in self.raw_days(ns)
-        }
+        exact = {name: data for name, data in on_disk.items() if name.startswith("raw/")}
         for name in TRACKED:
-            now = self._maybe(self._at(ns, name))
+            now = on_disk[name]
             if now is not None and recorded.get(name) == _sha(now):
                 exact[name] = now
-        if self._maybe(self._at(ns, ".gitignore")) is not None:
+        if on_disk[".gitignore"] is not None:
             exact[".gitignore"] = _GITIGNORE.encode()
         committed = self._commit(ns, "recover after a crash", exact, None)
         if not (cut or mended or broken or tip != was or committed):
@@ -990,17 +989,6 @@ class Store:
             ", the files committed on it" if committed else "",
         )
         return True
-
-    def _work_files(self, ns: Namespace) -> Iterator[bytes]:
-        """The bytes of every file the writer commits, as they are on disk now."""
-        for name in (*TRACKED, ".gitignore"):
-            data = self._maybe(self._at(ns, name))
-            if data is not None:
-                yield data
-        for day in self.raw_days(ns):
-            data = self._maybe(self._at(ns, "raw", day))
-            if data is not None:
-                yield data
 
     def head(self, ns: Namespace) -> str | None:
         """The full id of the newest commit, or None before the first one (or without git)."""
