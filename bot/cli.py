@@ -187,7 +187,9 @@ def cmd_history(args: argparse.Namespace, rt: Runtime) -> int:
     """What changed, in words, newest first; each row's revision is what `lucid undo` takes."""
     from memory_core.history import rows
 
-    shown = rows(rt.store, _ns(args), limit=args.limit, every=args.all)
+    ns = _ns(args)
+    rt.writer.mend(ns)
+    shown = rows(rt.store, ns, limit=args.limit, every=args.all)
     text = "\n".join(r.line() for r in shown) or "(no change to memory yet)"
     _emit(args, {"results": [r.to_json() for r in shown]}, text)
     return 0

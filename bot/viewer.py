@@ -268,6 +268,7 @@ async def namespace(request: web.Request) -> web.Response:
 def view(runtime: Runtime, service: MemoryService, ns: Namespace, query: str = "") -> dict[str, Any]:
     """Everything the page shows about one namespace (also used by tests and the CLI)."""
     now = runtime.clock()
+    runtime.writer.mend(ns)
     book = service.book(ns)
     current = book.current(now)
 

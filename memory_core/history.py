@@ -529,6 +529,7 @@ def last_meaningful(writer: Writer, ns: Namespace, scan: int = SCAN) -> str:
 def undo(writer: Writer, ns: Namespace, rev: str | None = None) -> Undone:
     """Take back commit `rev` (default: the last meaningful one) as one new batch of the writer."""
     store = writer.store
+    writer.mend(ns)
     full = store.resolve(ns, rev) if rev else last_meaningful(writer, ns)
     subject = store.subject(ns, full)
     summary = _Reader(store, ns).row(full, "", subject, True).summary

@@ -41,6 +41,9 @@ ARCHIVE = "ARCHIVE.md"
 PROFILE = "PROFILE.md"
 DREAMS = "DREAMS.md"
 TRACKED = (MEMORY, ARCHIVE, PROFILE, DREAMS)
+#: The store's own folders: never in git, whatever the namespace's `.gitignore` says (one from before `.vault/`
+#: was added to it lacks it), nor temp files.
+_OWN_DIRS = frozenset((".lucid", ".index", ".vault"))
 _GITIGNORE = ".lucid/\n*.tmp\n.index/\n.vault/\n"
 _RAW_DAY = re.compile(r"\d{4}-\d{2}-\d{2}\.md")
 _RAW_ID = re.compile(r"<!--r:id=([^;>]*)")
@@ -407,6 +410,7 @@ class Store:
         self._commits: dict[str, int] = {}  # commits made by this process, by namespace (packing)
         self._checked: dict[str, str] = {}  # namespace → the boot the writer last checked its git in (`mend`)
         self._read_ok: dict[str, str] = {}  # and the boot a reader found its loose objects whole in
+        self._ignores: dict[str, str] = {}  # and the boot this process found its `.gitignore` as it should be
         self._roots: dict[Namespace, tuple[Path, str]] = {}
 
     def _root(self, ns: Namespace) -> tuple[Path, str]:
@@ -896,9 +900,11 @@ class Store:
             if not self.git_enabled:
                 return
             if _exists_at(folder, ".git", f"{root}/.git"):
-                ignore = f"{root}/.gitignore"
-                if not _exists_at(folder, ".gitignore", ignore):  # a writer killed at creation
-                    atomic_write(self.data_dir, ignore, _GITIGNORE.encode(), durable=False)
+                if self._ignores.get(str(ns)) != boot_id():  # once a process: missing (a writer killed at
+                    ignore = f"{root}/.gitignore"  # creation) or from an older version
+                    if self._maybe(ignore) != _GITIGNORE.encode():
+                        atomic_write(self.data_dir, ignore, _GITIGNORE.encode(), durable=False)
+                    _note(self._ignores, ns)
                 return
         # .gitignore first: a writer killed before it was written left a repository whose next commit
         # tracked the writer's own `.lucid/` files.
@@ -914,12 +920,20 @@ class Store:
         """`mend` once a boot, before the writer's first batch of `ns` in this process reads anything of git:
         the boot of the writer's last batch (`BOOT` in `written.json`) tells a process started since it (no crash
         since) that there is nothing to check. Under the fence of lease `token`."""
-        if self._checked.get(str(ns)) == boot_id():
-            return
-        if self.written_value(ns, BOOT) != boot_id():
+        if not self.mended(ns):
             with self.fenced(ns, token, still_held):
                 self.mend(ns)
+            _note(self._checked, ns)
+
+    def mended(self, ns: Namespace) -> bool:
+        """Whether git of `ns` is known whole in this boot: checked by this process, or written by a batch made
+        since the boot (which checked it first)."""
+        if self._checked.get(str(ns)) == boot_id():
+            return True
+        if self.written_value(ns, BOOT) != boot_id():
+            return False
         _note(self._checked, ns)
+        return True
 
     def mend(self, ns: Namespace) -> bool:
         """Make the namespace's git whole after a power cut (under the writer's fence; docs/RELIABILITY.md):
@@ -1055,7 +1069,7 @@ class Store:
                 index.clear()
             index.add_all()
             root = self.file(ns)
-            for gone in [e.path for e in index if not (root / e.path).exists()]:
+            for gone in [e.path for e in index if _own(e.path) or not (root / e.path).exists()]:
                 index.remove(gone)  # `add -A` also records deletions
         else:
             # Built once, as the temp file it is written to: its bytes are those of the tree read afresh.
@@ -1378,6 +1392,12 @@ def boot_id() -> str:
             return f.read().strip()
     except OSError:
         return str(round(time.time() - time.monotonic(), -1))
+
+
+def _own(path: str) -> bool:
+    """A path of the store's own files, which no commit holds."""
+    *folders, name = path.split("/")
+    return name.endswith(".tmp") or not _OWN_DIRS.isdisjoint(folders)
 
 
 def _note(checked: dict[str, str], ns: Namespace) -> None:

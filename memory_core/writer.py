@@ -371,6 +371,16 @@ class Writer:
         with self._lease(ns) as lease:
             self._drain(ns, lease, linger=0.0)
 
+    def mend(self, ns: Namespace) -> None:
+        """What a batch does first after a boot (`Store.mend_after_boot`), for a reader about to read git
+        (history, undo, purge, the dream card, the viewer): after a power cut it reads at once, instead of
+        refusing until the namespace's next write. A dict lookup once checked."""
+        if not self.store.git_enabled or self.store.mended(ns) or not self.store.file(ns, ".git").is_dir():
+            return
+        with self._lease(ns) as lease:
+            self.store.claim_fence(ns, lease.token)
+            self.store.mend_after_boot(ns, lease.token, lease.held)
+
     def transact(
         self, ns: Namespace, change: Change, message: str, expect_version: str | None = None
     ) -> BatchReport | None:

@@ -127,6 +127,7 @@ class Dream:
 
 def last_dream(runtime: Runtime, ns: Namespace) -> Dream | None:
     """The newest dream that changed memory, in `lucid history`'s words; None if it is undone already."""
+    runtime.writer.mend(ns)
     for row in iter_rows(runtime.store, ns, scan=50, kinds=("dream",)):
         return None if row.undone_by else Dream(row.rev, row.summary)
     return None

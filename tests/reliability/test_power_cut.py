@@ -20,10 +20,10 @@ import pytest
 
 from memory_core.lineformat import RawMessage, parse_file
 from memory_core.namespace import Namespace
-from memory_core.ops import Record, Remember, message_to_json
+from memory_core.ops import Forget, Record, Remember, message_to_json
 from memory_core.store import MEMORY, Store
 from memory_core.writer import Writer
-from tests.reliability.harness import ROOT
+from tests.reliability.harness import ROOT, lucid_cli
 
 NS = Namespace.of("t", "power", "p")
 
@@ -382,3 +382,75 @@ def test_an_append_the_cut_tore_is_taken_back_before_the_files_are_committed(tmp
     _whole_and_clean(root)
     assert "om_torn" not in day.read_text("utf-8", errors="replace")
     assert "om_torn" not in git(root, "log", "-p", "--all").stdout
+
+
+def _cut_head_commit(data: Path) -> Path:
+    """Three memories, then a restart finds the newest commit cut short (its files are whole)."""
+    writer = Writer(Store(data))
+    for text in ("我在杭州西湖区上班", "我喜欢喝咖啡", "我养了一只猫"):
+        assert writer.submit(NS, [Remember(text=text)])[0].status == "added"
+    root = NS.path(data)
+    _cut(_object(root, "HEAD"), "cut")
+    _another_boot(root)
+    return root
+
+
+@pytest.mark.parametrize("first", ["history", "undo"])
+def test_the_first_command_after_a_power_cut_reads_history_or_undoes_without_waiting_for_a_write(
+    first: str, tmp_path: Path
+) -> None:
+    """`lucid history` and `lucid undo` take the writer's lease and mend first, as a write would: a person's
+    first command after the restart works instead of refusing until the bot next writes."""
+    data = tmp_path / "data"
+    root = _cut_head_commit(data)
+    who = ("--tenant", "t", "--user", "power", "--persona", "p")
+
+    for command in (first, "undo" if first == "history" else "history"):
+        if command == "undo":
+            lucid_cli(data, "undo", *who)
+            assert _remembered(root) == Counter(["我在杭州西湖区上班", "我喜欢喝咖啡"])
+        else:
+            kinds = [
+                r["kind"] for r in json.loads(lucid_cli(data, "history", "--json", *who).stdout)["results"]
+            ]
+            # the commit the cut lost is committed again; an undo after it is one more row
+            assert kinds[-3:] == ["recovered", "memory", "memory"]
+        _whole_and_clean(root)
+
+
+def test_a_purge_of_a_fact_forgotten_before_the_power_cut_rewrites_history_at_once(tmp_path: Path) -> None:
+    """The fact is only in git history, so the purge reads history before it writes anything."""
+    data = tmp_path / "data"
+    writer = Writer(Store(data))
+    for text in ("我在杭州西湖区上班", "我喜欢喝咖啡"):
+        assert writer.submit(NS, [Remember(text=text)])[0].status == "added"
+    root = NS.path(data)
+    coffee = next(e.id for e in parse_file((root / MEMORY).read_text("utf-8")).entries() if "咖啡" in e.text)
+    assert writer.submit(NS, [Forget(id=coffee)])[0].status == "forgotten"
+    _cut(_object(root, "HEAD"), "cut")
+    _another_boot(root)
+
+    lucid_cli(data, "forget", "--purge", coffee, "--tenant", "t", "--user", "power", "--persona", "p")
+
+    assert _remembered(root) == Counter(["我在杭州西湖区上班"])
+    assert "咖啡" not in git(root, "log", "-p", "--all").stdout
+    _whole_and_clean(root)
+
+
+@pytest.mark.parametrize("reader", ["viewer", "card"])
+def test_the_viewer_and_the_admin_card_read_at_once_after_a_power_cut(reader: str, tmp_path: Path) -> None:
+    """Both read the dream commits of history; like `lucid history`, they mend first."""
+    from bot.viewer import view
+    from workers.memory_card import last_dream
+    from workers.runtime import build
+    from workers.settings import Settings
+
+    data = tmp_path / "data"
+    root = _cut_head_commit(data)
+    with build(Settings(data_dir=data, config_path=data / "none.toml")) as rt:
+        if reader == "viewer":
+            shown = view(rt, rt.memory, NS)
+            assert "我养了一只猫" in json.dumps(shown, ensure_ascii=False)
+        else:
+            assert last_dream(rt, NS) is None  # read, and no dream in it
+    _whole_and_clean(root)

@@ -5,6 +5,7 @@ into a heading or into a line's metadata comment was committed in clear, to the 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +50,42 @@ def test_a_secret_typed_into_memory_md_by_hand_is_never_committed_in_clear(rt: R
     assert TOKEN not in memory_file(rt), "a credential stays in clear in MEMORY.md"
     assert TOKEN not in _git_objects(rt), "a credential was committed in clear to git"
     assert "爬山" in memory_file(rt)  # the rest of the file is as it was
+
+
+@pytest.mark.parametrize("how", ["from_an_older_version", "emptied_by_hand"])
+def test_the_vault_is_never_committed_whatever_the_namespaces_gitignore_says(
+    how: str, tmp_path: Path
+) -> None:
+    """A namespace made before `.vault/` was in `.gitignore` kept the old file, and a hand edit's commit adds
+    every file git does not ignore: the sealed secrets went into history. A person may also empty it."""
+    from memory_core.namespace import Namespace
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.vault import derive_key
+    from memory_core.writer import Writer
+
+    data, space, key = (
+        tmp_path / "data",
+        Namespace.of("t", "u", "p"),
+        derive_key("correct horse battery staple"),
+    )
+    writer = Writer(Store(data), vault_key=key)
+    assert writer.submit(space, [Remember(text="我喜欢爬山")])[0].status == "added"
+    assert writer.submit(space, [Remember(text="我的银行卡密码是 Zt5#pL9!wQ2m")])[0].status != "added"
+    root = space.path(data)
+    assert (root / ".vault" / "secrets.enc").stat().st_size > 0  # sealed, beside the repository
+    (root / ".gitignore").write_text(".lucid/\n*.tmp\n" if how == "from_an_older_version" else "")
+    with (root / "MEMORY.md").open("a") as f:
+        f.write("- 我养了一只猫\n")  # a hand edit: committed as the files stand
+    if how == "from_an_older_version":
+        writer = Writer(Store(data), vault_key=key)  # the upgraded product, a new process
+    assert writer.submit(space, [Remember(text="我住在杭州")])[0].status == "added"
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
+
+    assert "manual edit" in git("log", "--format=%s")
+    assert ".vault" not in git("log", "--all", "--name-only", "--format=")
+    if how == "from_an_older_version":  # brought up to date on disk, so git and the files agree
+        assert (root / ".gitignore").read_text() == ".lucid/\n*.tmp\n.index/\n.vault/\n"
+        assert git("status", "--porcelain") == ""
