@@ -198,18 +198,17 @@ def cmd_history(args: argparse.Namespace, rt: Runtime) -> int:
 @command("undo")
 def cmd_undo(args: argparse.Namespace, rt: Runtime) -> int:
     done = rt.memory.undo(_ns(args), args.rev)
-    rev = done.revision
     _emit(
         args,
         {
             "message": done.message,
             "summary": done.summary,
             "undone": done.rev,
-            "revision": rev,
+            "revision": done.revision,
+            "written": done.written,
             "entries": done.entries,
         },
-        f"undo {done.rev[:10]}: {done.summary} → {rev[:10] if rev else 'nothing left to undo'} "
-        f"({done.entries} entries restored)",
+        done.line(),
     )
     return 0
 

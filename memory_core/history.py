@@ -251,10 +251,21 @@ class Undone:
     revision: str | None
     entries: int
     summary: str = ""  # the undone commit in words, as `lucid history` shows it
+    written: bool = False  # the files taken back (without `revision`: committed by the lease's next holder)
 
     @property
     def message(self) -> str:
         return f"undo {self.rev[:10]}: {self.subject}"
+
+    def line(self) -> str:
+        """What `lucid undo` says it did."""
+        if self.revision:
+            done = self.revision[:10]
+        elif self.written:
+            done = "taken back; the writer lost its lease before the commit, the next write commits it"
+        else:
+            done = "nothing left to undo"
+        return f"undo {self.rev[:10]}: {self.summary} → {done} ({self.entries} entries restored)"
 
 
 _UNDO_SUBJECT = re.compile(r"undo ([0-9a-f]{7,40}): ")
@@ -550,4 +561,6 @@ def undo(writer: Writer, ns: Namespace, rev: str | None = None) -> Undone:
 
     done = Undone(full, subject, None, 0)
     report = writer.transact(ns, change, done.message)
-    return Undone(full, subject, report.revision if report else None, restored, summary)
+    return Undone(
+        full, subject, report.revision if report else None, restored, summary, bool(report and report.written)
+    )

@@ -1317,7 +1317,7 @@ _isolated = False
 
 
 def kill_point(name: str) -> None:
-    """The fault suite's SIGKILL inside a write (LUCID_KILL_POINT=append|tenure|objects|index|ref|pack) or a
+    """The fault suite's SIGKILL inside a write (LUCID_KILL_POINT=append|tenure|objects|index|ref|pack|recover|hand) or a
     cache save; or its SIGSTOP there (LUCID_PAUSE_POINT: a process paused past its lease, then woken; `then`:
     before a purge's history rewrite)."""
     if os.environ.get("LUCID_KILL_POINT") == name:

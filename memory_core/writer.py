@@ -176,6 +176,9 @@ class BatchReport:
     manual_edit: bool = False
     redacted: int = 0
     revision: str | None = None
+    written: bool = (
+        False  # files written (without `revision`: the lease was lost first, the next holder commits)
+    )
     queued: list[str] = field(default_factory=list)  # ops others queued meanwhile (the next batch)
 
 
@@ -455,7 +458,7 @@ class Writer:
         self.store.ensure_repo(ns)
         self.store.mend_after_boot(ns, lease.token, lease.held)  # before anything below reads git
         if ns not in self._deferred:  # else the journal is this tenure's own
-            self._recover(ns)
+            self._recover(ns, lease)
         for _attempt in range(_RETRIES):
             snap = self.store.snapshot(ns)
             report = BatchReport()
@@ -535,6 +538,7 @@ class Writer:
                 self.store.clear_journal(ns)
                 log.info("namespace %s changed under the batch (hand edit); re-reading", ns.key)
                 continue
+            report.written = True
             exact: dict[str, bytes | None] = {
                 name: as_bytes(files[name]) if name in files else snap.files.get(name) for name in TRACKED
             }
@@ -744,26 +748,31 @@ class Writer:
         own = [o for (r, _), o in zip(ops, outcomes, strict=True) if r is None]
         return self.queue.finish(ns, raw, published, own, MAX_BATCH, let_go) or []
 
-    def _recover(self, ns: Namespace) -> None:
+    def _recover(self, ns: Namespace, lease: Lease) -> None:
         """Finish a batch that crashed between its journal and its commit, or account for one that died
-        before it landed. Either way whatever is on disk gets committed, so nothing stays uncommitted."""
-        journal = self.store.read_journal(ns)
-        if journal is None:
+        before it landed. Either way whatever is on disk gets committed, so nothing stays uncommitted. Under
+        the fence: a holder that lost the lease first must not commit, record or clear over the next one's."""
+        if self.store.read_journal(ns) is None:
             return
-        self.store.undo_cut_appends(ns, journal)
-        snap = self.store.snapshot(ns)
-        current = snap.hashes
-        target = journal.get("target") or {}
-        landed = bool(target) and all(current.get(name) == digest for name, digest in target.items())
-        self.store.record_written(ns, hashes=current)
-        message = str(journal.get("message") or "batch") if landed else "recover an interrupted batch"
-        self.store.commit(ns, message)
-        if landed and self.queue is not None and journal.get("ops"):
-            outcomes = [Outcome.from_json(o) for o in journal.get("outcomes", [])]
-            raw_ops = list(journal["ops"])
-            if len(outcomes) >= len(raw_ops):
-                self.queue.finish(ns, raw_ops, outcomes[: len(raw_ops)])
-        self.store.clear_journal(ns)
+        kill_point("recover")
+        with self.store.fenced(ns, lease.token, lease.held):
+            journal = self.store.read_journal(ns)  # read again: the next holder may have finished it
+            if journal is None:
+                return
+            self.store.undo_cut_appends(ns, journal)
+            snap = self.store.snapshot(ns)
+            current = snap.hashes
+            target = journal.get("target") or {}
+            landed = bool(target) and all(current.get(name) == digest for name, digest in target.items())
+            self.store.record_written(ns, hashes=current)
+            message = str(journal.get("message") or "batch") if landed else "recover an interrupted batch"
+            self.store.commit(ns, message)
+            if landed and self.queue is not None and journal.get("ops"):
+                outcomes = [Outcome.from_json(o) for o in journal.get("outcomes", [])]
+                raw_ops = list(journal["ops"])
+                if len(outcomes) >= len(raw_ops):
+                    self.queue.finish(ns, raw_ops, outcomes[: len(raw_ops)])
+            self.store.clear_journal(ns)
 
     def _committed_book(self, ns: Namespace, snap: Snapshot) -> Book | None:
         """The book as last committed (before a hand edit), if MEMORY.md or ARCHIVE.md was edited."""
@@ -789,15 +798,16 @@ class Writer:
             renamed += copied
             if n or moved or copied:
                 files[name] = clean
-        if files:
-            with self.store.fenced(ns, lease.token, lease.held):
-                self.store.replace_files(ns, snap, files)
-            snap = self.store.snapshot(ns)
-        self.store.record_written(ns, hashes=snap.hashes)
         note = f" ({redacted} secret(s) redacted)" if redacted else ""
         note += f" ({aside} oversized line(s) set aside)" if aside else ""
         note += f" ({renamed} copied line(s) given a new id)" if renamed else ""
-        self.store.commit(ns, f"manual edit{note}")
+        kill_point("hand")
+        with self.store.fenced(ns, lease.token, lease.held):  # a holder that lost the lease commits nothing
+            if files:
+                self.store.replace_files(ns, snap, files)
+                snap = self.store.snapshot(ns)
+            self.store.record_written(ns, hashes=snap.hashes)
+            self.store.commit(ns, f"manual edit{note}")
         log.info("committed a manual edit of %s%s", ns.key, note)
         return self.store.snapshot(ns), redacted
 

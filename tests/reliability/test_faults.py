@@ -1080,6 +1080,130 @@ def test_a_forget_by_a_writer_that_loses_its_lease_before_saving_its_keys_leaves
     assert "下一个写者记下的事" in git(root, "show", "HEAD:MEMORY.md")
 
 
+_UNDOING = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    import redis
+    from memory_core.history import undo
+    from memory_core.namespace import Namespace
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+    client = redis.Redis.from_url(sys.argv[2])
+    # a 1 s lease: the next writer takes it soon after this process stops renewing it
+    writer = Writer(Store(Path(sys.argv[1])), RedisLocker(client, ttl_ms=1000), RedisOpQueue(client))
+    print(undo(writer, Namespace.of("t", "paused", "p")).line(), flush=True)
+    """
+)
+
+
+def test_an_undo_whose_lease_lapsed_before_its_commit_says_it_was_taken_back_not_that_nothing_was_left(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """`lucid undo` takes back 我养了一只猫 and stops before its commit long enough for its lease to lapse; the
+    next writer commits the undo from its journal. The undo must not tell the person there was nothing left
+    to undo: it was done, and history shows it."""
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+
+    data = tmp_path / "data"
+    ns = Namespace.of("t", "paused", "p")
+    writer = Writer(Store(data), RedisLocker(redis_client), RedisOpQueue(redis_client))
+    for text in ("我喜欢喝乌龙茶", "我养了一只猫"):
+        assert writer.submit(ns, [Remember(text=text)])[0].status == "added"
+    paused = _paused(_UNDOING, [str(data), redis_url], "tenure")  # the files taken back, no commit yet
+    try:
+        assert writer.submit(ns, [Remember(text="下一个写者记下的事")])[0].status == "added"  # waits it out
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    out, err = paused.communicate(timeout=120)
+    assert paused.returncode == 0, err[-2000:]
+    said = out.splitlines()[-1]
+    assert "nothing left to undo" not in said and "taken back" in said, said
+    root = ns.path(data)
+    head = git(root, "show", "HEAD:MEMORY.md")
+    assert "猫" not in head and "乌龙茶" in head and "下一个写者记下的事" in head
+    assert head == (root / "MEMORY.md").read_text("utf-8")
+    assert any(s.startswith("undo ") for s in git(root, "log", "--format=%s").splitlines())
+
+
+_ONE = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    import redis
+    from memory_core.namespace import Namespace
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+    client = redis.Redis.from_url(sys.argv[2])
+    # a 1 s lease: the next writer takes it soon after this process stops renewing it
+    writer = Writer(Store(Path(sys.argv[1])), RedisLocker(client, ttl_ms=1000), RedisOpQueue(client))
+    print(writer.submit(Namespace.of("t", "paused", "p"), [Remember(text=sys.argv[3])])[0].status, flush=True)
+    writer.settle()
+    """
+)
+
+
+@pytest.mark.parametrize("left", ["a crash", "a hand edit"])
+def test_a_writer_paused_past_its_lease_while_committing_what_it_found_leaves_the_next_holders_batch_alone(
+    left: str, tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A writer finds the namespace as a crash (a writer killed after writing its batch: its journal) or a
+    hand edit left it, and stops before committing that, long enough for its lease to lapse. A third takes
+    over, commits what was left, writes its own batch and stops before committing it. When the second
+    wakes it must not commit the third's files as its recovery or as the hand edit, nor clear the third's
+    journal or record its own view as written: each batch keeps its own commit in history, nothing is lost."""
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+
+    data = tmp_path / "data"
+    ns = Namespace.of("t", "paused", "p")
+    writer = Writer(Store(data), RedisLocker(redis_client), RedisOpQueue(redis_client))
+    assert writer.submit(ns, [Remember(text="我喜欢喝乌龙茶")])[0].status == "added"
+    root = ns.path(data)
+    if left == "a crash":
+        env = {**dict(__import__("os").environ), "LUCID_KILL_POINT": "objects"}
+        killed = subprocess.run(
+            [sys.executable, "-c", _ONE, str(data), redis_url, "被杀的写者记下的事"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+        assert (root / ".lucid" / "journal.json").exists()
+        found, point, expected = "被杀的写者记下的事", "recover", []
+    else:
+        with (root / "MEMORY.md").open("a", encoding="utf-8") as f:
+            f.write("- 我养了一只猫\n")
+        found, point, expected = "我养了一只猫", "hand", ["manual edit"]
+    second = _paused(_ONE, [str(data), redis_url, "暂停的写者记下的事"], point)
+    third = _paused(_ONE, [str(data), redis_url, "第三个写者记下的事"], "tenure")
+    try:
+        second.send_signal(signal.SIGCONT)
+        out, err = second.communicate(timeout=120)
+        assert second.returncode == 0 and out.split() == ["added"], err[-2000:]  # its op, applied once
+    finally:
+        third.send_signal(signal.SIGCONT)
+        second.kill()
+    out, err = third.communicate(timeout=120)
+    assert third.returncode == 0 and out.split() == ["added"], err[-2000:]
+    assert writer.submit(ns, [Remember(text="最后一件事")])[0].status == "added"
+
+    subjects = git(root, "log", "--format=%s").splitlines()
+    assert [s for s in subjects if not s.startswith("memory: ")] == expected, subjects  # batches may merge
+    texts = Counter(e.text for e in parse_file((root / "MEMORY.md").read_text("utf-8")).entries())
+    assert texts == Counter(
+        ["我喜欢喝乌龙茶", found, "暂停的写者记下的事", "第三个写者记下的事", "最后一件事"]
+    )
+    assert git(root, "show", "HEAD:MEMORY.md") == (root / "MEMORY.md").read_text("utf-8")
+    assert git(root, "status", "--porcelain").strip() == ""
+
+
 _PURGING = textwrap.dedent(
     """
     import json, sys
