@@ -903,12 +903,13 @@ class Store:
                 if self._ignores.get(str(ns)) != boot_id():  # once a process: missing (a writer killed at
                     ignore = f"{root}/.gitignore"  # creation) or from an older version
                     if self._maybe(ignore) != _GITIGNORE.encode():
-                        atomic_write(self.data_dir, ignore, _GITIGNORE.encode(), durable=False)
+                        atomic_write(self.data_dir, ignore, _GITIGNORE.encode(), durable=False, sync=False)
                     _note(self._ignores, ns)
                 return
         # .gitignore first: a writer killed before it was written left a repository whose next commit
-        # tracked the writer's own `.lucid/` files.
-        atomic_write(self.data_dir, f"{root}/.gitignore", _GITIGNORE.encode(), durable=False)
+        # tracked the writer's own `.lucid/` files. Not synced: one a power cut left cut is written again
+        # above, and `_own` keeps the store's folders out of every commit meanwhile.
+        atomic_write(self.data_dir, f"{root}/.gitignore", _GITIGNORE.encode(), durable=False, sync=False)
         with folder_beneath(self.data_dir, root, makedirs=False) as folder:
             # Made beside and renamed into place: a half-made `.git` never looks like a repository.
             tmp = _git_skeleton(folder)
@@ -1095,7 +1096,8 @@ class Store:
         self._write_index(ns, repo, tree, tmp, staged)
         kill_point("index")
         ref = self._at(ns, ".git", *_branch(repo).split("/"))
-        atomic_write(self.data_dir, ref, f"{oid}\n".encode(), durable=False)
+        # Not synced, like the objects it names: after a power cut `mend` finds its commit whatever it holds.
+        atomic_write(self.data_dir, ref, f"{oid}\n".encode(), durable=False, sync=False)
         kill_point("ref")
         self._maybe_pack(ns, repo)
         return str(oid)[:7]

@@ -333,6 +333,32 @@ def test_a_ref_whose_last_move_was_lost_gets_the_files_committed_on_it(tmp_path:
     assert git(root, "show", "HEAD:raw/2026-12-05.md").stdout == (root / "raw" / "2026-12-05.md").read_text()
 
 
+@pytest.mark.parametrize("how", ["empty", "cut"])
+@pytest.mark.parametrize("reader_first", [False, True])
+def test_a_branch_ref_the_power_cut_emptied_or_cut_is_mended_and_no_commit_is_lost(
+    how: str, reader_first: bool, tmp_path: Path
+) -> None:
+    """The ref is written without a sync (the objects it names are not synced either: the mend after the boot
+    is what makes git whole). Emptied or cut in half, the next command, a write or `lucid history`, finds the
+    commit it named again and goes on from it."""
+    data = tmp_path / "data"
+    writer = Writer(Store(data))
+    for text in ("我在杭州西湖区上班", "我喜欢喝咖啡", "我养了一只猫"):
+        assert writer.submit(NS, [Remember(text=text)])[0].status == "added"
+    root = NS.path(data)
+    head = git(root, "rev-parse", "HEAD").stdout.strip()
+    _cut(root / ".git" / "refs" / "heads" / "main", how)
+    _another_boot(root)
+
+    if reader_first:
+        shown = lucid_cli(data, "history", "--json", "--tenant", "t", "--user", "power", "--persona", "p")
+        assert len(json.loads(shown.stdout)["results"]) == 3
+    assert _step(data, "我女儿今年五岁") == "added"
+
+    _whole_and_clean(root)
+    assert git(root, "rev-parse", "HEAD~1").stdout.strip() == head  # every commit kept, the new one on top
+
+
 def test_commits_a_mend_left_behind_are_not_packed_as_whole_for_the_next_power_cut(tmp_path: Path) -> None:
     """Two power cuts with packing between them, in a namespace past `REPACK_ALL_OBJECTS` (packed by adding
     the loose objects, reachable or not): the commits the first mend moved the branch off (their history
