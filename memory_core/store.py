@@ -1463,7 +1463,8 @@ def _mend_skeleton(base: Path, git: Path) -> bool:
 
 
 def _whole_tip(base: Path, repo: pygit2.Repository, objects: Path) -> tuple[pygit2.Oid | None, list[str]]:
-    """The newest commit that is whole with all its history: HEAD's if it is, else the deepest such commit
+    """The newest commit that is whole with all its history: HEAD's if it is (or one down a line from it the
+    branch's lost moves had reached: `_ahead`), else the deepest such commit
     no other one descends from; and the loose commits and trees that are not. Every loose object left is
     whole and a packed commit comes with all it reaches (packs are synced, a commit's objects are never
     newer than it, and `mend` drops the loose ones that are not whole before they are packed), so only
@@ -1502,7 +1503,7 @@ def _whole_tip(base: Path, repo: pygit2.Repository, objects: Path) -> tuple[pygi
             broken.append(hex_id)
     head = _head_target(repo)
     if head is not None and whole(head):
-        return head, broken
+        return _ahead(repo, loose, head, whole), broken
     ids = list(loose)
     for pack in (objects / "pack").glob("pack-*.pack"):
         ids.extend(_pack_ids(base, pack))
@@ -1530,6 +1531,26 @@ def _whole_tip(base: Path, repo: pygit2.Repository, objects: Path) -> tuple[pygi
     parents = {p for c in commits.values() for p in c.parent_ids}
     tips = [c for c in commits.values() if c.id not in parents]
     return max(tips, key=lambda c: (deep(c.id), c.commit_time, str(c.id))).id if tips else None, broken
+
+
+def _ahead(
+    repo: pygit2.Repository, loose: set[str], head: pygit2.Oid, whole: Callable[[pygit2.Oid], bool]
+) -> pygit2.Oid:
+    """The whole loose commit furthest down a line from `head`: the branch's moves a power cut lost (the ref
+    is not synced) are found again, so no commit made before the cut drops out of history. A commit that
+    only forks from an ancestor (an amended or abandoned one) is not on such a line."""
+    best, steps, newest = head, 0, 0
+    for hex_id in loose:
+        oid = pygit2.Oid(hex=hex_id)
+        if repo.odb.read_header(oid)[0] != pygit2.enums.ObjectType.COMMIT or not whole(oid):
+            continue
+        commit, n = repo[oid].peel(pygit2.Commit), 0
+        at = commit
+        while at.id != head and str(at.id) in loose and at.parent_ids and n <= len(loose):
+            at, n = repo[at.parent_ids[0]].peel(pygit2.Commit), n + 1
+        if at.id == head and (n, commit.commit_time) > (steps, newest):
+            best, steps, newest = oid, n, commit.commit_time
+    return best
 
 
 def _head_target(repo: pygit2.Repository) -> pygit2.Oid | None:

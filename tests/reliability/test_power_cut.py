@@ -359,6 +359,51 @@ def test_a_branch_ref_the_power_cut_emptied_or_cut_is_mended_and_no_commit_is_lo
     assert git(root, "rev-parse", "HEAD~1").stdout.strip() == head  # every commit kept, the new one on top
 
 
+def test_the_branch_moves_a_power_cut_lost_are_found_again_and_no_commit_drops_out_of_history(
+    tmp_path: Path,
+) -> None:
+    """The ref is not synced: after the cut it names a commit two moves back, though the commits made since
+    are whole. The branch goes on from the newest of them, not from where the ref was left."""
+    data = tmp_path / "data"
+    writer = Writer(Store(data))
+    for text in ("我在杭州西湖区上班", "我喜欢喝咖啡", "我养了一只猫"):
+        assert writer.submit(NS, [Remember(text=text)])[0].status == "added"
+    root = NS.path(data)
+    history = git(root, "log", "--format=%H").stdout.split()
+    (root / ".git" / "refs" / "heads" / "main").write_text(history[2] + "\n")
+    _another_boot(root)
+
+    assert _step(data, "我女儿今年五岁") == "added"
+
+    _whole_and_clean(root)
+    assert git(root, "log", "--format=%H").stdout.split()[1:] == history  # all three, the new one on top
+    assert git(root, "log", "--format=%s").stdout.splitlines() == ["memory: 1 added"] * 4
+
+
+def test_a_commit_a_fold_amended_away_is_not_taken_for_a_lost_move_of_the_branch(tmp_path: Path) -> None:
+    """A recorded message's commit is folded into the next memory's (amended: the first version stays loose,
+    whole, beside the branch). The mend after a boot must keep the branch where it is."""
+    data = tmp_path / "data"
+    writer = Writer(Store(data))
+    when = datetime(2026, 12, 5, 10, tzinfo=UTC)
+    for i in range(2):
+        assert writer.submit(NS, [Remember(text=f"第{i}件事")])[0].status == "added"
+        message = Record(message=message_to_json(RawMessage(f"om_{i}", when, "u", f"第{i}条消息", "oc_1")))
+        assert writer.submit(NS, [message])[0].status == "recorded"
+    root = NS.path(data)
+    history = git(root, "log", "--format=%H").stdout.split()
+    forks = git(root, "fsck", "--unreachable", "--no-reflogs").stdout
+    assert "unreachable commit" in forks  # a message's commit, folded into the next memory's (amended)
+    _another_boot(root)
+
+    assert _step(data, "我女儿今年五岁") == "added"
+
+    _whole_and_clean(root)
+    # on the same line: the new memory folds the last message's commit into its own, as without the boot
+    assert git(root, "log", "--format=%H").stdout.split()[1:] == history[1:]
+    assert git(root, "show", "HEAD:raw/2026-12-05.md").stdout == (root / "raw" / "2026-12-05.md").read_text()
+
+
 def test_commits_a_mend_left_behind_are_not_packed_as_whole_for_the_next_power_cut(tmp_path: Path) -> None:
     """Two power cuts with packing between them, in a namespace past `REPACK_ALL_OBJECTS` (packed by adding
     the loose objects, reachable or not): the commits the first mend moved the branch off (their history
