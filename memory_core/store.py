@@ -1068,8 +1068,10 @@ class Store:
                 index.read_tree(head.tree)
             else:
                 index.clear()
-            index.add_all()
             root = self.file(ns)
+            # Not `add_all`: it writes a blob of every file `.gitignore` lets by, the vault's too if emptied.
+            for path in _hand_files(repo, root):
+                index.add(path)
             for gone in [e.path for e in index if _own(e.path) or not (root / e.path).exists()]:
                 index.remove(gone)  # `add -A` also records deletions
         else:
@@ -1394,6 +1396,19 @@ def boot_id() -> str:
             return f.read().strip()
     except OSError:
         return str(round(time.time() - time.monotonic(), -1))
+
+
+def _hand_files(repo: pygit2.Repository, root: Path) -> Iterator[str]:
+    """The namespace's files as a person left them, but git's and the store's own (whatever `.gitignore`
+    says: a person may have emptied it) and those it ignores."""
+    for folder, dirs, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        dirs[:] = [d for d in dirs if d != ".git" and d not in _OWN_DIRS]
+        links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]  # committed as links, not walked
+        for name in [*files, *links]:
+            path = name if rel == "." else f"{rel}/{name}"
+            if not _own(path) and not repo.path_is_ignored(path):
+                yield path
 
 
 def _own(path: str) -> bool:

@@ -86,6 +86,8 @@ def test_the_vault_is_never_committed_whatever_the_namespaces_gitignore_says(
 
     assert "manual edit" in git("log", "--format=%s")
     assert ".vault" not in git("log", "--all", "--name-only", "--format=")
+    stored = git("cat-file", "--batch-all-objects", "--batch-check=%(objectname)")
+    assert git("hash-object", ".vault/secrets.enc").strip() not in stored  # not even as a loose blob
     if how == "from_an_older_version":  # brought up to date on disk, so git and the files agree
         assert (root / ".gitignore").read_text() == ".lucid/\n*.tmp\n.index/\n.vault/\n"
         assert git("status", "--porcelain") == ""
