@@ -917,13 +917,19 @@ class Store:
             os.replace(tmp, ".git", src_dir_fd=folder, dst_dir_fd=folder)
         _note(self._checked, ns)  # made in this boot: nothing in it to mend (a tenure's later batches too)
 
-    def mend_after_boot(self, ns: Namespace, token: int, still_held: Callable[[], bool]) -> None:
+    def mend_after_boot(
+        self, ns: Namespace, token: int, still_held: Callable[[], bool], record: bool = False
+    ) -> None:
         """`mend` once a boot, before the writer's first batch of `ns` in this process reads anything of git:
         the boot of the writer's last batch (`BOOT` in `written.json`) tells a process started since it (no crash
-        since) that there is nothing to check. Under the fence of lease `token`."""
+        since) that there is nothing to check. Under the fence of lease `token`; `record`: say so in
+        `written.json` now (a reader's mend: no batch follows to record it)."""
         if not self.mended(ns):
+            kill_point("mend")
             with self.fenced(ns, token, still_held):
                 self.mend(ns)
+                if record:
+                    self.record_written(ns, **{BOOT: boot_id()})
             _note(self._checked, ns)
 
     def mended(self, ns: Namespace) -> bool:
@@ -1321,9 +1327,9 @@ _isolated = False
 
 
 def kill_point(name: str) -> None:
-    """The fault suite's SIGKILL inside a write (LUCID_KILL_POINT=append|tenure|objects|index|ref|pack|recover|hand) or a
-    cache save; or its SIGSTOP there (LUCID_PAUSE_POINT: a process paused past its lease, then woken; `then`:
-    before a purge's history rewrite)."""
+    """The fault suite's SIGKILL inside a write (LUCID_KILL_POINT=append|tenure|objects|index|ref|pack|recover|
+    hand|mend) or a cache save; or its SIGSTOP there (LUCID_PAUSE_POINT: a process paused past its lease, then
+    woken; `then`: before a purge's history rewrite)."""
     if os.environ.get("LUCID_KILL_POINT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get("LUCID_PAUSE_POINT") == name:

@@ -81,6 +81,7 @@ VECTOR_CACHE, FORGETS = "vectors", "forgets"
 FOLD_WINDOW = 600.0  # seconds: messages and hit counts fold into one commit (a turn) within this window
 COMMIT_EVERY = 1.0  # seconds: a leader commits the batches it applied at least this often
 TENURE = 10.0  # seconds a leader keeps the lease at most while others' ops keep arriving (then it lets go)
+MEND_WAIT = 0.2  # seconds a reader's mend waits for the lease before it looks again whether a holder mended
 LINGER = 0.01  # seconds a leader waits for more ops once the queue is empty (they are usually on their way)
 _RETRIES = 8
 #: Texts a cold leader read that the saved dedup keys lacked before it saves them again (or 1/16 of them).
@@ -378,11 +379,21 @@ class Writer:
         """What a batch does first after a boot (`Store.mend_after_boot`), for a reader about to read git
         (history, undo, purge, the dream card, the viewer): after a power cut it reads at once, instead of
         refusing until the namespace's next write. A dict lookup once checked."""
-        if not self.store.git_enabled or self.store.mended(ns) or not self.store.file(ns, ".git").is_dir():
+        if not self.store.git_enabled or not self.store.file(ns, ".git").is_dir():
             return
-        with self._lease(ns) as lease:
-            self.store.claim_fence(ns, lease.token)
-            self.store.mend_after_boot(ns, lease.token, lease.held)
+        deadline = time.monotonic() + self.lease_wait
+        # In short waits: a leader holding the lease for its tenure has mended first, and says so in
+        # `written.json` at its first batch's end; not taken in time, `Store._repo` refuses if git is cut.
+        while not self.store.mended(ns) and (left := deadline - time.monotonic()) > 0:
+            with self.store.held():
+                lease = self.locker.acquire(ns, min(MEND_WAIT, left), self.store.read_fence(ns))
+                if lease is None:
+                    continue
+                try:
+                    self.store.claim_fence(ns, lease.token)
+                    self.store.mend_after_boot(ns, lease.token, lease.held, record=True)
+                finally:
+                    self._release(ns, lease)
 
     def transact(
         self, ns: Namespace, change: Change, message: str, expect_version: str | None = None

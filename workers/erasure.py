@@ -58,7 +58,10 @@ def purge(runtime: Runtime, ns: Namespace, entry_id: str) -> Outcome:
     and each text it ever had is removed from every commit. `entry_id` may be a prefix: it must name one
     entry among the current ones and those git history holds (a prefix naming both is ambiguous)."""
     entry_id = entry_id.strip().lower()
-    runtime.writer.mend(ns)
+    try:
+        runtime.writer.mend(ns)
+    except LeaseLost as exc:
+        return _lease_lost(entry_id, exc)
     book = runtime.writer.snapshot(ns)[0]
     entry = book.get(entry_id)
     if entry is None:

@@ -126,10 +126,14 @@ class Dream:
 
 
 def last_dream(runtime: Runtime, ns: Namespace) -> Dream | None:
-    """The newest dream that changed memory, in `lucid history`'s words; None if it is undone already."""
-    runtime.writer.mend(ns)
-    for row in iter_rows(runtime.store, ns, scan=50, kinds=("dream",)):
-        return None if row.undone_by else Dream(row.rev, row.summary)
+    """The newest dream that changed memory, in `lucid history`'s words; None if it is undone already, or
+    if history cannot be read now (the card shows the memory without the undo button)."""
+    try:
+        runtime.writer.mend(ns)
+        for row in iter_rows(runtime.store, ns, scan=50, kinds=("dream",)):
+            return None if row.undone_by else Dream(row.rev, row.summary)
+    except LucidError as exc:
+        log.warning("the last dream of %s is not offered: %s", ns.key, exc)
     return None
 
 

@@ -990,8 +990,13 @@ def _paused_writer(data: Path, redis_url: str, forget: str) -> subprocess.Popen[
 
 def _paused(script: str, args: list[str], point: str) -> subprocess.Popen[str]:
     """`script` in a process of its own, once it has stopped itself at `LUCID_PAUSE_POINT=point`."""
+    return _stopped(_pausing(script, args, point))
+
+
+def _pausing(script: str, args: list[str], point: str) -> subprocess.Popen[str]:
+    """`script` started in a process of its own, to stop itself at `LUCID_PAUSE_POINT=point`."""
     env = {**dict(__import__("os").environ), "LUCID_PAUSE_POINT": point}
-    paused = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-c", script, *args],
         cwd=ROOT,
         env=env,
@@ -999,6 +1004,9 @@ def _paused(script: str, args: list[str], point: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _stopped(paused: subprocess.Popen[str]) -> subprocess.Popen[str]:
     deadline = time.monotonic() + 120
     while True:
         with open(f"/proc/{paused.pid}/stat") as stat:
@@ -1157,11 +1165,14 @@ def test_a_writer_paused_past_its_lease_while_committing_what_it_found_leaves_th
     hand edit left it, and stops before committing that, long enough for its lease to lapse. A third takes
     over, commits what was left, writes its own batch and stops before committing it. When the second
     wakes it must not commit the third's files as its recovery or as the hand edit, nor clear the third's
-    journal or record its own view as written: each batch keeps its own commit in history, nothing is lost."""
+    journal or record its own view as written: each batch keeps its own commit in history, nothing is lost.
+    The second's op waits in the queue, so the third applies it: at the second's end nothing of the third's
+    is committed yet, whoever's process it is."""
     from memory_core.ops import Remember
     from memory_core.store import Store
     from memory_core.writer import Writer
     from workers.redis_backend import RedisLocker, RedisOpQueue
+    from workers.redis_keys import Keys
 
     data = tmp_path / "data"
     ns = Namespace.of("t", "paused", "p")
@@ -1181,12 +1192,28 @@ def test_a_writer_paused_past_its_lease_while_committing_what_it_found_leaves_th
         with (root / "MEMORY.md").open("a", encoding="utf-8") as f:
             f.write("- 我养了一只猫\n")
         found, point, expected = "我养了一只猫", "hand", ["manual edit"]
-    second = _paused(_ONE, [str(data), redis_url, "暂停的写者记下的事"], point)
+    # The lease held while the second starts, so its op waits in the queue: the third then applies it with
+    # its own batch, and the second has nothing left to commit when it ends.
+    held = RedisLocker(redis_client).acquire(ns, 30.0, 0)
+    assert held is not None
+    second = _pausing(_ONE, [str(data), redis_url, "暂停的写者记下的事"], point)
+    try:
+        deadline = time.monotonic() + 120
+        while not redis_client.llen(Keys.ops(ns.key)):  # the second's op, queued
+            assert second.poll() is None and time.monotonic() < deadline, second.communicate()[1][-2000:]
+            time.sleep(0.02)
+    finally:
+        held.release()
+    second = _stopped(second)
     third = _paused(_ONE, [str(data), redis_url, "第三个写者记下的事"], "tenure")
+    head = git(root, "rev-parse", "HEAD").strip()
     try:
         second.send_signal(signal.SIGCONT)
         out, err = second.communicate(timeout=120)
         assert second.returncode == 0 and out.split() == ["added"], err[-2000:]  # its op, applied once
+        # the third's batch is still the third's to commit: nothing of it committed, its journal kept
+        assert git(root, "rev-parse", "HEAD").strip() == head
+        assert (root / ".lucid" / "journal.json").exists()
     finally:
         third.send_signal(signal.SIGCONT)
         second.kill()
@@ -1271,6 +1298,44 @@ def test_a_purge_paused_past_its_lease_before_its_rewrite_leaves_the_next_writer
         assert purge(rt, ns, place.id).status == "purged"  # run again: now the history is rewritten
     assert "余杭区" not in git_everything(root)
     assert "暂停的写者记下的事" in git(root, "show", "HEAD:MEMORY.md")
+
+
+def test_a_purge_paused_past_its_lease_while_mending_after_a_power_cut_says_run_it_again(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """After a power cut the purge mends git first (it reads history); it stops before the mend long enough
+    for its lease to lapse, and the next writer mends and writes. The purge must say what a purge that lost
+    its lease says, and touch nothing: not fail with the fence's refusal."""
+    from memory_core.ops import Remember
+    from memory_core.store import Store
+    from memory_core.writer import Writer
+    from workers.redis_backend import RedisLocker, RedisOpQueue
+
+    data = tmp_path / "data"
+    ns = Namespace.of("t", "paused", "p")
+    writer = Writer(Store(data), RedisLocker(redis_client), RedisOpQueue(redis_client))
+    place = writer.submit(ns, [Remember(text="我在余杭区上班")])[0]
+    assert place.id
+    root = ns.path(data)
+    head = git(root, "rev-parse", "HEAD").strip()
+    cut = root / ".git" / "objects" / head[:2] / head[2:]
+    cut.chmod(0o644)
+    cut.write_bytes(cut.read_bytes()[:10])  # the power cut, then a restart: another boot
+    written = root / ".lucid" / "written.json"
+    written.write_text(json.dumps({**json.loads(written.read_text()), "boot": "before the power cut"}))
+    purging = _paused(_PURGING, [str(data), redis_url, place.id], "mend")
+    try:
+        after = Writer(Store(data), RedisLocker(redis_client), RedisOpQueue(redis_client))  # a new process
+        assert after.submit(ns, [Remember(text="下一个写者记下的事")])[0].status == "added"  # waits it out
+    finally:
+        purging.send_signal(signal.SIGCONT)
+    out, err = purging.communicate(timeout=120)
+    assert purging.returncode == 0, err[-2000:]
+    refused = json.loads(out.splitlines()[-1])
+    assert refused["status"] == "rejected:lease_lost" and "run the purge again" in refused["detail"]
+    memory = (root / "MEMORY.md").read_text("utf-8")
+    assert "余杭区" in memory and "下一个写者记下的事" in memory
+    assert git(root, "show", "HEAD:MEMORY.md") == memory
 
 
 _LEADER = textwrap.dedent(

@@ -525,3 +525,62 @@ def test_the_viewer_and_the_admin_card_read_at_once_after_a_power_cut(reader: st
         else:
             assert last_dream(rt, NS) is None  # read, and no dream in it
     _whole_and_clean(root)
+
+
+def test_a_reader_answers_while_a_writer_that_mended_first_holds_the_lease_past_the_readers_wait(
+    tmp_path: Path,
+) -> None:
+    """A batch (a dream's transaction, a leader's tenure) that mended git first may hold the lease longer
+    than a reader waits: the reader then reads the git made whole, instead of failing on the lease."""
+    import threading
+
+    from memory_core.book import Book
+    from memory_core.store import Snapshot
+
+    data = tmp_path / "data"
+    _cut_head_commit(data)
+    holding, done = threading.Event(), threading.Event()
+
+    def hold(_book: Book, _snap: Snapshot) -> None:
+        holding.set()
+        assert done.wait(120)
+
+    leader = threading.Thread(target=Writer(Store(data)).transact, args=(NS, hold, "hold"))
+    leader.start()
+    try:
+        assert holding.wait(120)
+        reader = Writer(Store(data), lease_wait=0.5)
+        reader.mend(NS)  # waited its 0.5 s for the lease in vain
+        kinds = [r["message"].split(":")[0] for r in reader.store.history(NS)]
+        assert kinds == ["recover after a crash", "memory", "memory"]  # the cut commit, committed again
+    finally:
+        done.set()
+        leader.join(120)
+
+
+def test_a_readers_mend_is_recorded_so_the_next_process_does_not_check_git_again(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _cut_head_commit(data)
+    assert not Store(data).mended(NS)
+    lucid_cli(data, "history", "--tenant", "t", "--user", "power", "--persona", "p")
+    assert Store(data).mended(NS)  # a new process: `written.json` says this boot checked it
+
+
+def test_the_admin_card_shows_without_its_undo_button_while_history_cannot_be_read(tmp_path: Path) -> None:
+    """Git is cut and another writer holds the lease (so this one cannot mend it yet): the memory card still
+    shows, only without the last dream's undo button, instead of failing the card and the reply."""
+    from workers.memory_card import last_dream
+    from workers.runtime import build
+    from workers.settings import Settings
+
+    data = tmp_path / "data"
+    _cut_head_commit(data)
+    with build(Settings(data_dir=data, config_path=data / "none.toml")) as rt:
+        rt.writer.lease_wait = 0.05  # the writer's configured wait, shortened: the holder never lets go
+        held = rt.writer.locker.acquire(NS, 1.0, 0)
+        assert held is not None
+        try:
+            assert last_dream(rt, NS) is None
+        finally:
+            held.release()
+        assert Store(data).mended(NS) is False  # nothing was mended behind the holder's back
