@@ -221,7 +221,20 @@ class Paced:
     tokens_per_second: float = 20.0
 
 
-Reply = str | dict[str, Any] | HttpError | ModelNotFound | Garbage | BrokenBody | Delay | Paced
+@dataclass(frozen=True)
+class Endless:
+    """A model that never stops: `text` streamed again and again, as fast as the client reads, until the
+    client leaves (`streams_left`) or `ENDLESS_BOUND` bytes were sent (then an error: nothing cut it)."""
+
+    text: str
+
+
+#: Bytes an `Endless` stream sends at most: far more than loopback socket buffers hold, so a client that
+#: stops reading is seen leaving (a write fails) instead of the stream fitting in the buffers.
+ENDLESS_BOUND = 256 * 1024 * 1024
+
+
+Reply = str | dict[str, Any] | HttpError | ModelNotFound | Garbage | BrokenBody | Delay | Paced | Endless
 Responder = Callable[[dict[str, Any]], Reply]
 
 SCRATCHPAD = "Okay, the user wants an answer. Let me think step by step before I reply."
@@ -488,9 +501,11 @@ class FakeOllama(BackgroundServer):
             return web.Response(status=200, text=reply.body, content_type="application/json")
         if isinstance(reply, Garbage):
             reply = reply.text
-        pace = 0.0
+        pace, endless = 0.0, ""
         if isinstance(reply, Paced):
             pace, reply = 1.0 / reply.tokens_per_second, reply.then
+        if isinstance(reply, Endless):
+            endless = reply = reply.text
         message: dict[str, Any] = (
             {"role": "assistant", "content": reply} if isinstance(reply, str) else dict(reply)
         )
@@ -501,7 +516,7 @@ class FakeOllama(BackgroundServer):
         if not chat:
             return await self._generated(request, body, message, stats)
         if body.get("stream", True):
-            return await self._stream(request, model, message, stats, pace)
+            return await self._stream(request, model, message, stats, pace, endless)
         return web.json_response({"model": model, "created_at": _now(), "message": message, **stats})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -560,8 +575,10 @@ class FakeOllama(BackgroundServer):
         message: dict[str, Any],
         stats: dict[str, Any],
         pace: float = 0.0,
+        endless: str = "",
     ) -> web.StreamResponse:
-        """NDJSON: thinking then content in small chunks, then any other message fields, then a done chunk."""
+        """NDJSON: thinking then content in small chunks, then (`endless`) that text again until the client
+        leaves, then any other message fields, then a done chunk."""
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
 
@@ -586,6 +603,12 @@ class FakeOllama(BackgroundServer):
                 if pace:
                     await asyncio.sleep(pace)
                 await send({"message": {"role": message["role"], "content": chunk}, "done": False})
+            sent = 0
+            while endless and sent < ENDLESS_BOUND:
+                await send({"message": {"role": message["role"], "content": endless}, "done": False})
+                sent += len(endless.encode())
+            if endless:
+                self.errors.append(f"an endless stream was read to {ENDLESS_BOUND} bytes: nothing cut it")
         except ConnectionResetError:  # the client stopped reading (as Ollama, the generation just ends)
             self.streams_left += 1
             return resp
