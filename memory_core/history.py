@@ -58,7 +58,7 @@ def _changed_lines(before: Files, after: Files) -> tuple[dict[str, State], dict[
         if a == b:
             continue
         (head_a, lines_a), (head_b, lines_b) = _body(a), _body(b)
-        if head_a != head_b:
+        if head_a != head_b and not _made_or_removed(a, b, head_a + head_b):
             return None
         for lines, out in ((lines_a - lines_b, old), (lines_b - lines_a, new)):
             for written, copies in lines.items():
@@ -81,6 +81,11 @@ def _changed_lines(before: Files, after: Files) -> tuple[dict[str, State], dict[
         if any(f"id={ident}" in (files.get(n) or "") for n in (MEMORY, ARCHIVE)):
             return None
     return old, new
+
+
+def _made_or_removed(a: str, b: str, heads: list[str]) -> bool:
+    """A file made (an archive is, by the first dream that moves a line) or removed, no entry in its preamble."""
+    return not (a and b) and not any(as_item(line).startswith("- ") for line in heads)
 
 
 @lru_cache(maxsize=4)  # each version is read twice: as one commit's "after", then the next one's "before"

@@ -515,7 +515,9 @@ class Writer:
                     files[MEMORY] = data + as_bytes(more)
                 else:
                     files[MEMORY] = render_file(book.memory_file())
-                    files[ARCHIVE] = render_file(book.archive_file())
+                    if book.archive.entries or snap.files.get(ARCHIVE) is not None:
+                        # A new person's archive is made by the first light dream that moves a line there.
+                        files[ARCHIVE] = render_file(book.archive_file())
             rendered = MEMORY in files
             rewritten = self._forget_elsewhere(ns, snap, book, forgotten, raw, files, now)
             for name, text in (extra or {}).items():

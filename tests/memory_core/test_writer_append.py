@@ -15,7 +15,7 @@ from memory_core.book import Book
 from memory_core.lineformat import format_time, parse_file, render_file
 from memory_core.namespace import Namespace
 from memory_core.ops import Forget, Pin, Record, Remember, Touch
-from memory_core.store import MEMORY, Store
+from memory_core.store import ARCHIVE, MEMORY, Store
 from memory_core.writer import Writer
 from workers.redis_backend import RedisLocker, RedisOpQueue
 
@@ -183,3 +183,21 @@ def test_the_batches_of_one_lease_are_one_git_commit(data_dir: Path, redis_clien
     root = NS.path(data_dir)
     assert _git(root, "status", "--porcelain") == ""
     assert _git(root, "show", "HEAD:MEMORY.md") == (root / MEMORY).read_text("utf-8")
+
+
+def test_a_new_persons_first_writes_make_no_archive(data_dir: Path) -> None:
+    """A first write makes MEMORY.md alone: no empty ARCHIVE.md to write, fsync and commit. Supersedes
+    keep the old line struck through in MEMORY.md; the archive is made by the first light dream that
+    moves a line there (tests/workers/test_dreaming.py), and history reads every commit meanwhile."""
+    w = Writer(Store(data_dir))
+    root = NS.path(data_dir)
+    w.submit(NS, [Remember(text="我住在余杭区")])
+    for i in range(3):
+        w.submit(NS, [Remember(text=f"我养了第{i}只猫")])
+    w.submit(NS, [Remember(text="我现在住在西湖区")])  # supersedes 余杭区
+    assert "~~我住在余杭区~~" in (root / MEMORY).read_text("utf-8")
+    assert not (root / ARCHIVE).exists()
+    assert ARCHIVE not in _git(root, "ls-tree", "--name-only", "HEAD").split()
+    assert _git(root, "status", "--porcelain") == ""
+    rows = w.store.history(NS)
+    assert len(rows) == 5 and all(r["message"].startswith("memory: ") for r in rows)
