@@ -6,7 +6,7 @@ A worker freezes what its imports made (`gc.freeze()` at start-up), so a full co
 namespaces it serves hold: every one it has read stays parsed and indexed between turns. This bench writes a
 namespace of `--entries` memories and `--messages` raw messages, then in a fresh process (imports frozen, as
 in the worker) reads it as a turn does (recall, raw search, a turn's assembly) and reports the objects the
-collector tracks, the most common types, and the median ms of `--repeat` full collections — the pause every
+collector tracks, the most common types, the process's resident memory, and the median ms of `--repeat` full collections — the pause every
 thread of the process takes when Python runs one. With `--baseline REV`, the same namespace is read by the
 `memory_core` and `workers` of another revision (extracted with `git archive`) in the same run.
 """
@@ -100,9 +100,13 @@ def inner(data: Path, repeat: int) -> None:
         t = time.perf_counter()
         gc.collect()
         times.append((time.perf_counter() - t) * 1000)
+    rss = next(
+        line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmRSS")
+    )
     print(
         json.dumps(
             {
+                "rss_mb": round(int(rss.split()[1]) / 1024, 1),
                 "tracked_objects": tracked,
                 "full_collection_ms": round(statistics.median(times), 1),
                 "full_collection_ms_range": [round(min(times), 1), round(max(times), 1)],
