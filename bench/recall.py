@@ -11,12 +11,15 @@ baseline: rank_bm25.BM25Okapi rebuilt per query over the same entry texts, then 
   as a worker's first turn for the namespace after a start (median of 3);
 - assemble: resident + recall + active recall (raw search over the archive) + the memory block, p50/p95;
 - hybrid_*: the same with the embedder on (LUCID_EMBED_MODEL=local, the default): recall, raw search and
-  assembly, each with the query embedded on the call and with its vector given.
+  assembly, each with the query embedded on the call and with its vector given;
+- gc_full_*: the full collections after the setup (every thread waits for one), and the longest; with
+  `--freeze` the setup's objects are frozen first, as a worker freezes its imports.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -108,6 +111,20 @@ def chat_message(rng: random.Random) -> str:
     if rng.random() < 0.5:
         return f"上次聊到{a}的时候，我是不是说过{rng.choice(VERBS[:8])}{b}{rng.choice(['？', '来着？'])}"
     return f"What did I say about {a} when we talked about {b}?"
+
+
+def _full_collections(into: list[float]) -> Any:
+    """A `gc.callbacks` hook appending the ms of each full (generation 2) collection to `into`."""
+    started = [0.0]
+
+    def hook(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                into.append((time.perf_counter() - started[0]) * 1000)
+
+    return hook
 
 
 def pct(values: list[float], q: float) -> float:
@@ -270,6 +287,12 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-hybrid", action="store_true", help="skip the LUCID_EMBED_MODEL=local case")
+    ap.add_argument(
+        "--freeze",
+        action="store_true",
+        help="gc.freeze() once the namespace is written, as a worker does at start-up: the collector then walks "
+        "what the service holds, not the bench's own setup",
+    )
     args = ap.parse_args()
     rng = random.Random(5)
     data = Path(tempfile.mkdtemp(prefix="lucid-bench-recall-"))
@@ -293,6 +316,7 @@ def main() -> None:
     writer.submit(ns, puts)
     t0 = NOW - timedelta(days=365)
     step = 365 * 86400 / max(1, args.messages)
+    chunk: list[Record] = []
     for start in range(0, args.messages, 20_000):
         chunk = [
             Record(
@@ -312,6 +336,12 @@ def main() -> None:
         f"{rng.choice(['我', 'I'])}{rng.choice(VERBS)}{rng.choice(SUBJECTS)}吗" for _ in range(args.queries)
     ]
 
+    if args.freeze:
+        del puts, chunk, writer
+        gc.collect()
+        gc.freeze()
+    full: list[float] = []  # ms of each full collection from here on: pauses inside the timed loops
+    gc.callbacks.append(_full_collections(full))
     rt = build(Settings(data_dir=data, now=NOW))
     # Cold open: parse + index + first query, in a fresh service.
     cold = []
@@ -395,6 +425,9 @@ def main() -> None:
         "assemble_p50_ms": pct(assemble, 0.5),
         "assemble_p95_ms": pct(assemble, 0.95),
         **hybrid,
+        "frozen_after_setup": args.freeze,
+        "gc_full_collections": len(full),
+        "gc_full_collection_ms_max": round(max(full, default=0.0), 1),
     }
     print(json.dumps(out, indent=None if args.json else 2))
 
