@@ -230,8 +230,8 @@ class BM25Index:
         self._keys: list[Hashable | None] = []
         self._slot: dict[Hashable, int] = {}
         # A document's term ids and its postings' places, int32 in bytes (terms: replaced whole) and a
-        # bytearray (places: moved in place): untracked by the cycle collector, unlike array.array (two a
-        # document were 45 % of a worker's tracked objects, and every full collection walked them).
+        # bytearray (places: moved in place), which the cycle collector does not track; array.array it does
+        # (two a document were 45 % of a worker's tracked objects, though cheap to walk: docs/BENCHMARKS.md).
         self._doc_terms: list[bytes | None] = []
         self._doc_pos: list[bytearray | None] = []
         self._dl = np.zeros(1024, dtype=np.float64)
