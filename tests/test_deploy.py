@@ -344,7 +344,7 @@ def test_serve_starts_its_redis_again_when_it_dies_and_keeps_what_it_held(tmp_pa
         others = [p for p in family if p.pid != server.pid]
         server.kill()
         server.wait(timeout=10)
-        _wait_ready(ready)
+        _wait_ready(ready, proc)
         [again] = [p for p in _family(proc) if "redis-server" in " ".join(p.cmdline())]
         assert again.pid != server.pid and (data / ".redis" / "url").read_text().strip() == url
         assert all(p.is_running() for p in others) and proc.poll() is None  # nobody else restarted
@@ -352,8 +352,9 @@ def test_serve_starts_its_redis_again_when_it_dies_and_keeps_what_it_held(tmp_pa
             assert client.get("lucid:deploy-test") == b"kept"
         family = _family(proc)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        if proc.stdout is not None and not proc.stdout.closed:  # not yet read by _wait_ready
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "starting it again" in out
     psutil.wait_procs(family, timeout=10)
@@ -392,7 +393,9 @@ def _until_in_aof(directory: Path, key: bytes, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def _wait_ready(url: str, timeout: float = 60.0) -> None:
+def _wait_ready(url: str, proc: subprocess.Popen[str] | None = None, timeout: float = 60.0) -> None:
+    """Until `url` answers 200. On a timeout with `proc` (a `lucid serve`), the assertion carries what it
+    printed, so a failure says why it never became ready (it is stopped to read that)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -401,7 +404,18 @@ def _wait_ready(url: str, timeout: float = 60.0) -> None:
                     return
         except OSError:
             pass
-        assert time.monotonic() < deadline, f"{url} not ready within {timeout:.0f} s"
+        if time.monotonic() >= deadline:
+            said = ""
+            if proc is not None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    said = proc.communicate(timeout=30)[0]
+                except subprocess.TimeoutExpired as exc:  # it did not stop either: what it printed so far
+                    proc.kill()
+                    partial = exc.output or b""
+                    said = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
+                said = f"; lucid serve printed:\n{said[-4000:]}"
+            raise AssertionError(f"{url} not ready within {timeout:.0f} s{said}")
         time.sleep(0.2)
 
 
