@@ -24,54 +24,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def write(data: Path, entries: int, messages: int) -> None:
+    """The namespace `bench/recall.py` reads, written with this tree."""
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-    from recall import NOW, sentence
+    from recall import write_namespace
 
-    from memory_core.lineformat import format_time
     from memory_core.namespace import Namespace
-    from memory_core.ops import Put, Record
-    from memory_core.store import Store
-    from memory_core.writer import Writer
 
-    rng = random.Random(5)
-    ns = Namespace.of("bench", "u1", "default")
-    writer = Writer(Store(data))
-    puts = [
-        Put(
-            entry={
-                "id": f"{i:016x}",
-                "text": sentence(rng),
-                "type": "fact",
-                "at": format_time(NOW - timedelta(days=rng.randint(0, 400))),
-                "hits": 1,
-            }
-        )
-        for i in range(entries)
-    ]
-    writer.submit(ns, puts)
-    start, step = NOW - timedelta(days=365), 365 * 86400 / max(1, messages)
-    for lo in range(0, messages, 20_000):
-        chunk = [
-            Record(
-                message={
-                    "id": f"m{i}",
-                    "ts": format_time(start + timedelta(seconds=i * step)),
-                    "speaker": rng.choice(["user", "Lucid"]),
-                    "text": sentence(rng),
-                    "chat": "c1",
-                    "session": f"s{i // 40}",
-                }
-            )
-            for i in range(lo, min(messages, lo + 20_000))
-        ]
-        writer.submit(ns, chunk)
+    write_namespace(data, Namespace.of("bench", "u1", "default"), entries, messages, random.Random(5))
 
 
 def inner(data: Path, repeat: int) -> None:

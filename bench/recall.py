@@ -277,6 +277,45 @@ def cold_child(data: Path, query: str) -> None:
     print(round((time.perf_counter() - t) * 1000, 2))
 
 
+def write_namespace(data: Path, ns: Namespace, entries: int, messages: int, rng: random.Random) -> None:
+    """The bench's namespace: `entries` memories over 400 days, then `messages` raw messages over a year (40 a
+    session), written through the product's writer. Nothing of the setup is kept alive after it."""
+    writer = Writer(Store(data))
+    types = ["fact"] * 8 + ["preference", "context", "instruction"]
+    puts = []
+    for i in range(entries):
+        at = NOW - timedelta(days=rng.randint(0, 400))
+        puts.append(
+            Put(
+                entry={
+                    "id": f"{i:016x}",
+                    "text": sentence(rng),
+                    "type": rng.choice(types),
+                    "at": format_time(at),
+                    "hits": rng.randint(0, 4),
+                }
+            )
+        )
+    writer.submit(ns, puts)
+    t0 = NOW - timedelta(days=365)
+    step = 365 * 86400 / max(1, messages)
+    for start in range(0, messages, 20_000):
+        chunk = [
+            Record(
+                message={
+                    "id": f"m{i}",
+                    "ts": format_time(t0 + timedelta(seconds=i * step)),
+                    "speaker": rng.choice(["user", "Lucid"]),
+                    "text": sentence(rng),
+                    "chat": "c1",
+                    "session": f"s{i // 40}",
+                }
+            )
+            for i in range(start, min(messages, start + 20_000))
+        ]
+        writer.submit(ns, chunk)
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--cold-child"]:
         cold_child(Path(sys.argv[2]), sys.argv[3])
@@ -297,47 +336,12 @@ def main() -> None:
     rng = random.Random(5)
     data = Path(tempfile.mkdtemp(prefix="lucid-bench-recall-"))
     ns = Namespace.of("bench", "u1", "default")
-    writer = Writer(Store(data))
-    types = ["fact"] * 8 + ["preference", "context", "instruction"]
-    puts = []
-    for i in range(args.entries):
-        at = NOW - timedelta(days=rng.randint(0, 400))
-        puts.append(
-            Put(
-                entry={
-                    "id": f"{i:016x}",
-                    "text": sentence(rng),
-                    "type": rng.choice(types),
-                    "at": format_time(at),
-                    "hits": rng.randint(0, 4),
-                }
-            )
-        )
-    writer.submit(ns, puts)
-    t0 = NOW - timedelta(days=365)
-    step = 365 * 86400 / max(1, args.messages)
-    chunk: list[Record] = []
-    for start in range(0, args.messages, 20_000):
-        chunk = [
-            Record(
-                message={
-                    "id": f"m{i}",
-                    "ts": format_time(t0 + timedelta(seconds=i * step)),
-                    "speaker": rng.choice(["user", "Lucid"]),
-                    "text": sentence(rng),
-                    "chat": "c1",
-                    "session": f"s{i // 40}",
-                }
-            )
-            for i in range(start, min(args.messages, start + 20_000))
-        ]
-        writer.submit(ns, chunk)
+    write_namespace(data, ns, args.entries, args.messages, rng)
     queries = [
         f"{rng.choice(['我', 'I'])}{rng.choice(VERBS)}{rng.choice(SUBJECTS)}吗" for _ in range(args.queries)
     ]
 
     if args.freeze:
-        del puts, chunk, writer
         gc.collect()
         gc.freeze()
     full: list[float] = []  # ms of each full collection from here on: pauses inside the timed loops
